@@ -1,0 +1,22 @@
+"""Helpers shared by the Triton kernels."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+
+def use_triton(*tensors: torch.Tensor) -> bool:
+    """Run the Triton kernel (GPU tensors, or CPU under TRITON_INTERPRET=1) instead of the torch reference."""
+    return all(t.is_cuda for t in tensors) or os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def is_hip() -> bool:
+    """True on ROCm builds of torch (there `torch.cuda` drives the AMD GPU)."""
+    return torch.version.hip is not None
+
+
+def is_interpret() -> bool:
+    """True when Triton kernels run in the CPU interpreter (CI)."""
+    return os.environ.get("TRITON_INTERPRET") == "1"
