@@ -1,0 +1,300 @@
+"""The target model family, gpt-fast style: Llama 2/3, Mistral, Qwen2 (qkv bias), Qwen3 (q/k norm), SmolLM2.
+
+One flat module: `ModelArgs` (with a registry of named configs, a tiny one for tests), RMSNorm,
+rotary embedding, attention over the paged KV pool through `eaglet.kernels.tree_attention`, SwiGLU.
+The same forward serves prefill (causal over the new tokens), AR decode (one new token) and
+tree verification (the new tokens are a tree: `attn_mask` is ancestor-or-self).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from eaglet.kernels.tree_attention import tree_attention
+from eaglet.models.kv_cache import ForwardBatch, KVCache
+
+FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
+
+
+@dataclass
+class ModelArgs:
+    family: str = "llama"  # llama | mistral | qwen2 (qkv bias) | qwen3 (q/k RMSNorm)
+    vocab_size: int = 32000
+    dim: int = 4096  # hidden size
+    n_layers: int = 32
+    n_heads: int = 32  # query heads
+    n_kv_heads: int = 8  # GQA: n_heads must be a multiple
+    head_dim: int = 128
+    intermediate_size: int = 14336  # SwiGLU width
+    norm_eps: float = 1e-5
+    rope_theta: float = 500000.0
+    rope_scaling: dict | None = None  # HF rope_scaling dict: None, {"rope_type": "llama3", ...} or "linear"
+    max_seq_len: int = 8192  # context length (min of max_position_embeddings and a sliding window)
+    tie_embeddings: bool = False
+    attention_bias: bool = False  # Qwen2: bias on q/k/v projections
+    qk_norm: bool = False  # Qwen3: RMSNorm over head_dim on q and k before RoPE
+    bos_token_id: int | None = None
+    eos_token_ids: tuple[int, ...] = ()
+
+    def __post_init__(self):
+        if self.family not in FAMILIES:
+            raise ValueError(f"ModelArgs.family={self.family!r} is not supported; choose one of {FAMILIES}")
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError(f"n_heads={self.n_heads} must be a multiple of n_kv_heads={self.n_kv_heads}")
+
+    @classmethod
+    def from_hf_config(cls, cfg: dict) -> "ModelArgs":
+        """Map a Hugging Face config.json dict (as returned by `load_checkpoint`) to ModelArgs."""
+        from eaglet.models.checkpoint import SUPPORTED_ARCHITECTURES
+
+        arch = (cfg.get("architectures") or [None])[0]
+        family = SUPPORTED_ARCHITECTURES.get(arch) or SUPPORTED_ARCHITECTURES.get(cfg.get("model_type"))
+        if family is None:
+            raise ValueError(
+                f"unknown architecture {arch or cfg.get('model_type')!r}; supported: {sorted(SUPPORTED_ARCHITECTURES)}"
+            )
+        n_heads = cfg["num_attention_heads"]
+        max_len = cfg.get("max_position_embeddings", 8192)
+        # Sliding-window attention is not implemented: cap the context where it would apply.
+        if cfg.get("sliding_window") and cfg.get("use_sliding_window", family == "mistral"):
+            max_len = min(max_len, cfg["sliding_window"])
+        eos = cfg.get("eos_token_id")
+        eos = tuple(eos) if isinstance(eos, (list, tuple)) else (() if eos is None else (eos,))
+        return cls(
+            family=family,
+            vocab_size=cfg["vocab_size"],
+            dim=cfg["hidden_size"],
+            n_layers=cfg["num_hidden_layers"],
+            n_heads=n_heads,
+            n_kv_heads=cfg.get("num_key_value_heads") or n_heads,
+            head_dim=cfg.get("head_dim") or cfg["hidden_size"] // n_heads,
+            intermediate_size=cfg["intermediate_size"],
+            norm_eps=cfg.get("rms_norm_eps", 1e-6),
+            rope_theta=cfg.get("rope_theta", (cfg.get("rope_parameters") or {}).get("rope_theta", 10000.0)),
+            rope_scaling=cfg.get("rope_scaling"),
+            max_seq_len=max_len,
+            tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            attention_bias=bool(cfg.get("attention_bias", family == "qwen2")),
+            qk_norm=family == "qwen3",
+            bos_token_id=cfg.get("bos_token_id"),
+            eos_token_ids=eos,
+        )
+
+    @classmethod
+    def from_name(cls, name: str) -> "ModelArgs":
+        if name not in transformer_configs:
+            raise ValueError(f"unknown model config {name!r}; known: {sorted(transformer_configs)}")
+        return cls(**transformer_configs[name])
+
+
+_LLAMA31_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                 "original_max_position_embeddings": 8192}
+
+transformer_configs: dict[str, dict] = {
+    # tiny random configs for tests; one per family
+    "tiny_llama": dict(family="llama", vocab_size=512, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16,
+                       intermediate_size=128, rope_theta=10000.0, max_seq_len=512),
+    "smollm2_135m": dict(family="llama", vocab_size=49152, dim=576, n_layers=30, n_heads=9, n_kv_heads=3, head_dim=64,
+                         intermediate_size=1536, rope_theta=100000.0, max_seq_len=8192, tie_embeddings=True,
+                         bos_token_id=1, eos_token_ids=(2,)),
+    "llama2_7b": dict(family="llama", vocab_size=32000, dim=4096, n_layers=32, n_heads=32, n_kv_heads=32,
+                      head_dim=128, intermediate_size=11008, rope_theta=10000.0, max_seq_len=4096),
+    "llama3_8b": dict(family="llama", vocab_size=128256, dim=4096, n_layers=32, n_heads=32, n_kv_heads=8,
+                      head_dim=128, intermediate_size=14336, rope_theta=500000.0, rope_scaling=_LLAMA31_ROPE,
+                      max_seq_len=131072, bos_token_id=128000, eos_token_ids=(128001, 128008, 128009)),
+    "mistral_7b": dict(family="mistral", vocab_size=32768, dim=4096, n_layers=32, n_heads=32, n_kv_heads=8,
+                       head_dim=128, intermediate_size=14336, rope_theta=1000000.0, max_seq_len=32768),
+    "qwen2_5_7b": dict(family="qwen2", vocab_size=152064, dim=3584, n_layers=28, n_heads=28, n_kv_heads=4,
+                       head_dim=128, intermediate_size=18944, rope_theta=1000000.0, max_seq_len=32768,
+                       attention_bias=True, norm_eps=1e-6),
+    "qwen3_8b": dict(family="qwen3", vocab_size=151936, dim=4096, n_layers=36, n_heads=32, n_kv_heads=8,
+                     head_dim=128, intermediate_size=12288, rope_theta=1000000.0, max_seq_len=40960, qk_norm=True,
+                     norm_eps=1e-6),
+}
+
+
+def rope_inv_freq(args: ModelArgs) -> torch.Tensor:
+    """Rotary inverse frequencies [head_dim/2] (fp64 for the table), with Llama-3.1 / linear scaling."""
+    inv = 1.0 / (args.rope_theta ** (torch.arange(0, args.head_dim, 2, dtype=torch.float64, device="cpu") / args.head_dim))  # [D/2]
+    rs = args.rope_scaling
+    if not rs:
+        return inv
+    kind = rs.get("rope_type", rs.get("type"))
+    if kind in (None, "default"):
+        return inv
+    if kind == "linear":
+        return inv / rs["factor"]
+    if kind == "llama3":
+        factor, lo, hi = rs["factor"], rs["low_freq_factor"], rs["high_freq_factor"]
+        old = rs["original_max_position_embeddings"]
+        wavelen = 2 * math.pi / inv  # [D/2]
+        smooth = ((old / wavelen) - lo) / (hi - lo)  # [D/2]
+        scaled = torch.where(wavelen > old / lo, inv / factor, inv)  # [D/2]
+        mid = (wavelen <= old / lo) & (wavelen >= old / hi)
+        return torch.where(mid, (1 - smooth) * inv / factor + smooth * inv, scaled)
+    raise ValueError(f"rope_scaling type {kind!r} is not supported (supported: default, linear, llama3)")
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * xf.to(x.dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """HF (rotate-half) layout. x [B, T, H, D], cos/sin [B, T, 1, D] fp32 -> [B, T, H, D]."""
+    x1, x2 = x.float().chunk(2, dim=-1)
+    rot = torch.cat((-x2, x1), dim=-1)  # [B, T, H, D]
+    return (x.float() * cos + rot * sin).to(x.dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, args: ModelArgs, layer_id: int):
+        super().__init__()
+        self.layer_id = layer_id
+        self.n_heads, self.n_kv_heads, self.head_dim = args.n_heads, args.n_kv_heads, args.head_dim
+        b = args.attention_bias
+        self.q_proj = nn.Linear(args.dim, args.n_heads * args.head_dim, bias=b)
+        self.k_proj = nn.Linear(args.dim, args.n_kv_heads * args.head_dim, bias=b)
+        self.v_proj = nn.Linear(args.dim, args.n_kv_heads * args.head_dim, bias=b)
+        self.o_proj = nn.Linear(args.n_heads * args.head_dim, args.dim, bias=False)
+        self.q_norm = RMSNorm(args.head_dim, args.norm_eps) if args.qk_norm else None
+        self.k_norm = RMSNorm(args.head_dim, args.norm_eps) if args.qk_norm else None
+
+    def forward(self, x, cos, sin, batch: ForwardBatch, kv: KVCache) -> torch.Tensor:
+        B, T, _ = x.shape
+        q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim)  # [B, T, Hq, D]
+        k = self.k_proj(x).view(B, T, self.n_kv_heads, self.head_dim)  # [B, T, Hkv, D]
+        v = self.v_proj(x).view(B, T, self.n_kv_heads, self.head_dim)  # [B, T, Hkv, D]
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        k_cache, v_cache = kv.layer(self.layer_id)  # [pages, page_size, Hkv, D] each
+        kv.write(self.layer_id, batch.out_slots, k, v)
+        o = tree_attention(q, k_cache, v_cache, batch.page_table, batch.prefix_lens, batch.attn_mask,
+                           max_prefix_len=batch.max_prefix_len)  # [B, T, Hq, D]
+        return self.o_proj(o.reshape(B, T, -1))
+
+
+class FeedForward(nn.Module):
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.gate_proj = nn.Linear(args.dim, args.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(args.dim, args.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(args.intermediate_size, args.dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class TransformerBlock(nn.Module):
+    def __init__(self, args: ModelArgs, layer_id: int):
+        super().__init__()
+        self.self_attn = Attention(args, layer_id)
+        self.mlp = FeedForward(args)
+        self.input_layernorm = RMSNorm(args.dim, args.norm_eps)
+        self.post_attention_layernorm = RMSNorm(args.dim, args.norm_eps)
+
+    def forward(self, x, cos, sin, batch, kv):
+        h = x + self.self_attn(self.input_layernorm(x), cos, sin, batch, kv)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class _Body(nn.Module):
+    """Holds the parameters under HF's `model.` prefix so HF state dicts load unchanged."""
+
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(args.vocab_size, args.dim)
+        self.layers = nn.ModuleList(TransformerBlock(args, i) for i in range(args.n_layers))
+        self.norm = RMSNorm(args.dim, args.norm_eps)
+
+
+class Transformer(nn.Module):
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.args = args
+        self.model = _Body(args)
+        self.lm_head = nn.Linear(args.dim, args.vocab_size, bias=False)
+        if args.tie_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+        # A plain attribute, not a buffer: `model.to(bfloat16)` must not round the RoPE frequencies.
+        self._inv_freq = rope_inv_freq(args).float()  # [D/2]
+
+    @property
+    def device(self) -> torch.device:
+        return self.lm_head.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.lm_head.weight.dtype
+
+    def rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._inv_freq.device != positions.device:
+            self._inv_freq = self._inv_freq.to(positions.device)
+        freqs = positions.float()[..., None] * self._inv_freq  # [B, T, D/2]
+        emb = torch.cat((freqs, freqs), dim=-1)[:, :, None, :]  # [B, T, 1, D]
+        return emb.cos(), emb.sin()
+
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        batch: ForwardBatch,
+        kv: KVCache,
+        capture_layers: tuple[int, ...] = (),
+        embeds: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """tokens/positions [B, T] -> (final-normed hidden [B, T, dim], residual stream after each
+        layer in `capture_layers` [B, T, dim] each, e.g. EAGLE-3's low/middle/high features)."""
+        x = self.model.embed_tokens(tokens) if embeds is None else embeds  # [B, T, dim]
+        cos, sin = self.rope(positions)
+        captured = []
+        for i, layer in enumerate(self.model.layers):
+            x = layer(x, cos, sin, batch, kv)  # [B, T, dim]
+            if i in capture_layers:
+                captured.append(x)
+        return self.model.norm(x), captured
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [..., dim] -> logits [..., V] in fp32 (argmax/softmax stability in bf16 runs)."""
+        return self.lm_head(hidden).float()
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path, dtype: torch.dtype = torch.float32, device="cpu") -> "Transformer":
+        """Load a local HF directory (config.json + safetensors) or a GGUF file."""
+        from eaglet.models.checkpoint import load_checkpoint
+
+        hf_config, state_dict = load_checkpoint(path)
+        return cls.from_state_dict(ModelArgs.from_hf_config(hf_config), state_dict, dtype, device)
+
+    @classmethod
+    def from_state_dict(cls, args: ModelArgs, state_dict: dict, dtype=torch.float32, device="cpu") -> "Transformer":
+        with torch.device("meta"):
+            model = cls(args)
+        expected = set(model.state_dict())
+        got = set(state_dict)
+        if args.tie_embeddings:
+            got.add("lm_head.weight")
+        missing = sorted(expected - got)
+        if missing:
+            raise ValueError(f"checkpoint is missing {len(missing)} tensors for a {args.family} model, "
+                             f"e.g. {missing[:4]}; is it the right checkpoint for this config?")
+        model = model.to_empty(device=device)
+        sd = {k: v for k, v in state_dict.items() if k in expected}
+        model.load_state_dict(sd, strict=False, assign=False)
+        if args.tie_embeddings:
+            model.lm_head.weight = model.model.embed_tokens.weight
+        return model.to(dtype).eval()

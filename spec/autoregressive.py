@@ -1,0 +1,194 @@
+"""Autoregressive baseline: batched ragged prefill + decode over the paged KV pool.
+
+Continuous batching: requests join when a row frees up and leave when they hit EOS or their
+token budget. The host learns tokens one step late: after launching step t it waits on the copy
+of step t-1's tokens (a non-blocking D2H copy behind an event), so the GPU always has a step
+queued. A request that finished at t-1 therefore runs one extra step whose token is dropped.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import torch
+
+from eaglet.models.kv_cache import ForwardBatch, KVCache, slots_for
+from eaglet.models.llama import Transformer
+from eaglet.spec.cuda_graph import GraphRunner
+from eaglet.spec.sampling import SamplingParams, sample
+
+
+@dataclass
+class Request:
+    prompt_ids: list[int]
+    max_new_tokens: int
+    rid: int = 0
+    output_ids: list[int] = field(default_factory=list)
+    finish_reason: str | None = None  # "eos" | "length"
+    row: int = -1  # KV request row while active
+    launched: int = 0  # tokens whose computation has been launched (host bookkeeping)
+
+    @property
+    def done(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass
+class GenStats:
+    new_tokens: int = 0
+    prefill_s: float = 0.0
+    total_s: float = 0.0
+    decode_steps: int = 0
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.new_tokens / self.total_s if self.total_s else 0.0
+
+
+class _HostCopy:
+    """Tokens of one step on their way to the host: a non-blocking copy behind an event."""
+
+    def __init__(self, tokens: torch.Tensor, reqs: list[Request]):
+        self.reqs = reqs
+        self.host = tokens.to("cpu", non_blocking=True)  # [B]
+        self.event = None
+        if tokens.is_cuda:
+            self.event = torch.cuda.Event()
+            self.event.record()
+
+    def get(self) -> list[int]:
+        if self.event is not None:
+            self.event.synchronize()
+        return self.host.tolist()
+
+
+class AREngine:
+    def __init__(self, model: Transformer, kv: KVCache, max_batch: int, sampling: SamplingParams = SamplingParams(),
+                 eos_ids: Sequence[int] = (), use_cuda_graph: bool | None = None, seed: int = 0):
+        self.model, self.kv, self.max_batch = model, kv, max_batch
+        self.sampling = sampling
+        self.eos_ids = set(eos_ids)
+        self.device = model.device
+        self.generator = torch.Generator(device=self.device).manual_seed(seed)
+        if use_cuda_graph is None:
+            use_cuda_graph = self.device.type == "cuda"
+        P = kv.pages_per_req
+        self._decode = GraphRunner(
+            self._decode_fn,
+            lambda B: (torch.zeros(B, dtype=torch.long, device=self.device),
+                       torch.zeros(B, dtype=torch.long, device=self.device),
+                       torch.zeros(B, P, dtype=torch.int32, device=self.device)),
+            max_batch=max_batch, enabled=use_cuda_graph)
+
+    # ---- device work --------------------------------------------------------------------
+    @torch.inference_mode()
+    def _decode_fn(self, tokens: torch.Tensor, positions: torch.Tensor, page_table: torch.Tensor) -> torch.Tensor:
+        """One decode step: tokens/positions [B], page_table [B, P] -> next tokens [B]."""
+        pos = positions[:, None]  # [B, 1]
+        batch = ForwardBatch(page_table, positions.int(), slots_for(page_table, pos, self.kv.page_size),
+                             None, self.kv.max_context)
+        hidden, _ = self.model(tokens[:, None], pos, batch, self.kv)  # [B, 1, dim]
+        return sample(self.model.logits(hidden[:, -1]), self.sampling, self.generator)  # [B]
+
+    @torch.inference_mode()
+    def _prefill(self, reqs: list[Request]) -> torch.Tensor:
+        """Ragged prompts, right-padded to the longest -> first new token of each [n]."""
+        lens = [len(r.prompt_ids) for r in reqs]
+        T = max(lens)
+        dev = self.device
+        tokens = torch.zeros(len(reqs), T, dtype=torch.long)  # [n, T]
+        for i, r in enumerate(reqs):
+            tokens[i, : lens[i]] = torch.tensor(r.prompt_ids)
+        tokens = tokens.to(dev)
+        lens_t = torch.tensor(lens, device=dev)  # [n]
+        positions = torch.arange(T, device=dev).expand(len(reqs), T)  # [n, T]
+        page_table = self.kv.req_to_page[torch.tensor([r.row for r in reqs], device=dev)]  # [n, P]
+        valid = positions < lens_t[:, None]  # [n, T]
+        # padded positions write the dummy slot 0; causal masking keeps them out of real rows
+        out_slots = torch.where(valid, slots_for(page_table, positions, self.kv.page_size), 0)  # [n, T]
+        batch = ForwardBatch(page_table, torch.zeros_like(lens_t, dtype=torch.int32), out_slots, None, 0)
+        hidden, _ = self.model(tokens, positions, batch, self.kv)  # [n, T, dim]
+        last = hidden[torch.arange(len(reqs), device=dev), lens_t - 1]  # [n, dim]
+        return sample(self.model.logits(last), self.sampling, self.generator)  # [n]
+
+    # ---- host loop ----------------------------------------------------------------------
+    def _check(self, r: Request) -> None:
+        limit = self.kv.max_context
+        if not r.prompt_ids:
+            raise ValueError(f"request {r.rid} has an empty prompt")
+        if len(r.prompt_ids) >= limit:
+            raise ValueError(f"request {r.rid}: the prompt has {len(r.prompt_ids)} tokens but the context is {limit} "
+                             "(model.max_seq_len / gen.max_context); shorten the prompt or raise the context")
+        r.max_new_tokens = min(r.max_new_tokens, limit - len(r.prompt_ids))
+
+    def _record(self, copy: _HostCopy, on_token: Callable[[Request, int], None] | None) -> None:
+        for r, tok in zip(copy.reqs, copy.get()):
+            if r.done:
+                continue  # the extra step of a request that finished one step earlier
+            r.output_ids.append(tok)
+            if on_token is not None:
+                on_token(r, tok)
+            if tok in self.eos_ids:
+                r.finish_reason = "eos"
+            elif len(r.output_ids) >= r.max_new_tokens:
+                r.finish_reason = "length"
+
+    def _retire(self, active: list[Request], tokens: torch.Tensor, positions: torch.Tensor):
+        """Drop requests that saw EOS or whose whole token budget is launched; free their KV rows."""
+        keep = [i for i, r in enumerate(active) if not r.done and r.launched < r.max_new_tokens]
+        if len(keep) == len(active):
+            return active, tokens, positions
+        for i, r in enumerate(active):
+            if i not in keep:
+                self.kv.free_request(r.row)
+        idx = torch.tensor(keep, dtype=torch.long, device=self.device)
+        return [active[i] for i in keep], tokens[idx], positions[idx]
+
+    def generate(self, requests: list[Request], on_token: Callable[[Request, int], None] | None = None) -> GenStats:
+        for r in requests:
+            self._check(r)
+        stats = GenStats()
+        sync = torch.cuda.synchronize if self.device.type == "cuda" else (lambda: None)
+        sync()
+        t0 = time.perf_counter()
+        waiting = deque(requests)
+        active: list[Request] = []
+        tokens = torch.empty(0, dtype=torch.long, device=self.device)  # [B] next input token
+        positions = torch.empty(0, dtype=torch.long, device=self.device)  # [B] its position
+        inflight: deque[_HostCopy] = deque()
+        while waiting or active or inflight:
+            if waiting and len(active) < self.max_batch:
+                new = [waiting.popleft() for _ in range(min(len(waiting), self.max_batch - len(active)))]
+                for r in new:
+                    r.row = self.kv.alloc_request()
+                    self.kv.reserve(r.row, len(r.prompt_ids) + 1)
+                    r.launched = 1
+                tp = time.perf_counter()
+                first = self._prefill(new)  # [n]
+                inflight.append(_HostCopy(first, new))
+                active += new
+                tokens = torch.cat([tokens, first])
+                positions = torch.cat([positions, torch.tensor([len(r.prompt_ids) for r in new], device=self.device)])
+                sync()
+                stats.prefill_s += time.perf_counter() - tp
+            active, tokens, positions = self._retire(active, tokens, positions)
+            if active:
+                for r in active:
+                    self.kv.reserve(r.row, len(r.prompt_ids) + r.launched + 1)
+                    r.launched += 1
+                rows = torch.tensor([r.row for r in active], device=self.device)
+                nxt = self._decode(tokens, positions, self.kv.req_to_page[rows]).clone()  # [B]
+                stats.decode_steps += 1
+                inflight.append(_HostCopy(nxt, list(active)))
+                tokens, positions = nxt, positions + 1
+            # read the older copies (lag 1 keeps a step queued on the GPU); all of them when idle
+            while len(inflight) > (1 if active else 0):
+                self._record(inflight.popleft(), on_token)
+            active, tokens, positions = self._retire(active, tokens, positions)
+        sync()
+        stats.total_s = time.perf_counter() - t0
+        stats.new_tokens = sum(len(r.output_ids) for r in requests)
+        return stats

@@ -1,0 +1,62 @@
+"""CUDA-graph capture of a step function over static input buffers, one graph per batch bucket.
+
+Inputs are copied into the static buffers' first B rows; the rest are zeroed. Zero is the
+padding value every eaglet step accepts: token 0, position 0, page-table row 0 (the dummy page),
+so padded rows only write the KV pool's dummy page.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import torch
+
+DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+
+
+class GraphRunner:
+    def __init__(self, fn: Callable[..., torch.Tensor | tuple[torch.Tensor, ...]],
+                 example_inputs: Callable[[int], Sequence[torch.Tensor]],
+                 max_batch: int, enabled: bool, buckets: Sequence[int] = DEFAULT_BUCKETS):
+        self.fn = fn
+        self.example_inputs = example_inputs  # B -> zero-filled inputs of batch B
+        self.enabled = enabled
+        self.buckets = sorted({b for b in buckets if b < max_batch} | {max_batch})
+        self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, list[torch.Tensor], tuple[torch.Tensor, ...]]] = {}
+        self._pool = None
+
+    def bucket(self, B: int) -> int:
+        for b in self.buckets:
+            if b >= B:
+                return b
+        raise ValueError(f"batch {B} exceeds the captured maximum {self.buckets[-1]}; raise gen.batch_size")
+
+    def _capture(self, Bp: int):
+        static = [t.clone() for t in self.example_inputs(Bp)]
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):  # warm-up outside the graph: autotuning, allocator, lazy init
+            for _ in range(2):
+                self.fn(*static)
+        torch.cuda.current_stream().wait_stream(s)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool):
+            out = self.fn(*static)
+        self._pool = graph.pool()
+        out = out if isinstance(out, tuple) else (out,)
+        self._graphs[Bp] = (graph, static, out)
+
+    def __call__(self, *inputs: torch.Tensor):
+        if not self.enabled:
+            return self.fn(*inputs)
+        B = inputs[0].shape[0]
+        Bp = self.bucket(B)
+        if Bp not in self._graphs:
+            self._capture(Bp)
+        graph, static, out = self._graphs[Bp]
+        for dst, src in zip(static, inputs):
+            dst[:B].copy_(src)
+            dst[B:].zero_()
+        graph.replay()
+        res = tuple(o[:B] for o in out)
+        return res if len(res) > 1 else res[0]
