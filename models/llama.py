@@ -64,6 +64,8 @@ class ModelArgs:
         # Sliding-window attention is not implemented: cap the context where it would apply.
         if cfg.get("sliding_window") and cfg.get("use_sliding_window", family == "mistral"):
             max_len = min(max_len, cfg["sliding_window"])
+        # transformers 5 folds rope_theta / rope_scaling into `rope_parameters`
+        rope = cfg.get("rope_parameters") or {}
         eos = cfg.get("eos_token_id")
         eos = tuple(eos) if isinstance(eos, (list, tuple)) else (() if eos is None else (eos,))
         return cls(
@@ -76,8 +78,8 @@ class ModelArgs:
             head_dim=cfg.get("head_dim") or cfg["hidden_size"] // n_heads,
             intermediate_size=cfg["intermediate_size"],
             norm_eps=cfg.get("rms_norm_eps", 1e-6),
-            rope_theta=cfg.get("rope_theta", (cfg.get("rope_parameters") or {}).get("rope_theta", 10000.0)),
-            rope_scaling=cfg.get("rope_scaling"),
+            rope_theta=cfg.get("rope_theta") or rope.get("rope_theta", 10000.0),
+            rope_scaling=cfg.get("rope_scaling") or (rope if rope.get("rope_type", "default") != "default" else None),
             max_seq_len=max_len,
             tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             attention_bias=bool(cfg.get("attention_bias", family == "qwen2")),
@@ -98,8 +100,8 @@ _LLAMA31_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "
 
 transformer_configs: dict[str, dict] = {
     # tiny random configs for tests; one per family
-    "tiny_llama": dict(family="llama", vocab_size=512, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16,
-                       intermediate_size=128, rope_theta=10000.0, max_seq_len=512),
+    "tiny_llama": dict(family="llama", vocab_size=512, dim=256, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=64,
+                       intermediate_size=256, rope_theta=10000.0, max_seq_len=512),
     "smollm2_135m": dict(family="llama", vocab_size=49152, dim=576, n_layers=30, n_heads=9, n_kv_heads=3, head_dim=64,
                          intermediate_size=1536, rope_theta=100000.0, max_seq_len=8192, tie_embeddings=True,
                          bos_token_id=1, eos_token_ids=(2,)),

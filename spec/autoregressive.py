@@ -89,7 +89,7 @@ class AREngine:
         """One decode step: tokens/positions [B], page_table [B, P] -> next tokens [B]."""
         pos = positions[:, None]  # [B, 1]
         batch = ForwardBatch(page_table, positions.int(), slots_for(page_table, pos, self.kv.page_size),
-                             None, self.kv.max_context)
+                             None, self.kv.max_context - 1)
         hidden, _ = self.model(tokens[:, None], pos, batch, self.kv)  # [B, 1, dim]
         return sample(self.model.logits(hidden[:, -1]), self.sampling, self.generator)  # [B]
 

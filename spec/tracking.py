@@ -1,0 +1,56 @@
+"""Run bookkeeping: environment facts, the metrics JSON, and W&B (offline by default)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def git_commit() -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, timeout=5)
+        return out.stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def environment(device: torch.device) -> dict:
+    import triton
+
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    return {"device_name": name, "torch": torch.__version__, "triton": triton.__version__,
+            "hip": torch.version.hip, "git_commit": git_commit()}
+
+
+class Tracker:
+    """Writes metrics.json in the run directory; mirrors scalars to W&B when logger.name=wandb."""
+
+    def __init__(self, logger_cfg, config: dict, output_dir: str | Path):
+        self.output_dir = Path(output_dir)
+        self.output_dir.mkdir(parents=True, exist_ok=True)
+        self.run = None
+        if logger_cfg.name == "wandb":
+            import wandb
+
+            os.environ.setdefault("WANDB_SILENT", "true")
+            self.run = wandb.init(project=logger_cfg.project, mode=logger_cfg.mode, group=logger_cfg.group,
+                                  tags=list(logger_cfg.tags or []), config=config, dir=str(self.output_dir),
+                                  reinit="finish_previous")
+
+    def log(self, metrics: dict, step: int | None = None) -> None:
+        if self.run is not None:
+            self.run.log({k: v for k, v in metrics.items() if isinstance(v, (int, float))}, step=step)
+
+    def finish(self, metrics: dict) -> Path:
+        path = self.output_dir / "metrics.json"
+        path.write_text(json.dumps(metrics, indent=2, default=str))
+        if self.run is not None:
+            self.run.summary.update({k: v for k, v in metrics.items() if isinstance(v, (int, float, str))})
+            self.run.finish()
+        return path

@@ -1,0 +1,170 @@
+"""eaglet's model code against transformers' reference classes, and its KV-cache paths."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers
+
+from eaglet.models.kv_cache import ForwardBatch, KVCache, slots_for
+from eaglet.models.llama import ModelArgs, Transformer
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
+def tiny_hf(family: str, **over):
+    common = dict(vocab_size=256, hidden_size=256, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, head_dim=64, max_position_embeddings=512, tie_word_embeddings=False,
+                  rms_norm_eps=1e-6)
+    common.update(over)
+    cls, model_cls = {
+        "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
+        "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM),
+        "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
+        "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM),
+    }[family]
+    torch.manual_seed(0)
+    hf = model_cls(cls(**common)).eval()
+    with torch.no_grad():  # random (not ones/zeros) norms and biases, so a mis-mapped tensor shows
+        for name, p in hf.named_parameters():
+            if "norm" in name or name.endswith("bias"):
+                p.copy_(torch.randn_like(p) * 0.1 + (1.0 if "norm" in name else 0.0))
+    return hf
+
+
+def to_eaglet(hf) -> Transformer:
+    cfg = hf.config.to_dict()
+    cfg["architectures"] = [type(hf).__name__]
+    return Transformer.from_state_dict(ModelArgs.from_hf_config(cfg), hf.state_dict())
+
+
+def full_forward(model: Transformer, ids: torch.Tensor, page_size: int = 4) -> torch.Tensor:
+    """ids [1, T] -> logits [T, V], one prefill into a fresh cache."""
+    kv = KVCache.for_model(model.args, max_reqs=1, max_context=ids.shape[1] + 8, page_size=page_size,
+                           dtype=model.dtype)
+    r = kv.alloc_request()
+    kv.reserve(r, ids.shape[1])
+    pos = torch.arange(ids.shape[1])[None]  # [1, T]
+    pt = kv.req_to_page[[r]]  # [1, P]
+    with torch.no_grad():
+        h, _ = model(ids, pos, ForwardBatch(pt, torch.zeros(1, dtype=torch.int32), slots_for(pt, pos, page_size)), kv)
+    return model.logits(h[0])
+
+
+FAMILIES = {
+    "llama": {},
+    "llama-rope3.1": {"rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                       "high_freq_factor": 4.0, "original_max_position_embeddings": 64}},
+    "mistral": {},
+    "qwen2": {},
+    "qwen3": {},
+    "llama-tied": {"tie_word_embeddings": True},
+}
+
+
+@pytest.mark.parametrize("variant", list(FAMILIES))
+def test_logits_match_transformers_tiny(variant):
+    family = variant.split("-")[0]
+    hf = tiny_hf(family, **FAMILIES[variant])
+    ours = to_eaglet(hf)
+    assert ours.args.family == family
+    ids = torch.randint(0, 256, (1, 150), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        ref = hf(ids).logits[0]  # [T, V]
+    assert rel_err(full_forward(ours, ids), ref) <= 1e-4
+
+
+@pytest.mark.slow
+def test_logits_match_transformers_smollm2(smollm2_path, smollm2):
+    from eaglet.models.checkpoint import load_checkpoint
+
+    cfg, sd = load_checkpoint(smollm2_path)
+    hf = transformers.LlamaForCausalLM(transformers.LlamaConfig(**{k: v for k, v in cfg.items() if k != "architectures"}))
+    hf.load_state_dict(sd, strict=False)
+    hf.tie_weights()
+    hf.eval()
+    ids = torch.randint(0, 49152, (1, 40), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        ref = hf(ids).logits[0]
+    assert smollm2.args.n_layers == 30 and smollm2.args.dim == 576 and smollm2.args.vocab_size == 49152
+    assert rel_err(full_forward(smollm2, ids, page_size=16), ref) <= 1e-4
+
+
+def test_decode_with_cache_equals_full_forward():
+    hf = tiny_hf("qwen3")
+    model = to_eaglet(hf)
+    ids = torch.randint(0, 256, (1, 37), generator=torch.Generator().manual_seed(3))
+    ref = full_forward(model, ids)  # [37, V]
+    ps = 8
+    kv = KVCache.for_model(model.args, max_reqs=2, max_context=64, page_size=ps)
+    kv.alloc_request()  # occupy row 0 so the request under test lives at a non-trivial row and pages
+    r = kv.alloc_request()
+    got = []
+    with torch.no_grad():
+        # prefill 20 tokens, then decode one at a time
+        for start, end in [(0, 20)] + [(t, t + 1) for t in range(20, 37)]:
+            kv.reserve(r, end)
+            pt = kv.req_to_page[[r]]
+            pos = torch.arange(start, end)[None]
+            h, _ = model(ids[:, start:end], pos,
+                         ForwardBatch(pt, torch.tensor([start], dtype=torch.int32), slots_for(pt, pos, ps)), kv)
+            got.append(model.logits(h[0]))
+    assert rel_err(torch.cat(got), ref) <= 1e-5
+
+
+def test_ragged_batch_equals_each_alone():
+    from eaglet.spec.autoregressive import AREngine, Request
+
+    model = to_eaglet(tiny_hf("llama"))
+    g = torch.Generator().manual_seed(4)
+    prompts = [torch.randint(0, 256, (n,), generator=g).tolist() for n in (5, 23, 11)]
+
+    def run(batch):
+        kv = KVCache.for_model(model.args, max_reqs=3, max_context=64, page_size=4)
+        eng = AREngine(model, kv, max_batch=3)
+        reqs = [Request(p, [9, 14, 20][i], rid=i) for i, p in batch]
+        eng.generate(reqs)
+        return {r.rid: r.output_ids for r in reqs}
+
+    together = run(list(enumerate(prompts)))
+    for i, p in enumerate(prompts):
+        assert together[i] == run([(i, p)])[i]
+    assert [len(together[i]) for i in range(3)] == [9, 14, 20]  # each stops at its own budget
+
+
+def test_capture_layers_returns_residual_stream():
+    model = to_eaglet(tiny_hf("llama"))
+    ids = torch.randint(0, 256, (1, 9))
+    kv = KVCache.for_model(model.args, max_reqs=1, max_context=16, page_size=4)
+    r = kv.alloc_request()
+    kv.reserve(r, 9)
+    pt, pos = kv.req_to_page[[r]], torch.arange(9)[None]
+    with torch.no_grad():
+        h, cap = model(ids, pos, ForwardBatch(pt, torch.zeros(1, dtype=torch.int32), slots_for(pt, pos, 4)), kv,
+                       capture_layers=(0, 1))
+    assert len(cap) == 2 and cap[0].shape == (1, 9, 256)
+    assert torch.allclose(model.model.norm(cap[1]), h)
+
+
+def test_unknown_architecture_is_named():
+    with pytest.raises(ValueError, match="GPT2LMHeadModel.*supported"):
+        ModelArgs.from_hf_config({"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2"})
+
+
+def test_missing_tensors_are_named():
+    hf = tiny_hf("llama")
+    sd = hf.state_dict()
+    del sd["model.layers.1.mlp.up_proj.weight"]
+    cfg = hf.config.to_dict()
+    with pytest.raises(ValueError, match="model.layers.1.mlp.up_proj.weight"):
+        Transformer.from_state_dict(ModelArgs.from_hf_config(cfg), sd)
+
+
+def test_registry_configs_build():
+    for name in ("tiny_llama", "smollm2_135m", "llama3_8b", "qwen2_5_7b", "qwen3_8b", "mistral_7b", "llama2_7b"):
+        args = ModelArgs.from_name(name)
+        assert args.n_heads % args.n_kv_heads == 0
+    with pytest.raises(ValueError, match="unknown model config"):
+        ModelArgs.from_name("gpt5")
