@@ -1,0 +1,208 @@
+"""Tree attention (kernels/tree_attention.py) against an fp64 reference.
+
+On CPU run with TRITON_INTERPRET=1 (CI does) so the Triton kernel itself is tested; without it
+the launcher falls back to the reference and the kernel tests are skipped. On a GPU the same
+tests run bigger (more heads, longer prefixes) plus bf16/fp16.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import eaglet.kernels.tree_attention as ta
+from eaglet.kernels._utils import is_interpret
+from eaglet.kernels.tree_attention import tree_attention, tree_attention_ref
+
+CUDA = torch.cuda.is_available()
+DEVICE = "cuda" if CUDA else "cpu"
+needs_kernel = pytest.mark.skipif(
+    not (CUDA or is_interpret()), reason="no GPU: set TRITON_INTERPRET=1 to test the Triton kernel on CPU"
+)
+gpu_only = pytest.mark.skipif(not CUDA, reason="bf16/fp16 and large shapes need a GPU")
+
+
+def random_parents(n: int, gen: torch.Generator) -> list[int]:
+    """Parents before children (parent[i] < i), root 0; resampled until some node has >= 2 children."""
+    while True:
+        parents = [-1] + [int(torch.randint(0, i, (1,), generator=gen)) for i in range(1, n)]
+        if n < 3 or len(set(parents[1:])) < n - 1:  # a repeated parent = a real branch
+            return parents
+
+
+def ancestor_mask(parents: list[int]) -> torch.Tensor:
+    """[N, N] bool: mask[i, j] = j is i or an ancestor of i."""
+    n = len(parents)
+    mask = torch.zeros(n, n, dtype=torch.bool)  # [N, N]
+    for i in range(n):
+        j = i
+        while j >= 0:
+            mask[i, j] = True
+            j = parents[j]
+    return mask
+
+
+def make_inputs(B, N, Hq, Hkv, D, prefix, page_size, dtype, tree, seed=0, device=DEVICE):
+    """Random q and a paged pool whose pages are shuffled (non-contiguous, interleaved across requests)."""
+    gen = torch.Generator().manual_seed(seed)
+    prefix_lens = torch.tensor(prefix, dtype=torch.int32)  # [B]
+    pages_per_req = math.ceil((max(prefix) + N) / page_size) + 1  # one spare column
+    num_pages = B * pages_per_req + 5  # spare pages hold junk nobody may read
+    page_table = torch.randperm(num_pages, generator=gen)[: B * pages_per_req].view(B, pages_per_req).int()  # [B, P]
+    k_cache = torch.randn(num_pages, page_size, Hkv, D, generator=gen).to(dtype)  # [pages, page_size, Hkv, D]
+    v_cache = torch.randn(num_pages, page_size, Hkv, D, generator=gen).to(dtype)  # [pages, page_size, Hkv, D]
+    q = torch.randn(B, N, Hq, D, generator=gen).to(dtype)  # [B, N, Hq, D]
+    tree_mask = torch.stack([ancestor_mask(random_parents(N, gen)) for _ in range(B)]) if tree else None  # [B, N, N]
+    ts = [q, k_cache, v_cache, page_table, prefix_lens, tree_mask]
+    return [t.to(device) if t is not None else None for t in ts]
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((out.double() - ref.double()).norm() / ref.double().norm()).item()
+
+
+def ref64(q, k_cache, v_cache, page_table, prefix_lens, tree_mask, sm_scale=None):
+    return tree_attention_ref(q.double(), k_cache.double(), v_cache.double(), page_table, prefix_lens, tree_mask, sm_scale)
+
+
+# (B, N, Hq, Hkv, D, prefix_lens, page_size, tree). On CPU the interpreter runs these few-head
+# shapes; on a GPU the heads are scaled up 8x (GQA group unchanged).
+CASES = [
+    pytest.param(1, 37, 4, 2, 64, [4093], 16, True, id="odd-prefix4093-N37-tree"),
+    pytest.param(1, 37, 4, 2, 64, [4093], 16, False, id="odd-prefix4093-N37-causal"),
+    pytest.param(3, 9, 4, 1, 64, [130, 0, 17], 16, True, id="ragged-with-empty-prefix"),
+    pytest.param(2, 12, 2, 2, 128, [300, 61], 1, True, id="page1-D128-MHA"),
+    pytest.param(2, 16, 8, 2, 64, [1000, 999], 64, True, id="page64-group4"),
+    pytest.param(2, 1, 4, 2, 128, [777, 5], 16, False, id="N1-decode"),
+    pytest.param(1, 1, 2, 1, 64, [0], 16, True, id="N1-empty-prefix"),
+    pytest.param(2, 150, 2, 1, 64, [0, 40], 16, False, id="chunked-prefill-causal"),
+]
+
+
+def _scale_heads(Hq, Hkv):
+    return (Hq * 8, Hkv * 8) if CUDA else (Hq, Hkv)
+
+
+@needs_kernel
+@pytest.mark.parametrize("B,N,Hq,Hkv,D,prefix,page_size,tree", CASES)
+def test_fp32_matches_fp64_reference(B, N, Hq, Hkv, D, prefix, page_size, tree):
+    Hq, Hkv = _scale_heads(Hq, Hkv)
+    inputs = make_inputs(B, N, Hq, Hkv, D, prefix, page_size, torch.float32, tree)
+    out = tree_attention(*inputs, max_prefix_len=max(prefix))  # [B, N, Hq, D]
+    ref = ref64(*inputs)
+    assert not out.isnan().any()
+    assert rel_err(out, ref) < 1e-4
+
+
+@needs_kernel
+def test_poisoned_buffers_are_fully_written(monkeypatch):
+    """Out, partial outputs and LSEs all start as NaN: every element the result depends on must be written."""
+
+    def poisoned(shape, dtype, device):
+        return torch.full(shape, float("nan"), dtype=dtype, device=device)
+
+    monkeypatch.setattr(ta, "_empty", poisoned)
+    # Ragged prefixes leave splits unused by the short request; causal rows skip late splits.
+    for tree in (True, False):
+        inputs = make_inputs(3, 21, 4, 2, 64, [2500, 3, 0], 16, torch.float32, tree, seed=1)
+        out = tree_attention(*inputs, max_prefix_len=2500)
+        assert not out.isnan().any()
+        assert rel_err(out, ref64(*inputs)) < 1e-4
+
+
+@needs_kernel
+def test_split_count_independent():
+    """max_prefix_len only sizes the grid: a loose bound, the page table's capacity (None) and a
+    bound that is too small (the last split then runs to the end) all give the same result."""
+    inputs = make_inputs(2, 7, 4, 2, 64, [1500, 200], 16, torch.float32, True, seed=2)
+    ref = ref64(*inputs)
+    for bound in (1500, 1700, None, 100):
+        out = tree_attention(*inputs, max_prefix_len=bound)
+        assert rel_err(out, ref) < 1e-4, bound
+
+
+@needs_kernel
+def test_sm_scale_and_noncontiguous_q():
+    q, k_cache, v_cache, page_table, prefix_lens, tree_mask = make_inputs(2, 6, 4, 2, 64, [90, 33], 16, torch.float32, True)
+    q_strided = q.transpose(1, 2).contiguous().transpose(1, 2)  # [B, N, Hq, D], heads-major memory
+    out = tree_attention(q_strided, k_cache, v_cache, page_table, prefix_lens, tree_mask, sm_scale=0.3)
+    ref = ref64(q, k_cache, v_cache, page_table, prefix_lens, tree_mask, sm_scale=0.3)
+    assert rel_err(out, ref) < 1e-4
+
+
+def test_grid_plan():
+    """Host-side plan: splits cover the bound, chunks aligned and long enough, a full grid needs no split."""
+    for B, N, Hq, Hkv, kv_max, sms in [(1, 16, 32, 8, 65552, 132), (1, 16, 32, 8, 1040, 132), (8, 64, 32, 8, 16448, 132), (1, 1, 1, 1, 10, 132), (1, 37, 4, 2, 4130, 8)]:
+        block_m, m_tiles, splits, chunk = ta._plan(B, N, Hq, Hkv, kv_max, sms)
+        rows = N * Hq // Hkv
+        assert 16 <= block_m <= 128 and (m_tiles - 1) * block_m < rows <= m_tiles * block_m
+        assert chunk % ta._CHUNK_ALIGN == 0 and 1 <= splits <= ta._MAX_SPLITS
+        assert (splits - 1) * chunk < kv_max <= splits * chunk
+        assert splits == 1 or chunk >= ta._CHUNK_PER_ROW * rows
+    assert ta._plan(1, 16, 32, 8, 65552, 132)[2] >= 16  # one request, 8 KV heads: many splits
+    assert ta._plan(64, 64, 32, 8, 65552, 132)[2] == 1  # the grid is already full
+
+
+@gpu_only
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize(
+    "B,N,Hq,Hkv,D,prefix,page_size,tree",
+    [
+        (1, 37, 32, 8, 128, [4093], 16, True),
+        (4, 64, 32, 8, 128, [16384, 5000, 0, 77], 16, True),
+        (2, 16, 9, 3, 64, [2000, 1], 64, True),
+        (2, 1, 32, 8, 128, [8191, 100], 1, False),
+        (1, 1000, 32, 8, 128, [3000], 16, False),
+    ],
+)
+def test_half_precision_gpu(dtype, B, N, Hq, Hkv, D, prefix, page_size, tree):
+    inputs = make_inputs(B, N, Hq, Hkv, D, prefix, page_size, dtype, tree)
+    out = tree_attention(*inputs, max_prefix_len=max(prefix))
+    assert out.dtype == dtype
+    assert not out.isnan().any()
+    assert rel_err(out, ref64(*inputs)) < 1e-2
+
+
+@gpu_only
+def test_fp32_large_gpu():
+    inputs = make_inputs(2, 64, 32, 8, 128, [20000, 3], 16, torch.float32, True)
+    out = tree_attention(*inputs, max_prefix_len=20000)
+    assert rel_err(out, ref64(*inputs)) < 1e-4
+
+
+def test_cpu_fallback_is_reference():
+    """Without the interpreter, CPU tensors take the reference path (the engine runs anywhere)."""
+    inputs = make_inputs(2, 5, 4, 2, 64, [20, 3], 16, torch.float32, True, device="cpu")
+    out = tree_attention(*inputs)
+    assert rel_err(out, ref64(*inputs)) < 1e-5
+
+
+def test_validation_errors():
+    q, k, v, pt, pl, tm = make_inputs(2, 4, 4, 2, 64, [10, 3], 16, torch.float32, True, device="cpu")
+    cases = [
+        (dict(q=q[0]), "q must be"),
+        (dict(k_cache=k[0]), "k_cache must be"),
+        (dict(v_cache=v[:, :, :1]), "v_cache shape"),
+        (dict(q=q.double(), k_cache=k.double(), v_cache=v.double()), "q dtype"),
+        (dict(k_cache=k.half()), "k_cache dtype"),
+        (dict(q=q[..., :32], k_cache=k[..., :32], v_cache=v[..., :32]), "head_dim"),
+        (dict(q=torch.randn(2, 4, 3, 64)), "multiple of"),
+        (dict(page_table=pt[:1]), "page_table must be"),
+        (dict(page_table=pt.long()), "page_table dtype"),
+        (dict(prefix_lens=pl[:1]), "prefix_lens must be"),
+        (dict(prefix_lens=pl.long()), "prefix_lens dtype"),
+        (dict(tree_mask=tm[:, :3]), "tree_mask must be"),
+        (dict(tree_mask=tm.int()), "tree_mask dtype"),
+        (dict(max_prefix_len=-1), "max_prefix_len"),
+        (dict(max_prefix_len=torch.tensor(5)), "max_prefix_len"),
+        (dict(sm_scale=-1.0), "sm_scale"),
+    ]
+    base = dict(q=q, k_cache=k, v_cache=v, page_table=pt, prefix_lens=pl, tree_mask=tm)
+    for change, msg in cases:
+        with pytest.raises(ValueError, match=msg):
+            tree_attention(**{**base, **change})
+    if CUDA:
+        with pytest.raises(ValueError, match="page_table is on"):
+            tree_attention(q.cuda(), k.cuda(), v.cuda(), pt, pl.cuda(), tm.cuda())

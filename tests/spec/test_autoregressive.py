@@ -1,0 +1,86 @@
+"""The autoregressive baseline: stopping, sampling helpers, bad input, and SmolLM2's answer."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from eaglet.models.kv_cache import KVCache, KVPoolExhausted
+from eaglet.models.llama import ModelArgs, Transformer
+from eaglet.spec.autoregressive import AREngine, Request
+from eaglet.spec.sampling import SamplingParams, probs_from_logits, sample
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    torch.manual_seed(0)
+    return Transformer(ModelArgs.from_name("tiny_llama")).eval()
+
+
+def generate(model, prompts, max_new, eos=(), batch=4, context=96, sampling=SamplingParams(), seed=0):
+    kv = KVCache.for_model(model.args, max_reqs=batch, max_context=context, page_size=8)
+    reqs = [Request(p, max_new, rid=i) for i, p in enumerate(prompts)]
+    AREngine(model, kv, batch, sampling, eos_ids=eos, seed=seed).generate(reqs)
+    return reqs
+
+
+def test_requests_stop_at_eos_at_different_times(tiny):
+    prompts = [[1, 2, 3], [4, 5, 6, 7, 8, 9], [10], [11, 12]]
+    free = generate(tiny, prompts, 24)
+    eos = free[0].output_ids[3]  # a token request 0 emits early
+    stopped = generate(tiny, prompts, 24, eos=(eos,), batch=2)  # batch 2: later requests join as rows free up
+    for f, s in zip(free, stopped):
+        cut = f.output_ids.index(eos) + 1 if eos in f.output_ids else len(f.output_ids)
+        assert s.output_ids == f.output_ids[:cut]
+        assert s.finish_reason == ("eos" if eos in f.output_ids else "length")
+    assert stopped[0].finish_reason == "eos" and len(stopped[0].output_ids) == 4
+
+
+def test_prompt_longer_than_context_is_refused(tiny):
+    with pytest.raises(ValueError, match="prompt has 100 tokens but the context is 96"):
+        generate(tiny, [[1] * 100], 4)
+
+
+def test_exhausted_kv_pool_is_named(tiny):
+    kv = KVCache.for_model(tiny.args, max_reqs=2, max_context=64, page_size=8, num_pages=4)
+    eng = AREngine(tiny, kv, 2)
+    with pytest.raises(KVPoolExhausted, match="kv.num_pages"):
+        eng.generate([Request([1] * 20, 30), Request([2] * 20, 30)])
+
+
+def test_top_p_keeps_the_smallest_nucleus():
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
+    p = probs_from_logits(logits, SamplingParams(temperature=1.0, top_p=0.8))
+    assert torch.allclose(p, torch.tensor([[0.625, 0.375, 0.0, 0.0]]))
+    assert sample(logits, SamplingParams()).item() == 0
+    with pytest.raises(ValueError, match="gen.top_p"):
+        SamplingParams(temperature=1.0, top_p=0.0)
+
+
+def test_sampling_draws_from_the_distribution():
+    from scipy.stats import chisquare
+
+    target = torch.tensor([0.4, 0.3, 0.2, 0.1])
+    logits = target.log().expand(20000, 4)
+    g = torch.Generator().manual_seed(0)
+    counts = torch.bincount(sample(logits, SamplingParams(temperature=1.0), g), minlength=4)
+    assert chisquare(counts.numpy(), (target * 20000).numpy()).pvalue > 1e-3
+
+
+def test_seeded_sampling_is_reproducible(tiny):
+    s = SamplingParams(temperature=1.0, top_p=0.9)
+    a = generate(tiny, [[1, 2, 3]], 10, sampling=s, seed=7)
+    b = generate(tiny, [[1, 2, 3]], 10, sampling=s, seed=7)
+    assert a[0].output_ids == b[0].output_ids
+
+
+@pytest.mark.slow
+def test_smollm2_knows_the_capital_of_france(smollm2, tokenizer):
+    from eaglet.spec.run import encode_turns
+
+    ids = encode_turns(tokenizer, [{"role": "user", "content": "What is the capital of France?"}], True)
+    eos = (tokenizer.eos_token_id,)
+    [r] = generate(smollm2, [ids], 16, eos=eos, batch=1, context=256)
+    text = tokenizer.decode(r.output_ids, skip_special_tokens=True)
+    assert "Paris" in text, text
+    assert r.finish_reason == "eos"

@@ -1,0 +1,34 @@
+"""Every option of every config group composes (lightning-hydra-template's config test)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+CONF = Path(__file__).resolve().parent.parent / "conf"
+GROUPS = sorted(p.name for p in CONF.iterdir() if p.is_dir() and p.name != "experiment")
+# values the user must supply for some options (a local checkpoint or prompt file)
+REQUIRED = {"target.path": "/models/x", "data.path": "/tmp/prompts.jsonl"}
+
+
+def options(group: str) -> list[str]:
+    return sorted(p.stem for p in (CONF / group).glob("*.yaml"))
+
+
+@pytest.mark.parametrize("group,option", [(g, o) for g in GROUPS for o in options(g)])
+def test_compose(group, option):
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose("run_spec", overrides=[f"{group}={option}"])
+        for key in OmegaConf.missing_keys(cfg):
+            assert key in REQUIRED, f"{group}={option} leaves {key} unset"
+            OmegaConf.update(cfg, key, REQUIRED[key])
+        OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
+        assert cfg[group] is not None
+
+
+def test_every_group_has_options():
+    assert {"target", "draft", "data", "logger", "hardware"} <= set(GROUPS)
+    assert all(options(g) for g in GROUPS)

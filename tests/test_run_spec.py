@@ -1,0 +1,72 @@
+"""run_spec.py's relied-upon interface, W&B offline logging, and eaglet beside transformers."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.slow
+def test_run_spec_interface(tmp_path):
+    out = tmp_path / "run"
+    cmd = [sys.executable, "run_spec.py", "draft=none", "data=mt_bench", "data.limit=2", "gen.max_new_tokens=32",
+           "logger=none", f"hydra.run.dir={out}"]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["tokens_per_s"] > 0 and metrics["target"] == "smollm2_135m" and metrics["draft"] == "none"
+    assert metrics["num_prompts"] == 2 and metrics["max_new_tokens"] == 32
+    lines = [json.loads(line) for line in (out / "outputs.jsonl").read_text().splitlines()]
+    assert [line["prompt_id"] for line in lines] == ["81", "82"]
+    for line in lines:
+        assert 0 < len(line["token_ids"]) <= 32 and len(line["text"]) > 20
+        assert len(line["answers"]) == 2  # MT-bench: both turns answered
+
+
+@pytest.mark.slow
+def test_wandb_offline_run_and_jsonl_prompts(tmp_path):
+    from hydra import compose, initialize_config_dir
+
+    from eaglet.spec.run import run
+
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"id": "fr", "prompt": "What is the capital of France?"}) + "\n")
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        cfg = compose("run_spec", overrides=["data=jsonl", f"data.path={prompts}", "gen.max_new_tokens=12",
+                                             "logger=wandb", "print_answers=0"])
+    metrics = run(cfg, tmp_path / "out")
+    assert metrics["num_prompts"] == 1
+    [line] = [json.loads(x) for x in (tmp_path / "out" / "outputs.jsonl").read_text().splitlines()]
+    assert line["prompt_id"] == "fr" and "Paris" in line["text"]
+    runs = list((tmp_path / "out" / "wandb").glob("offline-run-*"))
+    assert runs and list(runs[0].glob("*.wandb")), "W&B offline run not written"
+
+
+def test_transformers_and_tokenizer_work_beside_eaglet():
+    # run from the repo root, where kernels/ and models/ folders sit on sys.path[0]
+    code = ("import transformers, eaglet.kernels.tree_attention, eaglet.models.llama\n"
+            "from transformers import AutoTokenizer\n"
+            "from transformers.utils import import_utils as iu\n"
+            "import importlib.util as u\n"
+            "assert eaglet.kernels.__name__ == 'eaglet.kernels'\n"
+            "iu.is_kernels_available()\n"
+            "from eaglet.data.assets import asset_path\n"
+            "from eaglet.models.checkpoint import load_tokenizer\n"
+            "tok = load_tokenizer(asset_path('smollm2_gguf'))\n"
+            "assert tok.decode(tok('Paris')['input_ids']) == 'Paris'\n")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": ""})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+@pytest.mark.slow
+def test_tokenizer_chat_template(tokenizer):
+    ids = tokenizer.apply_chat_template([{"role": "user", "content": "Hi"}], add_generation_prompt=True, tokenize=False)
+    assert "<|im_start|>assistant" in ids
