@@ -142,7 +142,8 @@ def test_smollm2_tokenizer(smollm2_gguf):
     # encoding adds nothing.
     assert ids[0] == 1 and tok.convert_ids_to_tokens(1) == "<|im_start|>"
     assert tok("Paris")["input_ids"] == tok("Paris", add_special_tokens=False)["input_ids"]
-    assert tok.eos_token == "<|im_end|>"
+    # eos/pad as the GGUF says (transformers 5.17 alone would give eos <|im_start|> and no pad)
+    assert (tok.eos_token, tok.eos_token_id, tok.pad_token_id) == ("<|im_end|>", 2, 2)
 
 
 @pytest.mark.slow
