@@ -103,17 +103,20 @@ def test_ties_break_to_lower_index(tie_levels):
 
 
 @needs_kernel
-def test_signed_zero_and_inf_scores():
-    # -0.0 ties with 0.0 (float order, not bit order); -inf candidates rank last.
-    S, K, N = 2, 3, 8
+@pytest.mark.parametrize("N,tokens", [(6, [5, 0, 1, 3, 4, 5]), (12, [5, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 11])])
+def test_signed_zero_and_inf_scores(N, tokens):
+    # N=6 cuts inside eight zero scores: -0.0 must tie with 0.0 (float order, not bit order).
+    # N=12 keeps all but one: the -inf candidate (c10) ranks below -3.0 (c11).
+    S, K = 2, 3
     scores = torch.tensor([[0.0, -0.0, -1.0, -0.0, 0.0, -0.0, 0.0, -0.0, -0.0, -2.0, float("-inf"), -3.0]])
     parents = torch.tensor([[-1, -1, -1, 0, 0, 0, 1, 1, 1, 2, 2, 2]])
-    tokens = torch.arange(12)[None]
-    inputs = [t.to(DEVICE) for t in (scores, tokens, parents, torch.tensor([5]), torch.tensor([3], dtype=torch.int32))]
+    cand_tokens = torch.arange(12)[None]
+    ts = (scores, cand_tokens, parents, torch.tensor([5]), torch.tensor([3], dtype=torch.int32))
+    inputs = [t.to(DEVICE) for t in ts]
     out = build_tree(*inputs, N, K, S, MaskFormat.QLEN_ONLY)
-    ref = build_tree_ref(*[t.cpu() for t in inputs], N, K, S, MaskFormat.QLEN_ONLY)
+    ref = build_tree_ref(*ts, N, K, S, MaskFormat.QLEN_ONLY)
     assert_same(out, ref)
-    assert ref.draft_tokens.tolist() == [[5, 0, 1, 2, 3, 4, 6, 7]]
+    assert ref.draft_tokens.tolist() == [tokens]
 
 
 @pytest.mark.parametrize("S,K,N", [(5, 4, 8), (4, 3, 13), (3, 5, 32), (4, 1, 5), (3, 3, 1)])

@@ -1,0 +1,382 @@
+"""Build the EAGLE-2 draft tree from the drafted candidates: tokens, parents, positions,
+sibling/child links and the tree-attention mask, in one launch for the batch.
+
+Candidate layout (flattened per request), C = K + (S-1)*K*K:
+  * step 0: K children of the root, flat indices 0..K-1 (depth 1);
+  * step i >= 1: K*K candidates at flat indices K+(i-1)*K*K .. (depth i+1), the K children
+    of each of the K nodes step i-1 kept.
+`cand_parents` holds each candidate's parent as a flat candidate index (-1: the root).
+
+Selection: the N-1 best candidates by cumulative log-probability, ties to the lower flat
+index. Scores decrease along a path and a parent has a lower flat index than its children,
+so a parent always ranks above its child and the selection is a closed tree. Nodes are the
+selected candidates in ascending flat index (parents before children) after the root
+(node 0, the last verified token). Scores must not be NaN.
+
+Mask formats (`MaskFormat`):
+  FULL       flat bool, per request N rows of seq_len+N columns (prefix all True, then
+             ancestor-or-self), requests concatenated; sized by the host int seq_lens_sum.
+  QLEN_ONLY  [B, N, N] bool ancestor-or-self (what `tree_attention` consumes).
+  BITPACKED  [B, N] int32, bit j of row i set iff node j is an ancestor-or-self of i (N <= 32).
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import NamedTuple
+
+import torch
+import triton
+import triton.language as tl
+
+from eaglet.kernels._utils import use_triton
+
+
+class MaskFormat(str, enum.Enum):
+    FULL = "full"
+    QLEN_ONLY = "qlen_only"
+    BITPACKED = "bitpacked"
+
+
+_FORMAT_CODE = {MaskFormat.FULL: 0, MaskFormat.QLEN_ONLY: 1, MaskFormat.BITPACKED: 2}
+
+
+class DraftTree(NamedTuple):
+    draft_tokens: torch.Tensor  # [B, N] int64, node 0 = root token
+    parents: torch.Tensor  # [B, N] int64, tree index of the parent, -1 for the root
+    positions: torch.Tensor  # [B, N] int64, seq_lens + depth
+    tree_mask: torch.Tensor  # FULL: [N*seq_lens_sum + B*N*N] bool; QLEN_ONLY: [B, N, N] bool; BITPACKED: [B, N] int32
+    retrieve_next_token: torch.Tensor  # [B, N] int64, first child or -1
+    retrieve_next_sibling: torch.Tensor  # [B, N] int64, next sibling or -1
+
+
+def num_candidates(topk: int, steps: int) -> int:
+    """C = K + (S-1)*K*K, the flattened EAGLE-2 candidate count per request."""
+    return topk + (steps - 1) * topk * topk
+
+
+def random_candidates(
+    batch: int,
+    topk: int,
+    steps: int,
+    vocab: int = 1000,
+    generator: torch.Generator | None = None,
+    tie_levels: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Synthetic EAGLE-2 candidates (CPU) for tests and benchmarks: (cand_scores [B, C] float32,
+    cand_tokens [B, C] int64 (distinct among siblings), cand_parents [B, C] int64). Each step
+    expands the K best nodes of the previous step, as the drafter does. `tie_levels` draws
+    log-probs from {0, -1/q, ..., -(q-1)/q} instead, so that scores tie (child == parent too)."""
+    B, K = batch, topk
+    if vocab < K:
+        raise ValueError(f"vocab={vocab} must be >= topk={K} (siblings carry distinct tokens)")
+
+    def logp(*shape):  # per-edge log-probabilities, <= 0
+        if tie_levels:
+            return -torch.randint(0, tie_levels, shape, generator=generator).float() / tie_levels
+        return torch.rand(shape, generator=generator).clamp_min(1e-6).log()
+
+    def sibling_tokens(parents: int):  # [B, parents*K], top-k of a random distribution: distinct
+        return torch.rand(B, parents, vocab, generator=generator).topk(K, dim=-1).indices.reshape(B, parents * K)
+
+    scores, tokens = [logp(B, K)], [sibling_tokens(1)]  # step 0: children of the root
+    parents = [torch.full((B, K), -1, dtype=torch.int64)]
+    kept, kept_score = torch.arange(K).expand(B, K), scores[0]  # [B, K] flat index / score of kept nodes
+    for i in range(1, steps):
+        base = K + (i - 1) * K * K
+        s = (kept_score[:, :, None] + logp(B, K, K)).reshape(B, K * K)  # [B, K*K] cumulative
+        scores.append(s)
+        tokens.append(sibling_tokens(K))
+        parents.append(kept.repeat_interleave(K, dim=1))  # [B, K*K]
+        top = s.topk(K, dim=1).indices  # [B, K]
+        kept, kept_score = base + top, s.gather(1, top)
+    return torch.cat(scores, 1), torch.cat(tokens, 1), torch.cat(parents, 1)
+
+
+def _parse_format(mask_format: MaskFormat | str) -> MaskFormat:
+    try:
+        return MaskFormat(mask_format.lower() if isinstance(mask_format, str) else mask_format)
+    except ValueError:
+        raise ValueError(
+            f"mask_format={mask_format!r} is not one of {[f.value for f in MaskFormat]}"
+        ) from None
+
+
+def _check_args(
+    cand_scores, cand_tokens, cand_parents, root_tokens, seq_lens, num_draft_tokens, topk, steps,
+    mask_format, seq_lens_sum,
+) -> MaskFormat:
+    if topk < 1 or steps < 1:
+        raise ValueError(f"topk={topk} and steps={steps} must both be >= 1")
+    if num_draft_tokens < 1:
+        raise ValueError(f"num_draft_tokens={num_draft_tokens} must be >= 1 (the root)")
+    C = num_candidates(topk, steps)
+    if num_draft_tokens - 1 > C:
+        raise ValueError(
+            f"num_draft_tokens={num_draft_tokens} needs {num_draft_tokens - 1} candidates but "
+            f"topk={topk}, steps={steps} give only {C}: use num_draft_tokens <= {C + 1}"
+        )
+    if cand_scores.dim() != 2:
+        raise ValueError(f"cand_scores must be [B, C], got shape {tuple(cand_scores.shape)}")
+    B = cand_scores.shape[0]
+    for name, t, dtype in (
+        ("cand_scores", cand_scores, torch.float32),
+        ("cand_tokens", cand_tokens, torch.int64),
+        ("cand_parents", cand_parents, torch.int64),
+    ):
+        if tuple(t.shape) != (B, C):
+            raise ValueError(
+                f"{name} must be [B, C] = [{B}, {C}] (C = K + (S-1)*K*K), got {tuple(t.shape)}"
+            )
+        if t.dtype != dtype:
+            raise ValueError(f"{name} must be {dtype}, got {t.dtype}")
+    for name, t, dtype in (("root_tokens", root_tokens, torch.int64), ("seq_lens", seq_lens, torch.int32)):
+        if tuple(t.shape) != (B,):
+            raise ValueError(f"{name} must be [B] = [{B}], got {tuple(t.shape)}")
+        if t.dtype != dtype:
+            raise ValueError(f"{name} must be {dtype}, got {t.dtype}")
+    for name, t in (("cand_tokens", cand_tokens), ("cand_parents", cand_parents),
+                    ("root_tokens", root_tokens), ("seq_lens", seq_lens)):
+        if t.device != cand_scores.device:
+            raise ValueError(f"{name} is on {t.device}, cand_scores on {cand_scores.device}: move them together")
+    fmt = _parse_format(mask_format)
+    if fmt == MaskFormat.BITPACKED and num_draft_tokens > 32:
+        raise ValueError(
+            f"mask_format=BITPACKED holds one int32 per row: num_draft_tokens={num_draft_tokens} > 32; "
+            "use QLEN_ONLY"
+        )
+    if fmt == MaskFormat.FULL:
+        if seq_lens_sum is None:
+            raise ValueError("mask_format=FULL needs seq_lens_sum (host int, sum of seq_lens) to size the mask")
+        # The sum is a host int so that no device value is read; check it where that is free.
+        if not seq_lens.is_cuda and int(seq_lens.sum()) != seq_lens_sum:
+            raise ValueError(f"seq_lens_sum={seq_lens_sum} != seq_lens.sum()={int(seq_lens.sum())}")
+    return fmt
+
+
+def _alloc_mask(fmt: MaskFormat, B: int, N: int, seq_lens_sum: int | None, device) -> torch.Tensor:
+    if fmt == MaskFormat.FULL:
+        return torch.empty(N * seq_lens_sum + B * N * N, dtype=torch.bool, device=device)
+    if fmt == MaskFormat.QLEN_ONLY:
+        return torch.empty(B, N, N, dtype=torch.bool, device=device)
+    return torch.empty(B, N, dtype=torch.int32, device=device)
+
+
+def _depth(c: int, topk: int) -> int:
+    return 1 if c < topk else 2 + (c - topk) // (topk * topk)
+
+
+def build_tree_ref(
+    cand_scores: torch.Tensor,
+    cand_tokens: torch.Tensor,
+    cand_parents: torch.Tensor,
+    root_tokens: torch.Tensor,
+    seq_lens: torch.Tensor,
+    num_draft_tokens: int,
+    topk: int,
+    steps: int,
+    mask_format: MaskFormat | str = MaskFormat.QLEN_ONLY,
+    seq_lens_sum: int | None = None,
+) -> DraftTree:
+    """Pure-Python reference (the spec). Same arguments and outputs as `build_tree`."""
+    fmt = _check_args(cand_scores, cand_tokens, cand_parents, root_tokens, seq_lens,
+                      num_draft_tokens, topk, steps, mask_format, seq_lens_sum)
+    B, C = cand_scores.shape
+    N = num_draft_tokens
+    scores, toks, cpar = cand_scores.tolist(), cand_tokens.tolist(), cand_parents.tolist()
+    roots, lens = root_tokens.tolist(), seq_lens.tolist()
+    out = {k: [[0] * N for _ in range(B)] for k in ("tok", "par", "pos", "nxt", "sib")}
+    anc = [[[False] * N for _ in range(N)] for _ in range(B)]
+    for b in range(B):
+        best = sorted(range(C), key=lambda c: (-scores[b][c], c))[: N - 1]
+        sel = sorted(best)
+        tree_of = {c: i + 1 for i, c in enumerate(sel)}
+        par = [-1]
+        for c in sel:
+            p = cpar[b][c]
+            if p >= 0 and p not in tree_of:
+                raise ValueError(f"request {b}: candidate {c} kept without its parent {p}: scores must decrease along a path")
+            par.append(tree_of[p] if p >= 0 else 0)
+        out["tok"][b] = [roots[b]] + [toks[b][c] for c in sel]
+        out["par"][b] = par
+        out["pos"][b] = [lens[b]] + [lens[b] + _depth(c, topk) for c in sel]
+        for i in range(N):
+            out["nxt"][b][i] = min((j for j in range(N) if par[j] == i), default=-1)
+            out["sib"][b][i] = -1 if i == 0 else min((j for j in range(i + 1, N) if par[j] == par[i]), default=-1)
+            j = i
+            while j >= 0:
+                anc[b][i][j] = True
+                j = par[j]
+    dev = cand_scores.device
+    as_long = lambda x: torch.tensor(x, dtype=torch.int64, device=dev).reshape(B, N)  # noqa: E731
+    if fmt == MaskFormat.QLEN_ONLY:
+        mask = torch.tensor(anc, dtype=torch.bool, device=dev).reshape(B, N, N)  # [B, N, N]
+    elif fmt == MaskFormat.BITPACKED:
+        rows = [[sum(1 << j for j in range(N) if anc[b][i][j]) for i in range(N)] for b in range(B)]
+        rows = [[v - (1 << 32) if v >= (1 << 31) else v for v in r] for r in rows]  # bit 31 is the sign
+        mask = torch.tensor(rows, dtype=torch.int32, device=dev).reshape(B, N)  # [B, N]
+    else:
+        flat = []
+        for b in range(B):
+            for i in range(N):
+                flat += [True] * lens[b] + anc[b][i]
+        mask = torch.tensor(flat, dtype=torch.bool, device=dev)  # [N*seq_lens_sum + B*N*N]
+    return DraftTree(as_long(out["tok"]), as_long(out["par"]), as_long(out["pos"]), mask,
+                     as_long(out["nxt"]), as_long(out["sib"]))
+
+
+@triton.jit
+def _score_key(s):
+    """int32 key with the order of the float32 scores (NaN excluded; -0.0 and 0.0 tie)."""
+    bits = s.to(tl.int32, bitcast=True)
+    key = bits ^ ((bits >> 31) & 0x7FFFFFFF)  # negative floats: flip the magnitude bits
+    return tl.where(s == 0.0, 0, key)
+
+
+@triton.jit
+def _build_tree_kernel(
+    scores_ptr, cand_tokens_ptr, cand_parents_ptr, root_ptr, seq_lens_ptr,
+    tokens_ptr, parents_ptr, positions_ptr, next_token_ptr, next_sibling_ptr, mask_ptr,
+    C,
+    N: tl.constexpr, K: tl.constexpr, S: tl.constexpr, FORMAT: tl.constexpr,
+    N_PAD: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_L: tl.constexpr,
+):
+    b = tl.program_id(0)
+    row = b.to(tl.int64) * C
+    t = tl.arange(0, N_PAD)  # tree indices
+    valid = t < N
+    is_node = valid & (t >= 1)
+
+    # Select by threshold instead of sorting: find T = the (N-1)-th largest score key with a
+    # 16-ary search over the int32 key space (8 rounds of 15 counts), keep keys > T plus the
+    # lowest-index ties at T. O(8*16*C) compares; a pairwise rank would be O(C^2) (C = 510 for 6/10).
+    lo = tl.full([], -2147483648, tl.int64)
+    k16 = tl.arange(0, 16).to(tl.int64)
+    for r in tl.static_range(8):
+        thr = lo + k16 * (1 << (28 - 4 * r))  # [16], thr[0] = lo keeps the invariant count(key >= lo) >= N-1
+        cnt = tl.zeros([16, BLOCK_C], dtype=tl.int32)
+        for c0 in range(0, C, BLOCK_C):
+            c = c0 + tl.arange(0, BLOCK_C)
+            key = _score_key(tl.load(scores_ptr + row + c, mask=c < C, other=0.0))  # [BLOCK_C]
+            cnt += ((key[None, :] >= thr[:, None]) & (c < C)[None, :]).to(tl.int32)
+        enough = tl.sum(cnt, axis=1) >= N - 1  # [16], monotone: True for a prefix of thresholds
+        lo = tl.max(tl.where(enough, thr, lo), 0)
+    n_above = tl.zeros([BLOCK_C], dtype=tl.int32)
+    for c0 in range(0, C, BLOCK_C):
+        c = c0 + tl.arange(0, BLOCK_C)
+        key = _score_key(tl.load(scores_ptr + row + c, mask=c < C, other=0.0))  # [BLOCK_C]
+        n_above += ((key > lo) & (c < C)).to(tl.int32)
+    n_ties = N - 1 - tl.sum(n_above, 0)  # ties at T to keep, lowest flat index first
+
+    # Kept candidates in ascending flat index get tree indices 1, 2, ...; scatter them to nodes.
+    node_cand = tl.where(t == 0, -1, 0)  # [N_PAD] flat candidate of each tree node
+    ties_before = 0
+    n_kept = 0
+    for c0 in range(0, C, BLOCK_S):
+        c = c0 + tl.arange(0, BLOCK_S)
+        key = _score_key(tl.load(scores_ptr + row + c, mask=c < C, other=0.0))  # [BLOCK_S]
+        tie = (key == lo) & (c < C)
+        kept = ((key > lo) & (c < C)) | (tie & (ties_before + tl.cumsum(tie.to(tl.int32), 0) <= n_ties))
+        ties_before += tl.sum(tie.to(tl.int32), 0)
+        tidx = n_kept + tl.cumsum(kept.to(tl.int32), 0)  # [BLOCK_S]
+        n_kept += tl.sum(kept.to(tl.int32), 0)
+        hit = kept[None, :] & (tidx[None, :] == t[:, None])  # [N_PAD, BLOCK_S]
+        node_cand += tl.sum(tl.where(hit, c[None, :], 0), axis=1)
+
+    cand = tl.where(is_node, node_cand, 0)  # [N_PAD] safe gather index
+    root = tl.load(root_ptr + b)
+    tok = tl.load(cand_tokens_ptr + row + cand, mask=is_node, other=0)  # [N_PAD]
+    tok = tl.where(t == 0, root, tok)
+    pcand = tl.load(cand_parents_ptr + row + cand, mask=is_node, other=-1)  # [N_PAD]
+    # Parent's tree index: the node holding the parent candidate; no match (pcand = -1) -> root 0.
+    is_par = is_node[None, :] & (node_cand[None, :] == pcand[:, None])  # [N_PAD, N_PAD]
+    par = tl.sum(tl.where(is_par, t[None, :], 0), axis=1)  # [N_PAD]
+    par = tl.where(t == 0, -1, par)
+    depth = tl.where(cand < K, 1, 2 + (cand - K) // (K * K))  # [N_PAD]
+    depth = tl.where(t == 0, 0, depth)
+    seq_len = tl.load(seq_lens_ptr + b)
+
+    out = b.to(tl.int64) * N + t
+    tl.store(tokens_ptr + out, tok, mask=valid)
+    tl.store(parents_ptr + out, par.to(tl.int64), mask=valid)
+    tl.store(positions_ptr + out, (seq_len + depth).to(tl.int64), mask=valid)
+    child = valid[None, :] & (par[None, :] == t[:, None])  # [i, j]: j is a child of i
+    first = tl.min(tl.where(child, t[None, :], N_PAD), axis=1)  # [N_PAD]
+    tl.store(next_token_ptr + out, tl.where(first < N_PAD, first, -1).to(tl.int64), mask=valid)
+    sib = valid[None, :] & (par[None, :] == par[:, None]) & (t[None, :] > t[:, None])  # [N_PAD, N_PAD]
+    nxt = tl.min(tl.where(sib, t[None, :], N_PAD), axis=1)  # [N_PAD]
+    tl.store(next_sibling_ptr + out, tl.where(nxt < N_PAD, nxt, -1).to(tl.int64), mask=valid)
+
+    # Ancestor-or-self: self, the root, then climb parents; depth <= S leaves <= S-1 non-root ancestors.
+    anc = (t[None, :] == t[:, None]) | (t[None, :] == 0)  # [N_PAD, N_PAD]
+    up = par
+    for _ in range(S - 1):
+        at = t[None, :] == up[:, None]  # [N_PAD, N_PAD]
+        anc = anc | at
+        up = tl.sum(tl.where(at, par[None, :], 0), axis=1)  # parent of up (root -> -1 -> 0: harmless)
+
+    both = valid[:, None] & valid[None, :]
+    if FORMAT == 1:  # QLEN_ONLY
+        tl.store(mask_ptr + b.to(tl.int64) * N * N + t[:, None] * N + t[None, :], anc.to(tl.int8), mask=both)
+    elif FORMAT == 2:  # BITPACKED: distinct bits, so the int64 sum is the OR; truncation keeps bit 31 as sign
+        bits = tl.where(anc & valid[None, :], tl.full([N_PAD, N_PAD], 1, tl.int64) << t[None, :].to(tl.int64), 0)
+        tl.store(mask_ptr + out, tl.sum(bits, axis=1).to(tl.int32), mask=valid)
+    else:  # FULL: request b starts after N*(seq_len+N) entries of each earlier request
+        before = tl.zeros([], dtype=tl.int64)
+        for b0 in range(0, b, BLOCK_L):
+            bb = b0 + tl.arange(0, BLOCK_L)
+            before += tl.sum(tl.load(seq_lens_ptr + bb, mask=bb < b, other=0).to(tl.int64), 0)
+        width = seq_len + N  # row length
+        base = mask_ptr + N * (before + b.to(tl.int64) * N) + t[:, None].to(tl.int64) * width  # [N_PAD, 1]
+        for l0 in range(0, seq_len, BLOCK_L):
+            col = l0 + tl.arange(0, BLOCK_L)
+            ones = tl.full([N_PAD, BLOCK_L], 1, tl.int8)
+            tl.store(base + col[None, :], ones, mask=valid[:, None] & (col < seq_len)[None, :])
+        tl.store(base + seq_len + t[None, :], anc.to(tl.int8), mask=both)
+
+
+def build_tree(
+    cand_scores: torch.Tensor,
+    cand_tokens: torch.Tensor,
+    cand_parents: torch.Tensor,
+    root_tokens: torch.Tensor,
+    seq_lens: torch.Tensor,
+    num_draft_tokens: int,
+    topk: int,
+    steps: int,
+    mask_format: MaskFormat | str = MaskFormat.QLEN_ONLY,
+    seq_lens_sum: int | None = None,
+) -> DraftTree:
+    """Select the N-1 best candidates per request and emit the draft tree (one launch, no host sync).
+
+    cand_scores [B, C] float32, cand_tokens [B, C] int64, cand_parents [B, C] int64,
+    root_tokens [B] int64, seq_lens [B] int32; C = topk + (steps-1)*topk**2.
+    """
+    fmt = _check_args(cand_scores, cand_tokens, cand_parents, root_tokens, seq_lens,
+                      num_draft_tokens, topk, steps, mask_format, seq_lens_sum)
+    if not use_triton(cand_scores, cand_tokens, cand_parents, root_tokens, seq_lens):
+        return build_tree_ref(cand_scores, cand_tokens, cand_parents, root_tokens, seq_lens,
+                              num_draft_tokens, topk, steps, fmt, seq_lens_sum)
+    B, C = cand_scores.shape
+    N = num_draft_tokens
+    dev = cand_scores.device
+    tokens, parents, positions, next_token, next_sibling = (
+        torch.empty(B, N, dtype=torch.int64, device=dev) for _ in range(5)  # [B, N] each
+    )
+    mask = _alloc_mask(fmt, B, N, seq_lens_sum, dev)
+    if B == 0:
+        return DraftTree(tokens, parents, positions, mask, next_token, next_sibling)
+    mask_arg = mask.view(torch.int8) if mask.dtype == torch.bool else mask
+    n_pad = max(triton.next_power_of_2(N), 2)
+    _build_tree_kernel[(B,)](
+        cand_scores.contiguous(), cand_tokens.contiguous(), cand_parents.contiguous(),
+        root_tokens.contiguous(), seq_lens.contiguous(),
+        tokens, parents, positions, next_token, next_sibling, mask_arg,
+        C,
+        N=N, K=topk, S=steps, FORMAT=_FORMAT_CODE[fmt],
+        N_PAD=n_pad, BLOCK_C=min(max(triton.next_power_of_2(C), 16), 512),
+        BLOCK_S=min(max(triton.next_power_of_2(C), 16), 128),
+        BLOCK_L=128,
+        num_warps=4,
+    )
+    return DraftTree(tokens, parents, positions, mask, next_token, next_sibling)

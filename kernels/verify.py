@@ -1,0 +1,326 @@
+"""Accept the longest drafted path the target agrees with: greedy and tree speculative sampling.
+
+Both walk the tree from the root (node 0) through `retrieve_next_token` (first child) and
+`retrieve_next_sibling` (next sibling), at most `steps` levels, one program per request.
+Outputs (`VerifyResult`):
+  accept_index [B, S+1] int64  tree nodes on the accepted path, starting with the root 0, -1 padded
+  accept_len   [B]      int32  valid entries of accept_index = accepted drafts + 1 = tokens emitted
+  bonus        [B]      int64  the token the target emits after the last accepted node
+
+Sampling (drafts from a deterministic top-k, so q = 1 on the drafted token): at node `cur`
+with residual p (initially target_probs[cur], mass 1) try the children in sibling order;
+accept child x iff uniforms[child] * mass(p) < p(x), i.e. with probability p(x)/sum(p); on
+rejection p(x) := 0 (mass -= p(x)) and try the next sibling. Acceptance moves to the child
+with a fresh p = target_probs[child]. If every child is rejected (or there is none) the bonus
+is the first token v with cumsum(p)[v] > uniforms_final * mass(p) (inverse CDF of the
+residual; if rounding leaves no such v: the last token with p > 0, else the last rejected
+one). The emitted sequence is then distributed exactly as the target's.
+
+`mass` is tracked as 1 - rejected mass (rows of target_probs must sum to 1), so no pass over
+the vocabulary is needed until the bonus. A cyclic (malformed) sibling list stops after N
+tries instead of hanging.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+import torch
+import triton
+import triton.language as tl
+
+from eaglet.kernels._utils import use_triton
+
+
+class VerifyResult(NamedTuple):
+    accept_index: torch.Tensor  # [B, S+1] int64, -1 padded
+    accept_len: torch.Tensor  # [B] int32, bonus included
+    bonus: torch.Tensor  # [B] int64
+
+
+def _check_tree(draft_tokens, retrieve_next_token, retrieve_next_sibling, steps, extra=()):
+    if steps < 1:
+        raise ValueError(f"steps={steps} must be >= 1")
+    if draft_tokens.dim() != 2:
+        raise ValueError(f"draft_tokens must be [B, N], got shape {tuple(draft_tokens.shape)}")
+    B, N = draft_tokens.shape
+    for name, t in (("draft_tokens", draft_tokens), ("retrieve_next_token", retrieve_next_token),
+                    ("retrieve_next_sibling", retrieve_next_sibling), *extra):
+        if tuple(t.shape) != (B, N):
+            raise ValueError(f"{name} must be [B, N] = [{B}, {N}], got {tuple(t.shape)}")
+        if t.dtype != torch.int64:
+            raise ValueError(f"{name} must be int64, got {t.dtype}")
+        if t.device != draft_tokens.device:
+            raise ValueError(f"{name} is on {t.device}, draft_tokens on {draft_tokens.device}")
+    return B, N
+
+
+def _outputs(B, steps, device):
+    return VerifyResult(
+        torch.empty(B, steps + 1, dtype=torch.int64, device=device),  # [B, S+1]
+        torch.empty(B, dtype=torch.int32, device=device),  # [B]
+        torch.empty(B, dtype=torch.int64, device=device),  # [B]
+    )
+
+
+def _pack(paths, bonus, steps, device) -> VerifyResult:
+    idx = [p + [-1] * (steps + 1 - len(p)) for p in paths]
+    return VerifyResult(
+        torch.tensor(idx, dtype=torch.int64, device=device).reshape(len(paths), steps + 1),  # [B, S+1]
+        torch.tensor([len(p) for p in paths], dtype=torch.int32, device=device),  # [B]
+        torch.tensor(bonus, dtype=torch.int64, device=device),  # [B]
+    )
+
+
+# ----------------------------------------------------------------------------- greedy
+
+
+def verify_greedy_ref(
+    draft_tokens: torch.Tensor,
+    target_predict: torch.Tensor,
+    retrieve_next_token: torch.Tensor,
+    retrieve_next_sibling: torch.Tensor,
+    steps: int,
+) -> VerifyResult:
+    """Pure-Python reference (the spec) of `verify_greedy`."""
+    B, N = _check_tree(draft_tokens, retrieve_next_token, retrieve_next_sibling, steps,
+                       (("target_predict", target_predict),))
+    draft, want = draft_tokens.tolist(), target_predict.tolist()
+    nxt, sib = retrieve_next_token.tolist(), retrieve_next_sibling.tolist()
+    paths, bonus = [], []
+    for b in range(B):
+        cur, path = 0, [0]
+        for _ in range(steps):
+            child, tries = nxt[b][cur], 0
+            while child >= 0 and draft[b][child] != want[b][cur] and tries < N:
+                child, tries = sib[b][child], tries + 1
+            if child < 0 or tries == N:
+                break
+            path.append(child)
+            cur = child
+        paths.append(path)
+        bonus.append(want[b][cur])
+    return _pack(paths, bonus, steps, draft_tokens.device)
+
+
+@triton.jit
+def _verify_greedy_kernel(
+    draft_ptr, target_ptr, next_token_ptr, next_sibling_ptr,
+    accept_index_ptr, accept_len_ptr, bonus_ptr,
+    N, S: tl.constexpr,
+):
+    b = tl.program_id(0).to(tl.int64)
+    row = b * N
+    out = accept_index_ptr + b * (S + 1)
+    cur = tl.zeros([], dtype=tl.int64)
+    alive = cur == 0
+    n_acc = tl.full([], 1, tl.int32)
+    tl.store(out, cur)
+    for i in range(S):
+        want = tl.load(target_ptr + row + cur)
+        child = tl.where(alive, tl.load(next_token_ptr + row + cur), -1)
+        tok = tl.load(draft_ptr + row + child, mask=child >= 0, other=0)
+        tries = 0
+        # Scalar walk: every load after the first few hits L1 (rows are 8*N bytes).
+        while (child >= 0) & (tok != want) & (tries < N):
+            child = tl.load(next_sibling_ptr + row + child)
+            tok = tl.load(draft_ptr + row + child, mask=child >= 0, other=0)
+            tries += 1
+        child = tl.where(tries < N, child, -1)
+        alive = child >= 0
+        tl.store(out + i + 1, child)  # -1 once the walk stopped
+        n_acc += alive.to(tl.int32)
+        cur = tl.where(alive, child, cur)
+    tl.store(accept_len_ptr + b, n_acc)
+    tl.store(bonus_ptr + b, tl.load(target_ptr + row + cur))
+
+
+def verify_greedy(
+    draft_tokens: torch.Tensor,
+    target_predict: torch.Tensor,
+    retrieve_next_token: torch.Tensor,
+    retrieve_next_sibling: torch.Tensor,
+    steps: int,
+) -> VerifyResult:
+    """Greedy verify. draft_tokens, target_predict (target argmax at every node),
+    retrieve_next_token, retrieve_next_sibling: [B, N] int64 -> VerifyResult."""
+    B, N = _check_tree(draft_tokens, retrieve_next_token, retrieve_next_sibling, steps,
+                       (("target_predict", target_predict),))
+    if not use_triton(draft_tokens, target_predict, retrieve_next_token, retrieve_next_sibling):
+        return verify_greedy_ref(draft_tokens, target_predict, retrieve_next_token, retrieve_next_sibling, steps)
+    res = _outputs(B, steps, draft_tokens.device)
+    if B > 0:
+        _verify_greedy_kernel[(B,)](
+            draft_tokens.contiguous(), target_predict.contiguous(),
+            retrieve_next_token.contiguous(), retrieve_next_sibling.contiguous(),
+            *res, N, S=steps, num_warps=1,
+        )
+    return res
+
+
+# ----------------------------------------------------------------------------- sampling
+
+
+def _check_sampling(draft_tokens, retrieve_next_token, retrieve_next_sibling, target_probs,
+                    uniforms, uniforms_final, steps):
+    B, N = _check_tree(draft_tokens, retrieve_next_token, retrieve_next_sibling, steps)
+    if target_probs.dim() != 3 or tuple(target_probs.shape[:2]) != (B, N):
+        raise ValueError(f"target_probs must be [B, N, V] with B, N = {B}, {N}, got {tuple(target_probs.shape)}")
+    for name, t, shape in (("target_probs", target_probs, tuple(target_probs.shape)),
+                           ("uniforms", uniforms, (B, N)), ("uniforms_final", uniforms_final, (B,))):
+        if tuple(t.shape) != shape:
+            raise ValueError(f"{name} must have shape {shape}, got {tuple(t.shape)}")
+        if t.dtype != torch.float32:
+            raise ValueError(f"{name} must be float32, got {t.dtype}")
+        if t.device != draft_tokens.device:
+            raise ValueError(f"{name} is on {t.device}, draft_tokens on {draft_tokens.device}")
+    return B, N, target_probs.shape[2]
+
+
+def verify_sampling_ref(
+    draft_tokens: torch.Tensor,
+    retrieve_next_token: torch.Tensor,
+    retrieve_next_sibling: torch.Tensor,
+    target_probs: torch.Tensor,
+    uniforms: torch.Tensor,
+    uniforms_final: torch.Tensor,
+    steps: int,
+) -> VerifyResult:
+    """Pure-Python reference (the spec) of `verify_sampling`; float32 scalar arithmetic
+    (numpy) so that acceptance decisions match the kernel bit for bit."""
+    B, N, V = _check_sampling(draft_tokens, retrieve_next_token, retrieve_next_sibling, target_probs,
+                              uniforms, uniforms_final, steps)
+    draft, nxt, sib = draft_tokens.tolist(), retrieve_next_token.tolist(), retrieve_next_sibling.tolist()
+    probs = target_probs.detach().cpu().numpy()  # [B, N, V] float32
+    coins = uniforms.detach().cpu().numpy()  # [B, N]
+    finals = uniforms_final.detach().cpu().numpy()  # [B]
+    paths, bonus = [], []
+    for b in range(B):
+        cur, path = 0, [0]
+        mass, rejected, last_rejected = np.float32(1.0), [], -1
+        for _ in range(steps):
+            child, tries, accepted = nxt[b][cur], 0, False
+            while child >= 0 and not accepted and tries < N:
+                x = draft[b][child]
+                p_x = np.float32(0.0) if x in rejected else probs[b, cur, x]
+                accepted = bool(p_x > 0 and coins[b, child] * mass < p_x)
+                if not accepted:
+                    rejected.append(x)
+                    mass = np.float32(mass - p_x)
+                    last_rejected = x
+                    child = sib[b][child]
+                tries += 1
+            if not accepted:
+                break
+            path.append(child)
+            cur, mass, rejected = child, np.float32(1.0), []
+        resid = probs[b, cur].copy()  # [V]
+        resid[rejected] = 0.0
+        cdf = np.cumsum(resid, dtype=np.float32)  # [V]
+        hits = np.flatnonzero((cdf > finals[b] * mass) & (resid > 0))
+        positive = np.flatnonzero(resid > 0)
+        tok = hits[0] if hits.size else (positive[-1] if positive.size else last_rejected)
+        paths.append(path)
+        bonus.append(int(tok))
+    return _pack(paths, bonus, steps, draft_tokens.device)
+
+
+@triton.jit
+def _verify_sampling_kernel(
+    draft_ptr, next_token_ptr, next_sibling_ptr, probs_ptr, uniforms_ptr, uniforms_final_ptr,
+    accept_index_ptr, accept_len_ptr, bonus_ptr,
+    N, V,
+    S: tl.constexpr, R_PAD: tl.constexpr, BLOCK_V: tl.constexpr,
+):
+    b = tl.program_id(0).to(tl.int64)
+    row = b * N
+    out = accept_index_ptr + b * (S + 1)
+    r = tl.arange(0, R_PAD)
+    cur = tl.zeros([], dtype=tl.int64)
+    alive = cur == 0
+    n_acc = tl.full([], 1, tl.int32)
+    mass = tl.full([], 1.0, tl.float32)
+    # Tokens rejected at the current node: zeroed in its residual without writing target_probs.
+    rejected = tl.full([R_PAD], -1, tl.int64)
+    n_rej = tl.zeros([], dtype=tl.int32)
+    last_rejected = tl.full([], -1, tl.int64)
+    tl.store(out, cur)
+    for i in range(S):
+        child = tl.where(alive, tl.load(next_token_ptr + row + cur), -1)
+        accepted = tl.full([], 0, tl.int1)
+        tries = 0
+        while (child >= 0) & (accepted == 0) & (tries < N):
+            x = tl.load(draft_ptr + row + child)
+            p_x = tl.load(probs_ptr + (row + cur) * V + x)
+            p_x = tl.where(tl.sum((rejected == x).to(tl.int32), 0) > 0, 0.0, p_x)
+            u = tl.load(uniforms_ptr + row + child)
+            accepted = (p_x > 0) & (u * mass < p_x)
+            rejected = tl.where((r == n_rej) & (accepted == 0), x, rejected)
+            n_rej += 1 - accepted.to(tl.int32)
+            mass = tl.where(accepted, mass, mass - p_x)
+            last_rejected = tl.where(accepted, last_rejected, x)
+            child = tl.where(accepted, child, tl.load(next_sibling_ptr + row + child))
+            tries += 1
+        alive = accepted
+        tl.store(out + i + 1, tl.where(alive, child, -1))
+        n_acc += alive.to(tl.int32)
+        cur = tl.where(alive, child, cur)
+        # A fresh residual at the accepted child.
+        mass = tl.where(alive, 1.0, mass)
+        rejected = tl.where(alive, -1, rejected)
+        n_rej = tl.where(alive, 0, n_rej)
+    tl.store(accept_len_ptr + b, n_acc)
+
+    # Bonus: inverse CDF of the residual at `cur`, one pass over V that stops at the hit.
+    target = tl.load(uniforms_final_ptr + b) * mass
+    base = probs_ptr + (row + cur) * V
+    running = tl.zeros([], dtype=tl.float32)
+    hit = tl.full([], -1, tl.int32)
+    last_pos = tl.full([], -1, tl.int32)
+    v0 = 0
+    while (v0 < V) & (hit < 0):
+        offs = v0 + tl.arange(0, BLOCK_V)
+        p = tl.load(base + offs, mask=offs < V, other=0.0)  # [BLOCK_V]
+        # Rejected tokens fall in at most n_rej blocks: only those pay for the masking.
+        if tl.sum(((rejected >= v0) & (rejected < v0 + BLOCK_V)).to(tl.int32), 0) > 0:
+            for k in range(n_rej):
+                p = tl.where(offs == tl.sum(tl.where(r == k, rejected, 0), 0), 0.0, p)
+        cdf = running + tl.cumsum(p, 0)  # [BLOCK_V], non-decreasing
+        hit = tl.min(tl.where((cdf > target) & (p > 0), offs, V), 0)
+        hit = tl.where(hit < V, hit, -1)
+        last_pos = tl.maximum(last_pos, tl.max(tl.where(p > 0, offs, -1), 0))
+        running = tl.max(cdf, 0)
+        v0 += BLOCK_V
+    tok = tl.where(hit >= 0, hit.to(tl.int64), tl.where(last_pos >= 0, last_pos.to(tl.int64), last_rejected))
+    tl.store(bonus_ptr + b, tok)
+
+
+def verify_sampling(
+    draft_tokens: torch.Tensor,
+    retrieve_next_token: torch.Tensor,
+    retrieve_next_sibling: torch.Tensor,
+    target_probs: torch.Tensor,
+    uniforms: torch.Tensor,
+    uniforms_final: torch.Tensor,
+    steps: int,
+) -> VerifyResult:
+    """Tree speculative sampling. draft_tokens, retrieve_next_token, retrieve_next_sibling
+    [B, N] int64; target_probs [B, N, V] float32 (temperature/top-p applied, rows sum to 1);
+    uniforms [B, N] float32 (coin of each node), uniforms_final [B] float32 -> VerifyResult."""
+    B, N, V = _check_sampling(draft_tokens, retrieve_next_token, retrieve_next_sibling, target_probs,
+                              uniforms, uniforms_final, steps)
+    if not use_triton(draft_tokens, retrieve_next_token, retrieve_next_sibling, target_probs,
+                      uniforms, uniforms_final):
+        return verify_sampling_ref(draft_tokens, retrieve_next_token, retrieve_next_sibling, target_probs,
+                                   uniforms, uniforms_final, steps)
+    res = _outputs(B, steps, draft_tokens.device)
+    if B > 0:
+        _verify_sampling_kernel[(B,)](
+            draft_tokens.contiguous(), retrieve_next_token.contiguous(), retrieve_next_sibling.contiguous(),
+            target_probs.contiguous(), uniforms.contiguous(), uniforms_final.contiguous(),
+            *res, N, V,
+            S=steps, R_PAD=max(triton.next_power_of_2(N), 2),
+            BLOCK_V=min(max(triton.next_power_of_2(V), 16), 2048), num_warps=4,
+        )
+    return res

@@ -1,0 +1,129 @@
+"""commit_kv (kernels/kv_ops.py): the Triton kernel equals the torch reference bit for bit.
+
+On CPU run with TRITON_INTERPRET=1 (CI does) so the kernel itself is tested; without it the
+launcher falls back to the reference and the kernel-vs-reference tests are skipped.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from eaglet.kernels._utils import is_interpret
+from eaglet.kernels.kv_ops import commit_kv, commit_kv_ref
+
+CUDA = torch.cuda.is_available()
+DEVICE = "cuda" if CUDA else "cpu"
+needs_kernel = pytest.mark.skipif(
+    not (CUDA or is_interpret()), reason="no GPU: set TRITON_INTERPRET=1 to test the Triton kernel on CPU"
+)
+
+
+def random_paths(B, S, N, gen):
+    """accept_index [B, S+1] (strictly increasing node indices from the root 0, -1 padded) and
+    accept_len [B] int32 spanning 1..S+1."""
+    idx = torch.full((B, S + 1), -1, dtype=torch.int64)  # [B, S+1]
+    lens = torch.empty(B, dtype=torch.int32)  # [B]
+    for b in range(B):
+        n = b % (S + 1) + 1
+        nodes = torch.randperm(N - 1, generator=gen)[: n - 1].add(1).sort().values
+        idx[b, :n] = torch.cat([torch.zeros(1, dtype=torch.int64), nodes])
+        lens[b] = n
+    return idx, lens
+
+
+def make_pool(B, L, Hkv, D, page_size, N, dtype, gen, max_prefix=40):
+    seq_lens = torch.randint(0, max_prefix, (B,), generator=gen).int()  # [B]
+    P = -(-(max_prefix + N) // page_size)  # pages per request
+    num_pages = B * P + 3  # spare pages: slots no request owns, must stay untouched
+    page_table = torch.randperm(num_pages, generator=gen)[: B * P].view(B, P).int()  # [B, P] shuffled
+    kv = torch.randn(L, 2, num_pages, page_size, Hkv, D, generator=gen).to(dtype)  # [L, 2, pages, ps, Hkv, D]
+    return kv, page_table, seq_lens
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    return t.view(torch.uint8) if t.element_size() == 1 else t.view(torch.int16 if t.element_size() == 2 else torch.int32)
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float8_e4m3fn], ids=str)
+@pytest.mark.parametrize("page_size", [1, 4, 16])
+@pytest.mark.parametrize("L,Hkv,D,S,N", [(2, 2, 16, 5, 8), (3, 3, 64, 6, 60), (1, 1, 8, 1, 3)])
+def test_matches_reference(L, Hkv, D, S, N, page_size, dtype):
+    gen = torch.Generator().manual_seed(page_size * 7 + N)
+    B = 2 * (S + 1)  # every accepted length, twice
+    kv, page_table, seq_lens = make_pool(B, L, Hkv, D, page_size, N, dtype, gen)
+    accept_index, accept_len = random_paths(B, S, N, gen)
+    ref_kv, ref_lens = kv.clone(), seq_lens.clone()
+    commit_kv_ref(ref_kv, page_table, page_size, ref_lens, accept_index, accept_len)
+    out = [t.clone().to(DEVICE) for t in (kv, page_table, seq_lens, accept_index, accept_len)]  # in place: keep the inputs
+    commit_kv(out[0], out[1], page_size, out[2], out[3], out[4])
+    assert torch.equal(bits(out[0]).cpu(), bits(ref_kv))
+    assert torch.equal(out[2].cpu(), seq_lens + accept_len)
+    # Independent of the reference: exactly the destination slots changed, to their sources.
+    old = bits(kv).reshape(L, 2, -1, Hkv * D)  # [L, 2, slots, Hkv*D]
+    new = bits(out[0]).cpu().reshape(L, 2, -1, Hkv * D)
+    expected_changed = torch.zeros(old.shape[2], dtype=torch.bool)
+    for b in range(B):
+        for i in range(1, int(accept_len[b])):
+            def slot(p):
+                return int(page_table[b, p // page_size]) * page_size + p % page_size
+            dst, src = slot(int(seq_lens[b]) + i), slot(int(seq_lens[b]) + int(accept_index[b, i]))
+            assert torch.equal(new[:, :, dst], old[:, :, src])
+            expected_changed[dst] = src != dst
+    changed = (new != old).flatten(3).any(3).any(1).any(0)  # [slots]
+    assert not (changed & ~expected_changed).any(), "a slot that is no destination changed"
+
+
+def test_overlapping_moves_in_order():
+    # Path 0 -> 2 -> 3 -> 5 at seq_len 4: position 6 (node 2) is both the source of move 1
+    # (to 5) and the destination of move 2 (from 7); ascending order reads it before it is overwritten.
+    L, Hkv, D, page_size = 2, 1, 4, 2
+    kv = torch.arange(L * 2 * 8 * page_size * Hkv * D, dtype=torch.float32).reshape(L, 2, 8, page_size, Hkv, D)
+    page_table = torch.tensor([[3, 0, 6, 1, 5, 2, 7, 4]], dtype=torch.int32)  # shuffled pages
+    seq_lens = torch.tensor([4], dtype=torch.int32)
+    accept_index = torch.tensor([[0, 2, 3, 5, -1]])
+    accept_len = torch.tensor([4], dtype=torch.int32)
+
+    def at(t, p):
+        return t[:, :, int(page_table[0, p // page_size]), p % page_size].clone()  # [L, 2, Hkv, D]
+
+    before = {p: at(kv, p) for p in range(4, 12)}
+    out = [t.clone().to(DEVICE) for t in (kv, page_table, seq_lens, accept_index, accept_len)]  # in place: keep the inputs
+    commit_kv(out[0], out[1], page_size, out[2], out[3], out[4])
+    after = out[0].cpu()
+    assert torch.equal(at(after, 4), before[4])  # the root stays
+    assert torch.equal(at(after, 5), before[6])
+    assert torch.equal(at(after, 6), before[7])
+    assert torch.equal(at(after, 7), before[9])
+    for p in (8, 9, 10, 11):  # beyond the new length: left as they were
+        assert torch.equal(at(after, p), before[p])
+    assert out[2].tolist() == [8]
+
+
+def test_nothing_accepted():
+    gen = torch.Generator().manual_seed(0)
+    kv, page_table, seq_lens = make_pool(3, 2, 2, 8, 4, 8, torch.float32, gen)
+    accept_index = torch.tensor([[0, -1, -1]] * 3)
+    accept_len = torch.ones(3, dtype=torch.int32)
+    out = [t.clone().to(DEVICE) for t in (kv, page_table, seq_lens, accept_index, accept_len)]  # in place: keep the inputs
+    commit_kv(out[0], out[1], 4, out[2], out[3], out[4])
+    assert torch.equal(out[0].cpu(), kv) and torch.equal(out[2].cpu(), seq_lens + 1)
+
+
+def test_validation():
+    gen = torch.Generator().manual_seed(0)
+    kv, page_table, seq_lens = make_pool(2, 2, 2, 8, 4, 8, torch.float32, gen)
+    accept_index, accept_len = random_paths(2, 3, 8, gen)
+    args = [kv, page_table, 4, seq_lens, accept_index, accept_len]
+    for i, bad, match in [
+        (0, kv[0], "kv_cache"),
+        (0, kv.transpose(4, 5), "contiguous"),
+        (2, 8, "page_size"),
+        (1, page_table.long(), "page_table"),
+        (3, seq_lens.long(), "seq_lens"),
+        (4, accept_index.int(), "accept_index"),
+        (5, accept_len[:1], "accept_len"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            commit_kv(*args[:i], bad, *args[i + 1:])
