@@ -13,9 +13,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from eaglet.kernels.activation import silu_and_mul
+from eaglet.kernels.rmsnorm import rmsnorm
+from eaglet.kernels.rope import rope_qkv_store
 from eaglet.kernels.tree_attention import tree_attention
 from eaglet.models.kv_cache import ForwardBatch, KVCache
 
@@ -59,6 +61,8 @@ class ModelArgs:
             raise ValueError(
                 f"unknown architecture {arch or cfg.get('model_type')!r}; supported: {sorted(SUPPORTED_ARCHITECTURES)}"
             )
+        if cfg.get("mlp_bias"):
+            raise ValueError("mlp_bias=True checkpoints are not supported by eaglet's model code")
         n_heads = cfg["num_attention_heads"]
         max_len = cfg.get("max_position_embeddings", 8192)
         # Sliding-window attention is not implemented: cap the context where it would apply.
@@ -144,22 +148,16 @@ def rope_inv_freq(args: ModelArgs) -> torch.Tensor:
 
 
 class RMSNorm(nn.Module):
+    """Holds the weight; the math (with the residual add fused in) is `kernels.rmsnorm`."""
+
     def __init__(self, dim: int, eps: float):
         super().__init__()
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(dim))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * xf.to(x.dtype)
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """HF (rotate-half) layout. x [B, T, H, D], cos/sin [B, T, 1, D] fp32 -> [B, T, H, D]."""
-    x1, x2 = x.float().chunk(2, dim=-1)
-    rot = torch.cat((-x2, x1), dim=-1)  # [B, T, H, D]
-    return (x.float() * cos + rot * sin).to(x.dtype)
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        """x [..., dim] -> normed [..., dim]; with `residual`, -> (normed(x + residual), x + residual)."""
+        return rmsnorm(x, self.weight, self.eps, residual=residual)
 
 
 class Attention(nn.Module):
@@ -167,38 +165,41 @@ class Attention(nn.Module):
         super().__init__()
         self.layer_id = layer_id
         self.n_heads, self.n_kv_heads, self.head_dim = args.n_heads, args.n_kv_heads, args.head_dim
-        b = args.attention_bias
-        self.q_proj = nn.Linear(args.dim, args.n_heads * args.head_dim, bias=b)
-        self.k_proj = nn.Linear(args.dim, args.n_kv_heads * args.head_dim, bias=b)
-        self.v_proj = nn.Linear(args.dim, args.n_kv_heads * args.head_dim, bias=b)
-        self.o_proj = nn.Linear(args.n_heads * args.head_dim, args.dim, bias=False)
+        # q, k and v in one GEMM (one launch instead of three: decode is launch-bound)
+        self.qkv_proj = nn.Linear(args.dim, (args.n_heads + 2 * args.n_kv_heads) * args.head_dim,
+                                  bias=args.attention_bias)
+        # HF: Llama/Qwen3 put attention_bias on o_proj too, Qwen2 never does
+        self.o_proj = nn.Linear(args.n_heads * args.head_dim, args.dim,
+                                bias=args.attention_bias and args.family != "qwen2")
         self.q_norm = RMSNorm(args.head_dim, args.norm_eps) if args.qk_norm else None
         self.k_norm = RMSNorm(args.head_dim, args.norm_eps) if args.qk_norm else None
+        self.norm_eps = args.norm_eps
 
-    def forward(self, x, cos, sin, batch: ForwardBatch, kv: KVCache) -> torch.Tensor:
+    def forward(self, x, positions, inv_freq, batch: ForwardBatch, kv: KVCache) -> torch.Tensor:
         B, T, _ = x.shape
-        q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim)  # [B, T, Hq, D]
-        k = self.k_proj(x).view(B, T, self.n_kv_heads, self.head_dim)  # [B, T, Hkv, D]
-        v = self.v_proj(x).view(B, T, self.n_kv_heads, self.head_dim)  # [B, T, Hkv, D]
-        if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        Hkv, D = self.n_kv_heads, self.head_dim
+        qkv = self.qkv_proj(x).view(B * T, -1)  # [B*T, (Hq+2Hkv)*D]
         k_cache, v_cache = kv.layer(self.layer_id)  # [pages, page_size, Hkv, D] each
-        kv.write(self.layer_id, batch.out_slots, k, v)
-        o = tree_attention(q, k_cache, v_cache, batch.page_table, batch.prefix_lens, batch.attn_mask,
-                           max_prefix_len=batch.max_prefix_len)  # [B, T, Hq, D]
+        # q/k norm (Qwen3) + RoPE + the K/V store into the pool, one launch
+        q = rope_qkv_store(qkv, positions.reshape(-1), inv_freq, k_cache.view(-1, Hkv, D), v_cache.view(-1, Hkv, D),
+                           batch.out_slots.reshape(-1), self.n_heads, Hkv, D,
+                           q_norm_weight=None if self.q_norm is None else self.q_norm.weight,
+                           k_norm_weight=None if self.k_norm is None else self.k_norm.weight,
+                           norm_eps=self.norm_eps)  # [B*T, Hq, D]
+        o = tree_attention(q.view(B, T, self.n_heads, D), k_cache, v_cache, batch.page_table, batch.prefix_lens,
+                           batch.attn_mask, max_prefix_len=batch.max_prefix_len)  # [B, T, Hq, D]
         return self.o_proj(o.reshape(B, T, -1))
 
 
 class FeedForward(nn.Module):
     def __init__(self, args: ModelArgs):
         super().__init__()
-        self.gate_proj = nn.Linear(args.dim, args.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(args.dim, args.intermediate_size, bias=False)
+        self.gate_up_proj = nn.Linear(args.dim, 2 * args.intermediate_size, bias=False)  # gate then up
         self.down_proj = nn.Linear(args.intermediate_size, args.dim, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gu = self.gate_up_proj(x)  # [B, T, 2I]
+        return self.down_proj(silu_and_mul(gu.view(-1, gu.shape[-1])).view(*gu.shape[:-1], -1))
 
 
 class TransformerBlock(nn.Module):
@@ -209,9 +210,16 @@ class TransformerBlock(nn.Module):
         self.input_layernorm = RMSNorm(args.dim, args.norm_eps)
         self.post_attention_layernorm = RMSNorm(args.dim, args.norm_eps)
 
-    def forward(self, x, cos, sin, batch, kv):
-        h = x + self.self_attn(self.input_layernorm(x), cos, sin, batch, kv)
-        return h + self.mlp(self.post_attention_layernorm(h))
+    def forward(self, x, residual, positions, inv_freq, batch, kv):
+        """Pre-norm block with the residual adds fused into the norms (vLLM/SGLang style): takes and
+        returns (block output, residual) whose sum is the residual stream; residual=None at layer 0."""
+        if residual is None:
+            h, residual = self.input_layernorm(x), x
+        else:
+            h, residual = self.input_layernorm(x, residual)
+        h = self.self_attn(h, positions, inv_freq, batch, kv)
+        h, residual = self.post_attention_layernorm(h, residual)
+        return self.mlp(h), residual
 
 
 class _Body(nn.Module):
@@ -222,6 +230,30 @@ class _Body(nn.Module):
         self.embed_tokens = nn.Embedding(args.vocab_size, args.dim)
         self.layers = nn.ModuleList(TransformerBlock(args, i) for i in range(args.n_layers))
         self.norm = RMSNorm(args.dim, args.norm_eps)
+
+
+def _hf_names(name: str) -> list[str]:
+    """eaglet parameter name -> the HF names it is built from."""
+    if ".qkv_proj." in name:
+        return [name.replace("qkv_proj", f"{p}_proj") for p in "qkv"]
+    if ".gate_up_proj." in name:
+        return [name.replace("gate_up_proj", f"{p}_proj") for p in ("gate", "up")]
+    return [name]
+
+
+def fuse_hf_state_dict(state_dict: dict[str, torch.Tensor], n_layers: int) -> dict[str, torch.Tensor]:
+    """HF parameter names -> eaglet's: q/k/v_proj -> qkv_proj, gate/up_proj -> gate_up_proj."""
+    sd = dict(state_dict)
+    for i in range(n_layers):
+        a, m = f"model.layers.{i}.self_attn.", f"model.layers.{i}.mlp."
+        for kind in ("weight", "bias"):
+            parts = [sd.pop(f"{a}{p}_proj.{kind}", None) for p in "qkv"]
+            if all(t is not None for t in parts):
+                sd[f"{a}qkv_proj.{kind}"] = torch.cat(parts)
+        parts = [sd.pop(f"{m}{p}_proj.weight", None) for p in ("gate", "up")]
+        if all(t is not None for t in parts):
+            sd[f"{m}gate_up_proj.weight"] = torch.cat(parts)
+    return sd
 
 
 class Transformer(nn.Module):
@@ -243,13 +275,6 @@ class Transformer(nn.Module):
     def dtype(self) -> torch.dtype:
         return self.lm_head.weight.dtype
 
-    def rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        if self._inv_freq.device != positions.device:
-            self._inv_freq = self._inv_freq.to(positions.device)
-        freqs = positions.float()[..., None] * self._inv_freq  # [B, T, D/2]
-        emb = torch.cat((freqs, freqs), dim=-1)[:, :, None, :]  # [B, T, 1, D]
-        return emb.cos(), emb.sin()
-
     def forward(
         self,
         tokens: torch.Tensor,
@@ -261,14 +286,15 @@ class Transformer(nn.Module):
     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """tokens/positions [B, T] -> (final-normed hidden [B, T, dim], residual stream after each
         layer in `capture_layers` [B, T, dim] each, e.g. EAGLE-3's low/middle/high features)."""
+        if self._inv_freq.device != positions.device:
+            self._inv_freq = self._inv_freq.to(positions.device)
         x = self.model.embed_tokens(tokens) if embeds is None else embeds  # [B, T, dim]
-        cos, sin = self.rope(positions)
-        captured = []
+        residual, captured = None, []
         for i, layer in enumerate(self.model.layers):
-            x = layer(x, cos, sin, batch, kv)  # [B, T, dim]
+            x, residual = layer(x, residual, positions, self._inv_freq, batch, kv)  # [B, T, dim] each
             if i in capture_layers:
-                captured.append(x)
-        return self.model.norm(x), captured
+                captured.append(x + residual)
+        return self.model.norm(x, residual)[0], captured
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [..., dim] -> logits [..., V] in fp32 (argmax/softmax stability in bf16 runs)."""
@@ -286,17 +312,15 @@ class Transformer(nn.Module):
     def from_state_dict(cls, args: ModelArgs, state_dict: dict, dtype=torch.float32, device="cpu") -> "Transformer":
         with torch.device("meta"):
             model = cls(args)
-        expected = set(model.state_dict())
-        got = set(state_dict)
-        if args.tie_embeddings:
-            got.add("lm_head.weight")
-        missing = sorted(expected - got)
+        fused = fuse_hf_state_dict(state_dict, args.n_layers)  # HF names or eaglet's own
+        absent = set(model.state_dict()) - set(fused) - ({"lm_head.weight"} if args.tie_embeddings else set())
+        missing = sorted(hf for k in absent for hf in _hf_names(k) if hf not in state_dict)
         if missing:
             raise ValueError(f"checkpoint is missing {len(missing)} tensors for a {args.family} model, "
                              f"e.g. {missing[:4]}; is it the right checkpoint for this config?")
+        state_dict = fused
         model = model.to_empty(device=device)
-        sd = {k: v for k, v in state_dict.items() if k in expected}
-        model.load_state_dict(sd, strict=False, assign=False)
+        model.load_state_dict({k: v for k, v in state_dict.items() if k in model.state_dict()}, strict=False)
         if args.tie_embeddings:
             model.lm_head.weight = model.model.embed_tokens.weight
         return model.to(dtype).eval()
