@@ -239,7 +239,7 @@ def _build_tree_kernel(
     tokens_ptr, parents_ptr, positions_ptr, next_token_ptr, next_sibling_ptr, mask_ptr,
     C,
     N: tl.constexpr, K: tl.constexpr, S: tl.constexpr, FORMAT: tl.constexpr,
-    N_PAD: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_L: tl.constexpr,
+    N_PAD: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_L: tl.constexpr,
 ):
     b = tl.program_id(0)
     row = b.to(tl.int64) * C
@@ -249,39 +249,30 @@ def _build_tree_kernel(
 
     # Select by threshold instead of sorting: find T = the (N-1)-th largest score key with a
     # 16-ary search over the int32 key space (8 rounds of 15 counts), keep keys > T plus the
-    # lowest-index ties at T. O(8*16*C) compares; a pairwise rank would be O(C^2) (C = 510 for 6/10).
+    # lowest-index ties at T. O(8*16*C) compares on keys loaded once (BLOCK_C >= C); a pairwise
+    # rank would be O(C^2) (C = 510 for 6/10). B=64, 6/10/64 on an H200: 14.6 us a graph replay;
+    # reloading the keys every round and scattering through registers took 29 us.
+    c = tl.arange(0, BLOCK_C)
+    in_c = c < C
+    key = _score_key(tl.load(scores_ptr + row + c, mask=in_c, other=0.0))  # [BLOCK_C]
     lo = tl.full([], -2147483648, tl.int64)
     k16 = tl.arange(0, 16).to(tl.int64)
     for r in tl.static_range(8):
         thr = lo + k16 * (1 << (28 - 4 * r))  # [16], thr[0] = lo keeps the invariant count(key >= lo) >= N-1
-        cnt = tl.zeros([16, BLOCK_C], dtype=tl.int32)
-        for c0 in range(0, C, BLOCK_C):
-            c = c0 + tl.arange(0, BLOCK_C)
-            key = _score_key(tl.load(scores_ptr + row + c, mask=c < C, other=0.0))  # [BLOCK_C]
-            cnt += ((key[None, :] >= thr[:, None]) & (c < C)[None, :]).to(tl.int32)
-        enough = tl.sum(cnt, axis=1) >= N - 1  # [16], monotone: True for a prefix of thresholds
-        lo = tl.max(tl.where(enough, thr, lo), 0)
-    n_above = tl.zeros([BLOCK_C], dtype=tl.int32)
-    for c0 in range(0, C, BLOCK_C):
-        c = c0 + tl.arange(0, BLOCK_C)
-        key = _score_key(tl.load(scores_ptr + row + c, mask=c < C, other=0.0))  # [BLOCK_C]
-        n_above += ((key > lo) & (c < C)).to(tl.int32)
-    n_ties = N - 1 - tl.sum(n_above, 0)  # ties at T to keep, lowest flat index first
+        cnt = tl.sum(((key[None, :] >= thr[:, None]) & in_c[None, :]).to(tl.int32), axis=1)  # [16]
+        lo = tl.max(tl.where(cnt >= N - 1, thr, lo), 0)  # counts fall with thr: the last that has enough
+    above = (key > lo) & in_c  # [BLOCK_C]
+    tie = (key == lo) & in_c  # [BLOCK_C]
+    n_ties = N - 1 - tl.sum(above.to(tl.int32), 0)  # ties at T to keep, lowest flat index first
+    kept = above | (tie & (tl.cumsum(tie.to(tl.int32), 0) <= n_ties))  # [BLOCK_C]
+    tidx = tl.cumsum(kept.to(tl.int32), 0)  # [BLOCK_C] tree index (ascending flat order, root = 0)
 
-    # Kept candidates in ascending flat index get tree indices 1, 2, ...; scatter them to nodes.
-    node_cand = tl.where(t == 0, -1, 0)  # [N_PAD] flat candidate of each tree node
-    ties_before = 0
-    n_kept = 0
-    for c0 in range(0, C, BLOCK_S):
-        c = c0 + tl.arange(0, BLOCK_S)
-        key = _score_key(tl.load(scores_ptr + row + c, mask=c < C, other=0.0))  # [BLOCK_S]
-        tie = (key == lo) & (c < C)
-        kept = ((key > lo) & (c < C)) | (tie & (ties_before + tl.cumsum(tie.to(tl.int32), 0) <= n_ties))
-        ties_before += tl.sum(tie.to(tl.int32), 0)
-        tidx = n_kept + tl.cumsum(kept.to(tl.int32), 0)  # [BLOCK_S]
-        n_kept += tl.sum(kept.to(tl.int32), 0)
-        hit = kept[None, :] & (tidx[None, :] == t[:, None])  # [N_PAD, BLOCK_S]
-        node_cand += tl.sum(tl.where(hit, c[None, :], 0), axis=1)
+    # node -> candidate: scatter through the parents output as scratch, CTA barrier, gather back.
+    # (A register scatter would be an [N, C] reduction: 32k elements for 64/510.)
+    tl.store(parents_ptr + b.to(tl.int64) * N + tidx, c.to(tl.int64), mask=kept)
+    tl.debug_barrier()
+    node_cand = tl.load(parents_ptr + b.to(tl.int64) * N + t, mask=is_node, other=-1)  # [N_PAD]
+    tl.debug_barrier()  # every thread has read the scratch before parents is written below
 
     cand = tl.where(is_node, node_cand, 0)  # [N_PAD] safe gather index
     root = tl.load(root_ptr + b)
@@ -368,15 +359,14 @@ def build_tree(
         return DraftTree(tokens, parents, positions, mask, next_token, next_sibling)
     mask_arg = mask.view(torch.int8) if mask.dtype == torch.bool else mask
     n_pad = max(triton.next_power_of_2(N), 2)
+    block_c = max(triton.next_power_of_2(C), 16)  # all candidates of a request in registers
     _build_tree_kernel[(B,)](
         cand_scores.contiguous(), cand_tokens.contiguous(), cand_parents.contiguous(),
         root_tokens.contiguous(), seq_lens.contiguous(),
         tokens, parents, positions, next_token, next_sibling, mask_arg,
         C,
         N=N, K=topk, S=steps, FORMAT=_FORMAT_CODE[fmt],
-        N_PAD=n_pad, BLOCK_C=min(max(triton.next_power_of_2(C), 16), 512),
-        BLOCK_S=min(max(triton.next_power_of_2(C), 16), 128),
-        BLOCK_L=128,
-        num_warps=4,
+        N_PAD=n_pad, BLOCK_C=block_c, BLOCK_L=128,
+        num_warps=8 if block_c >= 512 or n_pad >= 64 else 4,
     )
     return DraftTree(tokens, parents, positions, mask, next_token, next_sibling)
