@@ -20,3 +20,12 @@ def is_hip() -> bool:
 def is_interpret() -> bool:
     """True when Triton kernels run in the CPU interpreter (CI)."""
     return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def autotune_configs(configs: list) -> list:
+    """Configs for `@triton.autotune`: all of them, or only the first (the default) in the
+    interpreter (one config skips benchmarking) or when EAGLET_AUTOTUNE=0 (tests on a GPU,
+    where tuning every shape would cost minutes of compilation)."""
+    if is_interpret() or os.environ.get("EAGLET_AUTOTUNE") == "0":
+        return configs[:1]
+    return configs

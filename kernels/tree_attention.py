@@ -8,13 +8,56 @@ The new tokens' K/V must already be written to the pool at positions prefix_lens
 
 Pool layout: k_cache / v_cache [num_pages, page_size, Hkv, D]; the slot of position p of
 request b is page_table[b, p // page_size] * page_size + p % page_size.
+
+The Triton path (flash-decoding with GQA packing):
+  * one program owns BLOCK_M packed query rows (row = token * G + group head, G = Hq // Hkv)
+    of one KV head, so every K/V tile it loads serves all G query heads of that KV head;
+  * the key range [0, prefix + N) is cut into `num_splits` chunks (grid axis 1) so that one
+    long request still fills every SM; each split runs an online softmax over its chunk
+    (prefix tiles unmasked, tree tiles masked) and, when there is more than one split,
+    writes its normalised partial output and log2-sum-exp; `_merge_kernel` combines them;
+  * num_splits is sized on the host from `max_prefix_len` (never from device values), so a
+    call is CUDA-graph capturable. Warm it up once before capture: the first call of each
+    shape class autotunes (EAGLET_AUTOTUNE=0 takes the default config instead).
+A row whose allowed key set is empty (impossible for a tree: a node sees itself) gives 0 here
+and NaN in the reference.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import math
 
 import torch
+import triton
+import triton.language as tl
+
+from eaglet.kernels._utils import autotune_configs, is_hip, is_interpret, use_triton
+
+SUPPORTED_HEAD_DIMS = (64, 128)
+SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+_LOG2E = 1.4426950408889634
+# Split plan (`_plan`), tuned on an H200 (benchmarks/results/tree_attention_h200.md, sweep):
+# Splits are multiples of the largest BLOCK_N, so split boundaries fall on tile boundaries.
+_CHUNK_ALIGN = 128
+# Up to one program per SM, chunks may be this short (B=1, L=4k, N=16: 11 splits of 384
+# keys ran in 23 µs against 27 µs for 7 of 640).
+_MIN_CHUNK = 256
+# Beyond one wave a split must be longer: each split writes, and the merge reads, rows * D
+# fp32 values per KV head against chunk * D bf16 K and V values read; chunk >= 8 * rows keeps
+# that under 25% of the K/V bytes.
+_CHUNK_PER_ROW = 8
+# The merge combines up to 64 splits in one pass.
+_MAX_SPLITS = 64
+# Largest row tile: 128 rows x D fp32 accumulator is 64 registers/thread at 8 warps.
+_MAX_BLOCK_M = 128
+# Resident programs per SM worth filling: several 4-warp 64-row programs (their K/V streams
+# hide each other's HBM latency: B=8, L=16k, N=16 ran 178 µs with 8 splits, 193-233 with 3-5);
+# a single 8-warp 128-row program (register-bound; B=8, L=4k, N=64 ran 122 µs unsplit and
+# 168 µs with 2 splits).
+_PROGRAMS_PER_SM = 4
+_PROGRAMS_PER_SM_LARGE = 1
 
 
 def tree_attention_ref(
@@ -26,29 +69,359 @@ def tree_attention_ref(
     tree_mask: torch.Tensor | None = None,
     sm_scale: float | None = None,
 ) -> torch.Tensor:
-    """Torch reference. q [B, N, Hq, D] -> out [B, N, Hq, D] (dtype of q), fp32 math."""
+    """Torch reference. q [B, N, Hq, D] -> out [B, N, Hq, D] (dtype of q); fp32 math (fp64 for fp64 q)."""
     B, N, Hq, D = q.shape
     page_size, Hkv = k_cache.shape[1], k_cache.shape[2]
     group = Hq // Hkv
     scale = sm_scale if sm_scale is not None else 1.0 / math.sqrt(D)
+    acc_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
     k_flat = k_cache.reshape(-1, Hkv, D)  # [slots, Hkv, D]
     v_flat = v_cache.reshape(-1, Hkv, D)  # [slots, Hkv, D]
-    out = torch.empty_like(q)
-    new = torch.arange(N, device=q.device)
+    out = torch.empty_like(q)  # [B, N, Hq, D]
+    new = torch.arange(N, device=q.device)  # [N]
     causal = new[None, :] <= new[:, None]  # [N, N]
     for b in range(B):
         P = int(prefix_lens[b])
-        pos = torch.arange(P + N, device=q.device)
+        pos = torch.arange(P + N, device=q.device)  # [P+N]
         slots = page_table[b, pos // page_size].long() * page_size + pos % page_size  # [P+N]
-        k = k_flat[slots].float().repeat_interleave(group, dim=1)  # [P+N, Hq, D]
-        v = v_flat[slots].float().repeat_interleave(group, dim=1)  # [P+N, Hq, D]
-        s = torch.einsum("nhd,khd->hnk", q[b].float(), k) * scale  # [Hq, N, P+N]
+        k = k_flat[slots].to(acc_dtype).repeat_interleave(group, dim=1)  # [P+N, Hq, D]
+        v = v_flat[slots].to(acc_dtype).repeat_interleave(group, dim=1)  # [P+N, Hq, D]
+        s = torch.einsum("nhd,khd->hnk", q[b].to(acc_dtype), k) * scale  # [Hq, N, P+N]
         tree = causal if tree_mask is None else tree_mask[b].bool()  # [N, N]
         allowed = torch.cat([torch.ones(N, P, dtype=torch.bool, device=q.device), tree], dim=1)  # [N, P+N]
-        s = s.masked_fill(~allowed, float("-inf"))
+        s = s.masked_fill(~allowed, float("-inf"))  # [Hq, N, P+N]
         p = torch.softmax(s, dim=-1)  # [Hq, N, P+N]
-        out[b] = torch.einsum("hnk,khd->nhd", p, v).to(q.dtype)
+        out[b] = torch.einsum("hnk,khd->nhd", p, v).to(q.dtype)  # [N, Hq, D]
     return out
+
+
+def _fwd_configs() -> list:
+    """Autotune grid for `_fwd_kernel` (first entry = default). BLOCK_M is chosen on the host
+    (it sets the grid and the split count), so only the key tile and the schedule are tuned."""
+    if is_hip():
+        # MI300 (tutorial 06's AMD entries): one software stage, occupancy hint waves_per_eu.
+        return [
+            triton.Config({"BLOCK_N": bn, "waves_per_eu": w}, num_warps=4, num_stages=1)
+            for bn, w in ((64, 2), (32, 2), (64, 3), (32, 3))
+        ]
+    return [
+        triton.Config({"BLOCK_N": bn}, num_warps=w, num_stages=s)
+        for bn, w, s in ((64, 4, 3), (64, 4, 2), (64, 4, 4), (32, 4, 4), (64, 8, 3), (128, 8, 2), (128, 8, 3))
+    ]
+
+
+def _prune_fwd_configs(configs: list, named_args: dict, **kwargs) -> list:
+    """A 128-row accumulator needs 8 warps (else it spills); tiny row tiles waste 8 warps."""
+    block_m = kwargs["BLOCK_M"]
+    kept = [
+        c for c in configs if not (block_m >= 128 and c.num_warps < 8) and not (block_m <= 32 and c.num_warps > 4)
+    ]
+    return kept or configs[:1]
+
+
+def _bench_config(kernel_call, quantiles):
+    """Autotune timing from CUDA-graph replays: small shapes run for a few µs, less than the
+    Python launch cost that plain do_bench would measure instead."""
+    return triton.testing.do_bench_cudagraph(kernel_call, rep=20, quantiles=quantiles)
+
+
+@triton.jit
+def _attend(
+    acc,
+    l_i,
+    m_i,
+    q,
+    K,
+    V,
+    PT,
+    MASK,
+    b,
+    kvh,
+    tok,
+    row_ok,
+    prefix,
+    lo,
+    hi,
+    qk_scale,
+    stride_kp,
+    stride_ks,
+    stride_kh,
+    stride_vp,
+    stride_vs,
+    stride_vh,
+    stride_ptb,
+    stride_mb,
+    stride_mi,
+    N,
+    TREE: tl.constexpr,
+    HAS_MASK: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    """Online softmax of the packed rows over key positions [lo, hi). TREE tiles apply the
+    tree (or causal) mask; prefix tiles only the length bound."""
+    offs_d = tl.arange(0, HEAD_DIM)  # [D]
+    pt_row = PT + b * stride_ptb
+    pos = lo + tl.arange(0, BLOCK_N)  # [BLOCK_N] key positions of the current tile
+    page = tl.load(pt_row + pos // PAGE_SIZE, mask=pos < hi, other=0)  # [BLOCK_N]
+    for _ in range(lo, hi, BLOCK_N):
+        kv_ok = pos < hi  # [BLOCK_N]
+        # The next tile's page ids are loaded one iteration ahead, so the K/V loads never wait
+        # on a page-table load issued in the same iteration (a dependent-latency chain).
+        nxt = pos + BLOCK_N  # [BLOCK_N]
+        page_next = tl.load(pt_row + nxt // PAGE_SIZE, mask=nxt < hi, other=0)  # [BLOCK_N]
+        slot_k = page.to(tl.int64) * stride_kp + (pos % PAGE_SIZE) * stride_ks  # [BLOCK_N]
+        slot_v = page.to(tl.int64) * stride_vp + (pos % PAGE_SIZE) * stride_vs  # [BLOCK_N]
+        k = tl.load(K + kvh * stride_kh + slot_k[:, None] + offs_d[None, :], mask=kv_ok[:, None], other=0.0)
+        v = tl.load(V + kvh * stride_vh + slot_v[:, None] + offs_d[None, :], mask=kv_ok[:, None], other=0.0)
+        qk = tl.dot(q, tl.trans(k.to(DOT_DTYPE)), input_precision="ieee") * qk_scale  # [BLOCK_M, BLOCK_N] log2 units
+        valid = kv_ok[None, :]  # [1, BLOCK_N]
+        if TREE:
+            j = pos - prefix  # [BLOCK_N] index among the new tokens
+            if HAS_MASK:
+                m_ptrs = MASK + b * stride_mb + tok[:, None] * stride_mi + j[None, :]
+                allowed = tl.load(m_ptrs, mask=row_ok[:, None] & kv_ok[None, :], other=0) != 0  # [BLOCK_M, BLOCK_N]
+            else:
+                allowed = j[None, :] <= tok[:, None]  # [BLOCK_M, BLOCK_N]
+            valid = valid & allowed
+        qk = tl.where(valid, qk, float("-inf"))  # [BLOCK_M, BLOCK_N]
+        # m_i starts finite (-1e30), so a fully masked tile gives p = 0, never inf - inf.
+        m_new = tl.maximum(m_i, tl.max(qk, 1))  # [BLOCK_M]
+        p = tl.math.exp2(qk - m_new[:, None])  # [BLOCK_M, BLOCK_N]
+        alpha = tl.math.exp2(m_i - m_new)  # [BLOCK_M]
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = tl.dot(p.to(DOT_DTYPE), v.to(DOT_DTYPE), acc * alpha[:, None], input_precision="ieee")  # [BLOCK_M, D]
+        m_i = m_new
+        pos = nxt
+        page = page_next
+    return acc, l_i, m_i
+
+
+@triton.autotune(
+    configs=autotune_configs(_fwd_configs()),
+    key=["HEAD_DIM", "BLOCK_M", "HAS_MASK", "SPLIT"],
+    prune_configs_by={"early_config_prune": _prune_fwd_configs},
+    do_bench=_bench_config,
+)
+@triton.jit
+def _fwd_kernel(
+    Q,
+    K,
+    V,
+    PT,
+    PL,
+    MASK,
+    O,
+    LSE,
+    qk_scale,
+    chunk,
+    num_splits,
+    N,
+    Hkv,
+    stride_qb,
+    stride_qn,
+    stride_qh,
+    stride_kp,
+    stride_ks,
+    stride_kh,
+    stride_vp,
+    stride_vs,
+    stride_vh,
+    stride_ptb,
+    stride_mb,
+    stride_mi,
+    GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    HAS_MASK: tl.constexpr,
+    SPLIT: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    """Grid (row tiles, splits, B * Hkv). O is out [B, N, Hq, D] when not SPLIT, else the partial
+    outputs [B, Hkv, S, N, G, D] fp32 with LSE [B, Hkv, S, N, G] (both contiguous, launcher-made)."""
+    pid_m = tl.program_id(0)  # row tiles fastest: tiles sharing a K/V chunk run together (L2 reuse)
+    split = tl.program_id(1)
+    pid_bh = tl.program_id(2)
+    b = pid_bh // Hkv
+    kvh = pid_bh % Hkv
+    prefix = tl.load(PL + b)
+
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # [BLOCK_M] packed rows
+    tok = offs_m // GROUP  # [BLOCK_M] new-token index
+    grp = offs_m % GROUP  # [BLOCK_M] query head within the KV head's group
+    row_ok = offs_m < N * GROUP  # [BLOCK_M]
+    offs_d = tl.arange(0, HEAD_DIM)  # [D]
+
+    # Key range of this tile: causal rows see new tokens up to their own, so late splits of
+    # early row tiles (chunked prefill) have nothing to do.
+    if HAS_MASK:
+        row_end = prefix + N + tok * 0  # [BLOCK_M]
+        tile_end = prefix + N
+    else:
+        row_end = prefix + tok + 1  # [BLOCK_M]
+        last_tok = (tl.minimum(pid_m * BLOCK_M + BLOCK_M, N * GROUP) - 1) // GROUP
+        tile_end = prefix + last_tok + 1
+    lo = split * chunk
+    # The last split runs to the end even if prefix_lens exceeds max_prefix_len: slower, never wrong.
+    hi = tl.where(split == num_splits - 1, tile_end, tl.minimum(lo + chunk, tile_end))
+
+    q_ptrs = Q + b * stride_qb + tok[:, None] * stride_qn + (kvh * GROUP + grp)[:, None] * stride_qh + offs_d[None, :]
+    q = tl.load(q_ptrs, mask=row_ok[:, None], other=0.0).to(DOT_DTYPE)  # [BLOCK_M, D]
+
+    m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)  # running max (log2 units)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)  # running sum of exp2
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    acc, l_i, m_i = _attend(
+        acc, l_i, m_i, q, K, V, PT, MASK, b, kvh, tok, row_ok, prefix, lo, tl.minimum(hi, prefix), qk_scale,
+        stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, stride_ptb, stride_mb, stride_mi,
+        N, False, HAS_MASK, HEAD_DIM, PAGE_SIZE, DOT_DTYPE, BLOCK_N,
+    )  # fmt: skip
+    acc, l_i, m_i = _attend(
+        acc, l_i, m_i, q, K, V, PT, MASK, b, kvh, tok, row_ok, prefix, tl.maximum(lo, prefix), hi, qk_scale,
+        stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, stride_ptb, stride_mb, stride_mi,
+        N, True, HAS_MASK, HEAD_DIM, PAGE_SIZE, DOT_DTYPE, BLOCK_N,
+    )  # fmt: skip
+
+    l_safe = tl.where(l_i > 0, l_i, 1.0)  # [BLOCK_M]; l == 0 only for rows with no key in this split
+    o = acc / l_safe[:, None]  # [BLOCK_M, D]
+    if SPLIT:
+        # Rows whose keys all end before this split starts write nothing; the merge skips them by the same rule.
+        store_ok = row_ok & (lo < row_end)  # [BLOCK_M]
+        part_row = ((pid_bh * num_splits + split) * N + tok) * GROUP + grp  # [BLOCK_M] row of [B, Hkv, S, N, G]
+        tl.store(O + part_row[:, None] * HEAD_DIM + offs_d[None, :], o, mask=store_ok[:, None])
+        lse = tl.where(l_i > 0, m_i + tl.math.log2(l_safe), float("-inf"))  # [BLOCK_M] log2-sum-exp2
+        tl.store(LSE + part_row, lse, mask=store_ok)
+    else:
+        out_row = (b * N + tok) * (Hkv * GROUP) + kvh * GROUP + grp  # [BLOCK_M] row of [B, N, Hq]
+        tl.store(O + out_row[:, None] * HEAD_DIM + offs_d[None, :], o.to(O.dtype.element_ty), mask=row_ok[:, None])
+
+
+@triton.jit
+def _merge_kernel(
+    O_PART,
+    LSE,
+    PL,
+    OUT,
+    chunk,
+    num_splits,
+    N,
+    Hkv,
+    GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    HAS_MASK: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+):
+    """One packed row: out = sum_s 2^(lse_s - m) o_s / sum_s 2^(lse_s - m) over the splits it used."""
+    row = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = pid_bh // Hkv
+    kvh = pid_bh % Hkv
+    tok = row // GROUP
+    grp = row % GROUP
+    prefix = tl.load(PL + b)
+    if HAS_MASK:
+        row_end = prefix + N
+    else:
+        row_end = prefix + tok + 1
+    n_valid = tl.minimum(tl.cdiv(row_end, chunk), num_splits)  # same rule as the forward's store mask
+    offs_d = tl.arange(0, HEAD_DIM)  # [D]
+    split_stride = N * GROUP  # rows between consecutive splits in [B, Hkv, S, N, G]
+    row0 = pid_bh * num_splits * split_stride + row  # split 0 of this row
+
+    m = -1.0e30
+    l = 0.0
+    acc = tl.zeros([HEAD_DIM], dtype=tl.float32)
+    for s0 in range(0, n_valid, BLOCK_S):
+        offs_s = s0 + tl.arange(0, BLOCK_S)  # [BLOCK_S]
+        ok = offs_s < n_valid
+        part_rows = row0 + offs_s * split_stride  # [BLOCK_S]
+        lse = tl.load(LSE + part_rows, mask=ok, other=float("-inf"))  # [BLOCK_S]
+        o = tl.load(O_PART + part_rows[:, None] * HEAD_DIM + offs_d[None, :], mask=ok[:, None], other=0.0)  # [BLOCK_S, D]
+        m_new = tl.maximum(m, tl.max(lse, 0))
+        w = tl.math.exp2(lse - m_new)  # [BLOCK_S]
+        alpha = tl.math.exp2(m - m_new)
+        l = l * alpha + tl.sum(w, 0)
+        acc = acc * alpha + tl.sum(w[:, None] * o, 0)  # [D]
+        m = m_new
+    out = acc / tl.where(l > 0, l, 1.0)  # [D]
+    out_row = (b * N + tok) * (Hkv * GROUP) + kvh * GROUP + grp
+    tl.store(OUT + out_row * HEAD_DIM + offs_d, out.to(OUT.dtype.element_ty))
+
+
+@functools.lru_cache(maxsize=None)
+def _num_sms(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+@functools.lru_cache(maxsize=1024)
+def _plan(B: int, N: int, Hq: int, Hkv: int, kv_max: int, num_sms: int) -> tuple[int, int, int, int]:
+    """Host-side grid plan -> (BLOCK_M, row tiles, num_splits, chunk). kv_max is a host upper
+    bound on prefix + N, so the plan never reads device values (graph-capturable). Cached:
+    it runs on every call.
+
+    Packed rows per KV head: N * G. Splits: first fill one wave of SMs with chunks of at least
+    _MIN_CHUNK keys; more splits (up to the resident programs per SM) only with chunks of at
+    least _CHUNK_PER_ROW * rows keys. Chunks are aligned to _CHUNK_ALIGN."""
+    rows = N * (Hq // Hkv)
+    block_m = min(_MAX_BLOCK_M, max(16, triton.next_power_of_2(rows)))
+    m_tiles = _cdiv(rows, block_m)
+    base = B * Hkv * m_tiles  # programs per split
+    resident = _PROGRAMS_PER_SM if block_m <= 64 else _PROGRAMS_PER_SM_LARGE
+    one_wave = min(num_sms // base, kv_max // _MIN_CHUNK)
+    more = min(resident * num_sms // base, kv_max // max(1, _CHUNK_PER_ROW * rows))
+    splits = max(1, min(max(one_wave, more), _MAX_SPLITS))
+    chunk = _cdiv(_cdiv(kv_max, splits), _CHUNK_ALIGN) * _CHUNK_ALIGN
+    return block_m, m_tiles, _cdiv(kv_max, chunk), chunk
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _empty(shape: tuple, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """Every buffer the launcher allocates goes through here (tests poison it with NaN)."""
+    return torch.empty(shape, dtype=dtype, device=device)
+
+
+def _validate(q, k_cache, v_cache, page_table, prefix_lens, tree_mask, sm_scale, max_prefix_len) -> None:
+    """Raise ValueError naming the argument. Messages are built only on failure (this runs on
+    every call, and eager f-strings would cost more than the kernel for short prefixes)."""
+
+    def need(cond: bool, msg) -> None:
+        if not cond:
+            raise ValueError(msg())
+
+    need(q.dim() == 4, lambda: f"q must be [B, N, Hq, D], got shape {tuple(q.shape)}")
+    need(k_cache.dim() == 4, lambda: f"k_cache must be [num_pages, page_size, Hkv, D], got shape {tuple(k_cache.shape)}")
+    need(v_cache.shape == k_cache.shape, lambda: f"v_cache shape {tuple(v_cache.shape)} must equal k_cache shape {tuple(k_cache.shape)}")
+    B, N, Hq, D = q.shape
+    Hkv, Dk = k_cache.shape[2], k_cache.shape[3]
+    need(q.dtype in SUPPORTED_DTYPES, lambda: f"q dtype {q.dtype} unsupported: use one of {SUPPORTED_DTYPES}")
+    need(k_cache.dtype == q.dtype, lambda: f"k_cache dtype {k_cache.dtype} must equal q dtype {q.dtype}")
+    need(v_cache.dtype == q.dtype, lambda: f"v_cache dtype {v_cache.dtype} must equal q dtype {q.dtype}")
+    need(D in SUPPORTED_HEAD_DIMS, lambda: f"head_dim D={D} (q.shape[3]) unsupported: use one of {SUPPORTED_HEAD_DIMS}")
+    need(Dk == D, lambda: f"k_cache head_dim {Dk} must equal q head_dim {D}")
+    need(Hkv > 0 and Hq % Hkv == 0, lambda: f"q heads Hq={Hq} must be a multiple of k_cache heads Hkv={Hkv}")
+    need(N > 0 and B > 0, lambda: f"q must have B > 0 and N > 0 tokens, got shape {tuple(q.shape)}")
+    need(page_table.dim() == 2 and page_table.shape[0] == B, lambda: f"page_table must be [B={B}, P], got shape {tuple(page_table.shape)}")
+    need(page_table.dtype == torch.int32, lambda: f"page_table dtype must be torch.int32, got {page_table.dtype}")
+    need(prefix_lens.shape == (B,), lambda: f"prefix_lens must be [B={B}], got shape {tuple(prefix_lens.shape)}")
+    need(prefix_lens.dtype == torch.int32, lambda: f"prefix_lens dtype must be torch.int32, got {prefix_lens.dtype}")
+    if tree_mask is not None:
+        need(tree_mask.shape == (B, N, N), lambda: f"tree_mask must be [B={B}, N={N}, N={N}], got shape {tuple(tree_mask.shape)}")
+        need(tree_mask.dtype == torch.bool, lambda: f"tree_mask dtype must be torch.bool, got {tree_mask.dtype}")
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache), ("page_table", page_table), ("prefix_lens", prefix_lens), ("tree_mask", tree_mask)):
+        need(t is None or t.device == q.device, lambda: f"{name} is on {t.device} but q is on {q.device}: put all inputs on one device")
+    need(k_cache.stride(-1) == 1 and v_cache.stride(-1) == 1, lambda: "k_cache and v_cache need a contiguous last (head_dim) axis")
+    need(sm_scale is None or sm_scale > 0, lambda: f"sm_scale must be positive or None, got {sm_scale}")
+    need(
+        max_prefix_len is None or (isinstance(max_prefix_len, int) and max_prefix_len >= 0),
+        lambda: f"max_prefix_len must be a host int >= 0 or None, got {max_prefix_len!r}",
+    )
 
 
 def tree_attention(
@@ -61,5 +434,62 @@ def tree_attention(
     sm_scale: float | None = None,
     max_prefix_len: int | None = None,
 ) -> torch.Tensor:
-    """Public launcher (Triton on GPU, reference on CPU)."""
-    return tree_attention_ref(q, k_cache, v_cache, page_table, prefix_lens, tree_mask, sm_scale)
+    """Public launcher: Triton on GPU (and on CPU under TRITON_INTERPRET=1), else the reference.
+
+    q [B, N, Hq, D] fp16/bf16/fp32, D in (64, 128); k_cache/v_cache [num_pages, page_size, Hkv, D];
+    page_table [B, P] int32; prefix_lens [B] int32; tree_mask [B, N, N] bool or None (causal);
+    max_prefix_len: host upper bound on prefix_lens that sizes the split grid (None: the page
+    table's capacity; a tight bound avoids empty splits). Returns out [B, N, Hq, D] (q's dtype).
+    """
+    _validate(q, k_cache, v_cache, page_table, prefix_lens, tree_mask, sm_scale, max_prefix_len)
+    if not use_triton(q, k_cache, v_cache, page_table, prefix_lens):
+        return tree_attention_ref(q, k_cache, v_cache, page_table, prefix_lens, tree_mask, sm_scale)
+
+    B, N, Hq, D = q.shape
+    page_size, Hkv = k_cache.shape[1], k_cache.shape[2]
+    group = Hq // Hkv
+    q = q if q.stride(-1) == 1 else q.contiguous()
+    page_table = page_table if page_table.stride(-1) == 1 else page_table.contiguous()
+    prefix_lens = prefix_lens.contiguous()
+    scale = sm_scale if sm_scale is not None else 1.0 / math.sqrt(D)
+    kv_max = (page_table.shape[1] * page_size) if max_prefix_len is None else (max_prefix_len + N)
+    num_sms = 8 if is_interpret() else _num_sms(q.device.index)  # interpreter: few SMs, still splits
+    block_m, m_tiles, num_splits, chunk = _plan(B, N, Hq, Hkv, kv_max, num_sms)
+    split = num_splits > 1
+    # fp32 inputs use exact fp32 dots (tf32 would miss 1e-4); the interpreter's bf16 is wrong, so upcast there.
+    dot_dtype = tl.float32 if (q.dtype == torch.float32 or is_interpret()) else (
+        tl.bfloat16 if q.dtype == torch.bfloat16 else tl.float16
+    )
+    has_mask = tree_mask is not None
+    # bool -> uint8 view (same bytes); the kernel needs a contiguous last axis. page_table is a dummy when causal.
+    mask = tree_mask.contiguous().view(torch.uint8) if has_mask else page_table
+
+    out = _empty((B, N, Hq, D), q.dtype, q.device)  # [B, N, Hq, D]
+    if split:
+        o_part = _empty((B, Hkv, num_splits, N, group, D), torch.float32, q.device)  # [B, Hkv, S, N, G, D]
+        lse = _empty((B, Hkv, num_splits, N, group), torch.float32, q.device)  # [B, Hkv, S, N, G]
+    else:
+        o_part, lse = out, out  # written directly; LSE unused
+    mask_strides = (mask.stride(0), mask.stride(1)) if has_mask else (0, 0)
+
+    # Triton launches on the current device: switch only when q lives elsewhere (cheap common path).
+    on_other_gpu = q.is_cuda and q.device.index != torch.cuda.current_device()
+    with torch.cuda.device(q.device) if on_other_gpu else contextlib.nullcontext():
+        _fwd_kernel[(m_tiles, num_splits, B * Hkv)](
+            q, k_cache, v_cache, page_table, prefix_lens, mask, o_part, lse,
+            scale * _LOG2E, chunk, num_splits, N, Hkv,
+            q.stride(0), q.stride(1), q.stride(2),
+            k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+            v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+            page_table.stride(0), *mask_strides,
+            GROUP=group, HEAD_DIM=D, PAGE_SIZE=page_size, HAS_MASK=has_mask, SPLIT=split,
+            DOT_DTYPE=dot_dtype, BLOCK_M=block_m,
+        )  # fmt: skip
+        if split:
+            _merge_kernel[(N * group, B * Hkv)](
+                o_part, lse, prefix_lens, out, chunk, num_splits, N, Hkv,
+                GROUP=group, HEAD_DIM=D, HAS_MASK=has_mask,
+                # All splits in one pass (a serial pass per block of splits costs µs of latency).
+                BLOCK_S=triton.next_power_of_2(num_splits), num_warps=4 if num_splits <= 32 else 8,
+            )  # fmt: skip
+    return out

@@ -140,9 +140,12 @@ def test_grid_plan():
         assert 16 <= block_m <= 128 and (m_tiles - 1) * block_m < rows <= m_tiles * block_m
         assert chunk % ta._CHUNK_ALIGN == 0 and 1 <= splits <= ta._MAX_SPLITS
         assert (splits - 1) * chunk < kv_max <= splits * chunk
-        assert splits == 1 or chunk >= ta._CHUNK_PER_ROW * rows
+        assert splits == 1 or chunk >= ta._MIN_CHUNK
+        programs = B * Hkv * m_tiles * splits
+        assert splits == 1 or programs <= sms or chunk >= ta._CHUNK_PER_ROW * rows  # past one wave: long chunks
     assert ta._plan(1, 16, 32, 8, 65552, 132)[2] >= 16  # one request, 8 KV heads: many splits
     assert ta._plan(64, 64, 32, 8, 65552, 132)[2] == 1  # the grid is already full
+    assert ta._plan(8, 64, 32, 8, 4160, 132)[2] == 1  # 128 heavy 128-row programs: one per SM already
 
 
 @gpu_only
@@ -170,6 +173,24 @@ def test_fp32_large_gpu():
     inputs = make_inputs(2, 64, 32, 8, 128, [20000, 3], 16, torch.float32, True)
     out = tree_attention(*inputs, max_prefix_len=20000)
     assert rel_err(out, ref64(*inputs)) < 1e-4
+
+
+@gpu_only
+def test_cuda_graph_capture_and_replay():
+    """The call is capturable (no host sync, grid from max_prefix_len only); a replay picks up new
+    q, prefix_lens and tree_mask written in place into the captured buffers."""
+    q, k_cache, v_cache, page_table, prefix_lens, tree_mask = make_inputs(2, 16, 32, 8, 128, [3500, 10], 16, torch.bfloat16, True)
+    tree_attention(q, k_cache, v_cache, page_table, prefix_lens, tree_mask, max_prefix_len=4000)  # warm up (autotune)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = tree_attention(q, k_cache, v_cache, page_table, prefix_lens, tree_mask, max_prefix_len=4000)
+    new = make_inputs(2, 16, 32, 8, 128, [3500, 10], 16, torch.bfloat16, True, seed=5)
+    q.copy_(new[0])
+    tree_mask.copy_(new[5])
+    prefix_lens.copy_(torch.tensor([3510, 0], dtype=torch.int32))  # within the 3536 slots
+    graph.replay()
+    ref = ref64(q, k_cache, v_cache, page_table, prefix_lens, tree_mask)
+    assert rel_err(out, ref) < 1e-2
 
 
 def test_cpu_fallback_is_reference():
