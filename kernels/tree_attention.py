@@ -1,10 +1,12 @@
 """Tree attention over a paged KV pool.
 
-For each request b the N new tokens (tree nodes, or a prefill chunk) attend
+For each request b the N query tokens (tree nodes, or a prefill chunk) attend
   * every cached prefix token at positions [0, prefix_lens[b]) of the request, and
-  * the new tokens j at positions prefix_lens[b] + j for which tree_mask[b, i, j] is True
-    (tree_mask=None means causal among the new tokens: j <= i).
-The new tokens' K/V must already be written to the pool at positions prefix_lens[b] + j.
+  * the new keys j < NK at positions prefix_lens[b] + j for which tree_mask[b, i, j] is True
+    (tree_mask [B, N, NK]; None means NK = N and causal: j <= i).
+The new keys' K/V must already be written to the pool at positions prefix_lens[b] + j. Usually
+NK = N (a verify or prefill writes its own keys); a draft step's K queries attend all the
+draft-tree nodes written so far (NK = step * K).
 
 Pool layout: k_cache / v_cache [num_pages, page_size, Hkv, D]; the slot of position p of
 request b is page_table[b, p // page_size] * page_size + p % page_size.
@@ -78,19 +80,20 @@ def tree_attention_ref(
     k_flat = k_cache.reshape(-1, Hkv, D)  # [slots, Hkv, D]
     v_flat = v_cache.reshape(-1, Hkv, D)  # [slots, Hkv, D]
     out = torch.empty_like(q)  # [B, N, Hq, D]
+    NK = N if tree_mask is None else tree_mask.shape[2]
     new = torch.arange(N, device=q.device)  # [N]
     causal = new[None, :] <= new[:, None]  # [N, N]
     for b in range(B):
         P = int(prefix_lens[b])
-        pos = torch.arange(P + N, device=q.device)  # [P+N]
-        slots = page_table[b, pos // page_size].long() * page_size + pos % page_size  # [P+N]
-        k = k_flat[slots].to(acc_dtype).repeat_interleave(group, dim=1)  # [P+N, Hq, D]
-        v = v_flat[slots].to(acc_dtype).repeat_interleave(group, dim=1)  # [P+N, Hq, D]
-        s = torch.einsum("nhd,khd->hnk", q[b].to(acc_dtype), k) * scale  # [Hq, N, P+N]
-        tree = causal if tree_mask is None else tree_mask[b].bool()  # [N, N]
-        allowed = torch.cat([torch.ones(N, P, dtype=torch.bool, device=q.device), tree], dim=1)  # [N, P+N]
-        s = s.masked_fill(~allowed, float("-inf"))  # [Hq, N, P+N]
-        p = torch.softmax(s, dim=-1)  # [Hq, N, P+N]
+        pos = torch.arange(P + NK, device=q.device)  # [P+NK]
+        slots = page_table[b, pos // page_size].long() * page_size + pos % page_size  # [P+NK]
+        k = k_flat[slots].to(acc_dtype).repeat_interleave(group, dim=1)  # [P+NK, Hq, D]
+        v = v_flat[slots].to(acc_dtype).repeat_interleave(group, dim=1)  # [P+NK, Hq, D]
+        s = torch.einsum("nhd,khd->hnk", q[b].to(acc_dtype), k) * scale  # [Hq, N, P+NK]
+        tree = causal if tree_mask is None else tree_mask[b].bool()  # [N, NK]
+        allowed = torch.cat([torch.ones(N, P, dtype=torch.bool, device=q.device), tree], dim=1)  # [N, P+NK]
+        s = s.masked_fill(~allowed, float("-inf"))  # [Hq, N, P+NK]
+        p = torch.softmax(s, dim=-1)  # [Hq, N, P+NK]
         out[b] = torch.einsum("hnk,khd->nhd", p, v).to(q.dtype)  # [N, Hq, D]
     return out
 
@@ -219,6 +222,7 @@ def _fwd_kernel(
     chunk,
     num_splits,
     N,
+    NK,
     Hkv,
     stride_qb,
     stride_qn,
@@ -259,8 +263,8 @@ def _fwd_kernel(
     # Key range of this tile: causal rows see new tokens up to their own, so late splits of
     # early row tiles (chunked prefill) have nothing to do.
     if HAS_MASK:
-        row_end = prefix + N + tok * 0  # [BLOCK_M]
-        tile_end = prefix + N
+        row_end = prefix + NK + tok * 0  # [BLOCK_M]
+        tile_end = prefix + NK
     else:
         row_end = prefix + tok + 1  # [BLOCK_M]
         last_tok = (tl.minimum(pid_m * BLOCK_M + BLOCK_M, N * GROUP) - 1) // GROUP
@@ -309,6 +313,7 @@ def _merge_kernel(
     chunk,
     num_splits,
     N,
+    NK,
     Hkv,
     GROUP: tl.constexpr,
     HEAD_DIM: tl.constexpr,
@@ -324,7 +329,7 @@ def _merge_kernel(
     grp = row % GROUP
     prefix = tl.load(PL + b)
     if HAS_MASK:
-        row_end = prefix + N
+        row_end = prefix + NK
     else:
         row_end = prefix + tok + 1
     n_valid = tl.minimum(tl.cdiv(row_end, chunk), num_splits)  # same rule as the forward's store mask
@@ -412,7 +417,8 @@ def _validate(q, k_cache, v_cache, page_table, prefix_lens, tree_mask, sm_scale,
     need(prefix_lens.shape == (B,), lambda: f"prefix_lens must be [B={B}], got shape {tuple(prefix_lens.shape)}")
     need(prefix_lens.dtype == torch.int32, lambda: f"prefix_lens dtype must be torch.int32, got {prefix_lens.dtype}")
     if tree_mask is not None:
-        need(tree_mask.shape == (B, N, N), lambda: f"tree_mask must be [B={B}, N={N}, N={N}], got shape {tuple(tree_mask.shape)}")
+        need(tree_mask.dim() == 3 and tree_mask.shape[:2] == (B, N) and tree_mask.shape[2] > 0,
+             lambda: f"tree_mask must be [B={B}, N={N}, NK>0], got shape {tuple(tree_mask.shape)}")
         need(tree_mask.dtype == torch.bool, lambda: f"tree_mask dtype must be torch.bool, got {tree_mask.dtype}")
     for name, t in (("k_cache", k_cache), ("v_cache", v_cache), ("page_table", page_table), ("prefix_lens", prefix_lens), ("tree_mask", tree_mask)):
         need(t is None or t.device == q.device, lambda: f"{name} is on {t.device} but q is on {q.device}: put all inputs on one device")
@@ -437,7 +443,7 @@ def tree_attention(
     """Public launcher: Triton on GPU (and on CPU under TRITON_INTERPRET=1), else the reference.
 
     q [B, N, Hq, D] fp16/bf16/fp32, D in (64, 128); k_cache/v_cache [num_pages, page_size, Hkv, D];
-    page_table [B, P] int32; prefix_lens [B] int32; tree_mask [B, N, N] bool or None (causal);
+    page_table [B, P] int32; prefix_lens [B] int32; tree_mask [B, N, NK] bool or None (causal, NK = N);
     max_prefix_len: host upper bound on prefix_lens that sizes the split grid (None: the page
     table's capacity; a tight bound avoids empty splits). Returns out [B, N, Hq, D] (q's dtype).
     """
@@ -452,7 +458,8 @@ def tree_attention(
     page_table = page_table if page_table.stride(-1) == 1 else page_table.contiguous()
     prefix_lens = prefix_lens.contiguous()
     scale = sm_scale if sm_scale is not None else 1.0 / math.sqrt(D)
-    kv_max = (page_table.shape[1] * page_size) if max_prefix_len is None else (max_prefix_len + N)
+    NK = N if tree_mask is None else tree_mask.shape[2]  # new keys (after the prefix)
+    kv_max = (page_table.shape[1] * page_size) if max_prefix_len is None else (max_prefix_len + NK)
     num_sms = 8 if is_interpret() else _num_sms(q.device.index)  # interpreter: few SMs, still splits
     block_m, m_tiles, num_splits, chunk = _plan(B, N, Hq, Hkv, kv_max, num_sms)
     split = num_splits > 1
@@ -477,7 +484,7 @@ def tree_attention(
     with torch.cuda.device(q.device) if on_other_gpu else contextlib.nullcontext():
         _fwd_kernel[(m_tiles, num_splits, B * Hkv)](
             q, k_cache, v_cache, page_table, prefix_lens, mask, o_part, lse,
-            scale * _LOG2E, chunk, num_splits, N, Hkv,
+            scale * _LOG2E, chunk, num_splits, N, NK, Hkv,
             q.stride(0), q.stride(1), q.stride(2),
             k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
             v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
@@ -487,7 +494,7 @@ def tree_attention(
         )  # fmt: skip
         if split:
             _merge_kernel[(N * group, B * Hkv)](
-                o_part, lse, prefix_lens, out, chunk, num_splits, N, Hkv,
+                o_part, lse, prefix_lens, out, chunk, num_splits, N, NK, Hkv,
                 GROUP=group, HEAD_DIM=D, HAS_MASK=has_mask,
                 # All splits in one pass (a serial pass per block of splits costs µs of latency).
                 BLOCK_S=triton.next_power_of_2(num_splits), num_warps=4 if num_splits <= 32 else 8,

@@ -200,6 +200,9 @@ class DraftHead(nn.Module):
     KIND: str
     ARCHITECTURE: str
     FC_BIAS: bool  # default of config["bias"] (EAGLE: fc has a bias unless the config says otherwise)
+    # Whether a draft step's KV layer holds the tokens drafted at earlier steps (their ancestors):
+    # true when one layer runs every step; the engine's draft mask follows it.
+    DRAFT_ANCESTORS_CACHED = True
 
     def __init__(self, config: dict, target: Transformer):
         """`config`: a normalised HF-style config dict (see `new_draft_head` / `from_pretrained`)."""
@@ -454,6 +457,7 @@ class MultiLayerHead(DraftHead):
     accepted prefix and the step's own tokens only (not ancestors drafted by another layer)."""
 
     KIND, ARCHITECTURE, FC_BIAS = "multi_layer", ARCH_MULTI_LAYER, True
+    DRAFT_ANCESTORS_CACHED = False
 
     def __init__(self, config: dict, target: Transformer):
         super().__init__(config, target)

@@ -46,17 +46,27 @@ class GraphRunner:
         out = out if isinstance(out, tuple) else (out,)
         self._graphs[Bp] = (graph, static, out)
 
-    def __call__(self, *inputs: torch.Tensor):
-        if not self.enabled:
-            return self.fn(*inputs)
+    def stage(self, *inputs: torch.Tensor) -> int:
+        """Copy inputs [B, ...] into the static buffers of B's bucket (capturing it on first use);
+        the copies are enqueued on the current stream. Returns B."""
         B = inputs[0].shape[0]
         Bp = self.bucket(B)
         if Bp not in self._graphs:
             self._capture(Bp)
-        graph, static, out = self._graphs[Bp]
-        for dst, src in zip(static, inputs):
+        for dst, src in zip(self._graphs[Bp][1], inputs):
             dst[:B].copy_(src)
             dst[B:].zero_()
+        return B
+
+    def replay(self, B: int):
+        """Replay B's bucket on the current stream; outputs are views of static buffers, valid
+        until the next replay of that bucket."""
+        graph, _, out = self._graphs[self.bucket(B)]
         graph.replay()
         res = tuple(o[:B] for o in out)
         return res if len(res) > 1 else res[0]
+
+    def __call__(self, *inputs: torch.Tensor):
+        if not self.enabled:
+            return self.fn(*inputs)
+        return self.replay(self.stage(*inputs))

@@ -12,6 +12,7 @@ from omegaconf import DictConfig, OmegaConf
 from eaglet.models.kv_cache import KVCache
 from eaglet.models.llama import Transformer
 from eaglet.spec.autoregressive import AREngine, Request
+from eaglet.spec.eagle import EagleEngine, SimulatedAcceptance, TreeSpec
 from eaglet.spec.sampling import SamplingParams
 from eaglet.spec.tracking import Tracker, environment
 
@@ -50,28 +51,51 @@ def encode_turns(tokenizer, history: list[dict], chat_template: bool) -> list[in
 
 
 def run(cfg: DictConfig, output_dir: str | Path) -> dict:
-    from eaglet.data.prompts import load_prompts
+    from eaglet.data.prompts import Prompt, load_prompts
     from eaglet.models.checkpoint import load_tokenizer
 
-    if cfg.draft.name != "none":
-        raise ValueError(f"draft={cfg.draft.name} is not available yet; use draft=none")
     torch.manual_seed(cfg.seed)
     device, dtype = resolve_hardware(cfg.hardware)
-    path = target_path(cfg.target)
     t0 = time.perf_counter()
-    model = Transformer.from_pretrained(path, dtype=dtype, device=device)
-    tokenizer = load_tokenizer(path)
+    if cfg.target.get("random"):
+        path, tokenizer = None, None
+        model = random_target(cfg.target.random, dtype, device)
+    else:
+        path = target_path(cfg.target)
+        model = Transformer.from_pretrained(path, dtype=dtype, device=device)
+        tokenizer = load_tokenizer(path)
     load_s = time.perf_counter() - t0
     max_context = min(cfg.gen.max_context, model.args.max_seq_len)
     batch_size = cfg.gen.batch_size
     kv = KVCache.for_model(model.args, max_reqs=batch_size, max_context=max_context, page_size=cfg.kv.page_size,
                            num_pages=cfg.kv.num_pages, dtype=dtype, device=device)
-    eos = set(model.args.eos_token_ids) | ({tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set())
+    eos = set(model.args.eos_token_ids)
+    if tokenizer is not None and tokenizer.eos_token_id is not None:
+        eos.add(tokenizer.eos_token_id)
+    if tokenizer is None:
+        if cfg.data.name != "synthetic":
+            raise ValueError(f"target={cfg.target.name} has random weights and no tokenizer: use data=synthetic")
+        eos = set()  # random weights: every request decodes its whole budget
     sampling = SamplingParams(cfg.gen.temperature, cfg.gen.top_p)
-    engine = AREngine(model, kv, batch_size, sampling, eos_ids=sorted(eos),
-                      use_cuda_graph=cfg.gen.cuda_graph and device.type == "cuda", seed=cfg.seed)
-    prompts = load_prompts(cfg.data.name, limit=cfg.data.limit, path=cfg.data.path,
-                           max_turns=cfg.data.max_turns, split=cfg.data.split)
+    graphs = cfg.gen.cuda_graph and device.type == "cuda"
+    ar_engine = AREngine(model, kv, batch_size, sampling, eos_ids=sorted(eos), use_cuda_graph=graphs, seed=cfg.seed)
+    engine = ar_engine
+    if cfg.draft.name != "none":
+        head = build_head(cfg.draft, model, dtype, device)
+        tree = TreeSpec(cfg.tree.steps, cfg.tree.topk, cfg.tree.num_draft_tokens)
+        sim = cfg.tree.get("simulate")
+        engine = EagleEngine(model, head, tree, max_batch=batch_size, max_context=max_context,
+                             page_size=cfg.kv.page_size, num_pages=cfg.kv.num_pages, sampling=sampling,
+                             eos_ids=sorted(eos), use_cuda_graph=graphs,
+                             simulate=SimulatedAcceptance.from_tau(sim.tau, tree.steps) if sim else None)
+    if cfg.data.name == "synthetic":
+        g = torch.Generator().manual_seed(cfg.seed)
+        prompts = [Prompt(f"synthetic-{i}", [""], {"token_ids": torch.randint(0, model.args.vocab_size,
+                                                                                (cfg.data.prompt_len,), generator=g).tolist()})
+                   for i in range(cfg.data.limit)]
+    else:
+        prompts = load_prompts(cfg.data.name, limit=cfg.data.limit, path=cfg.data.path,
+                               max_turns=cfg.data.max_turns, split=cfg.data.split)
     config = OmegaConf.to_container(cfg, resolve=True)
     env = environment(device)
     tracker = Tracker(cfg.logger, {**config, "env": env}, output_dir)
@@ -81,24 +105,41 @@ def run(cfg: DictConfig, output_dir: str | Path) -> dict:
 
     histories = [[] for _ in prompts]
     outputs = [[] for _ in prompts]
-    new_tokens, gen_s, prefill_s, steps = 0, 0.0, 0.0, 0
+    turns_ids: list[list[list[int]]] = []  # prompt ids of every turn, replayed by the AR comparison
+    runs = []
     for turn in range(max(len(p.turns) for p in prompts)):
         reqs = []
         for i, p in enumerate(prompts):
             if turn < len(p.turns):
                 histories[i].append({"role": "user", "content": p.turns[turn]})
-                ids = encode_turns(tokenizer, histories[i], cfg.gen.chat_template)
+                ids = p.meta["token_ids"] if tokenizer is None else encode_turns(tokenizer, histories[i],
+                                                                                 cfg.gen.chat_template)
                 reqs.append(Request(ids, cfg.gen.max_new_tokens, rid=i))
+        turns_ids.append([r.prompt_ids for r in reqs])
         stats = engine.generate(reqs)
-        new_tokens, gen_s, prefill_s, steps = (new_tokens + stats.new_tokens, gen_s + stats.total_s,
-                                               prefill_s + stats.prefill_s, steps + stats.decode_steps)
-        tracker.log({"gen/tokens_per_s": stats.tokens_per_s, "gen/turn": turn}, step=turn)
+        runs.append(stats)
+        tracker.log({"gen/tokens_per_s": stats.new_tokens / stats.total_s, "gen/turn": turn}, step=turn)
         for r in reqs:
             ids = [t for t in r.output_ids if t not in eos]
-            text = tokenizer.decode(ids, skip_special_tokens=True)
+            text = "" if tokenizer is None else tokenizer.decode(ids, skip_special_tokens=True)
             histories[r.rid].append({"role": "assistant", "content": text})
             outputs[r.rid].append({"turn": turn, "text": text, "token_ids": r.output_ids,
                                    "finish_reason": r.finish_reason})
+    new_tokens = sum(r.new_tokens for r in runs)
+    gen_s, prefill_s = sum(r.total_s for r in runs), sum(r.prefill_s for r in runs)
+    answers = sum(len(o) for o in outputs)  # each answer's first token comes from its prefill
+    metrics = {
+        "tokens_per_s": new_tokens / gen_s if gen_s else 0.0,
+        "decode_tokens_per_s": (new_tokens - answers) / max(gen_s - prefill_s, 1e-9),
+        "new_tokens": new_tokens,
+        "generate_s": gen_s,
+        "prefill_s": prefill_s,
+    }
+    if engine is not ar_engine:
+        metrics.update(combine_spec_stats(runs, tree.steps))
+        if cfg.gen.compare_ar:
+            metrics.update(compare_with_ar(ar_engine, turns_ids, outputs, cfg.gen.max_new_tokens, metrics,
+                                           sampling.greedy))
 
     out_dir = Path(output_dir)
     with open(out_dir / "outputs.jsonl", "w") as f:
@@ -107,28 +148,81 @@ def run(cfg: DictConfig, output_dir: str | Path) -> dict:
                                 "token_ids": outs[0]["token_ids"], "answers": outs}) + "\n")
     for p, outs in list(zip(prompts, outputs))[: cfg.print_answers]:
         print(f"--- [{p.id}] {p.turns[0][:200]!r}\n>>> {outs[0]['text'][:600]}", flush=True)
-    metrics = {
-        "tokens_per_s": new_tokens / gen_s if gen_s else 0.0,
-        "decode_tokens_per_s": (new_tokens - sum(len(o) for o in outputs)) / max(gen_s - prefill_s, 1e-9),
-        "new_tokens": new_tokens,
-        "generate_s": gen_s,
-        "prefill_s": prefill_s,
-        "decode_steps": steps,
+    metrics.update({
         "num_prompts": len(prompts),
         "load_s": load_s,
         "target": cfg.target.name,
-        "target_path": str(path),
+        "target_path": None if path is None else str(path),
         "draft": cfg.draft.name,
         "data": cfg.data.name,
         "batch_size": batch_size,
         "max_new_tokens": cfg.gen.max_new_tokens,
         "temperature": cfg.gen.temperature,
         "dtype": str(dtype).removeprefix("torch."),
-        "cuda_graph": bool(engine._decode.enabled),
+        "cuda_graph": graphs,
+        "tree": OmegaConf.to_container(cfg.tree) if cfg.draft.name != "none" else None,
         **env,
         "config": config,
-    }
+    })
+    extra = (f", tau {metrics['tau']:.2f}" + (f", {metrics['speedup_vs_ar']:.2f}x over AR" if "speedup_vs_ar" in metrics
+             else "")) if "tau" in metrics else ""
     print(f"[eaglet] {new_tokens} tokens in {gen_s:.2f}s: {metrics['tokens_per_s']:.1f} tokens/s "
-          f"(decode {metrics['decode_tokens_per_s']:.1f} tokens/s)", flush=True)
+          f"(decode {metrics['decode_tokens_per_s']:.1f} tokens/s{extra})", flush=True)
     tracker.finish(metrics)
     return metrics
+
+
+def random_target(name: str, dtype, device) -> Transformer:
+    """A registry config with random weights, built directly on the device (no host copy of 16 GB)."""
+    from eaglet.models.llama import ModelArgs
+
+    with torch.device(device):
+        model = Transformer(ModelArgs.from_name(name)).to(dtype)
+    return model.eval()
+
+
+def build_head(draft, target: Transformer, dtype, device):
+    from eaglet.models.eagle import load_draft_head, new_draft_head
+
+    if draft.get("path"):
+        head = load_draft_head(Path(draft.path).expanduser(), target, dtype, device)
+        if head.KIND != draft.name:
+            raise ValueError(f"draft={draft.name} but {draft.path} holds a {head.KIND} head; use draft={head.KIND}")
+        return head
+    if not draft.get("random_init"):
+        raise ValueError(f"draft={draft.name} needs draft.path=<head directory>, or draft.random_init=true for a "
+                         "random head (losslessness and latency checks only: it accepts almost nothing)")
+    return new_draft_head(draft.name, target, num_layers=draft.num_layers if draft.name == "multi_layer" else None,
+                          draft_vocab_size=draft.get("draft_vocab_size"), dtype=dtype, device=device)
+
+
+def combine_spec_stats(runs, steps: int) -> dict:
+    from eaglet.spec.eagle import StepStats
+
+    total = StepStats()
+    for r in runs:
+        total.accept_lens += r.accept_lens
+        total.steps += r.steps
+        total.total_s += r.total_s
+        total.prefill_s += r.prefill_s
+        for k, v in r.phase_ms.items():
+            total.phase_ms[k] += v
+    return total.summary(steps)
+
+
+def compare_with_ar(ar_engine: AREngine, turns_ids, outputs, max_new: int, metrics: dict, greedy: bool) -> dict:
+    """Plain decoding of the same prompts in the same run: the speedup's baseline, and (greedy) a
+    token-for-token losslessness check."""
+    new_tokens, total_s, prefill_s, same, n = 0, 0.0, 0.0, 0, 0
+    for turn, ids in enumerate(turns_ids):
+        reqs = [Request(p, max_new, rid=i) for i, p in enumerate(ids)]
+        st = ar_engine.generate(reqs)
+        new_tokens, total_s, prefill_s = new_tokens + st.new_tokens, total_s + st.total_s, prefill_s + st.prefill_s
+        spec = [o[turn]["token_ids"] for o in outputs if len(o) > turn]
+        same += sum(r.output_ids == s for r, s in zip(reqs, spec))
+        n += len(reqs)
+    ar_tps = (new_tokens - n) / max(total_s - prefill_s, 1e-9)
+    out = {"ar_decode_tokens_per_s": ar_tps, "speedup_vs_ar": metrics["decode_tokens_per_s"] / ar_tps}
+    if greedy:
+        out["ar_identical_fraction"] = same / n
+    return out

@@ -97,6 +97,24 @@ def test_fp32_matches_fp64_reference(B, N, Hq, Hkv, D, prefix, page_size, tree):
 
 
 @needs_kernel
+@pytest.mark.parametrize("K,step", [(4, 3), (1, 5), (3, 1)])
+def test_draft_step_queries_fewer_than_new_keys(K, step):
+    """A draft step: K queries attend the prefix plus the K*step draft-tree keys written so far
+    (mask [B, K, K*step]: ancestors in earlier blocks, itself in the last)."""
+    B, Hq, Hkv, D = 2, *_scale_heads(4, 2), 64
+    NK = K * step
+    q, k_cache, v_cache, page_table, prefix_lens, _ = make_inputs(B, NK, Hq, Hkv, D, [200, 33], 16, torch.float32,
+                                                                  False, seed=3)
+    q = q[:, -K:].contiguous()  # [B, K, Hq, D] the last block queries
+    gen = torch.Generator().manual_seed(4)
+    mask = torch.rand(B, K, NK, generator=gen) < 0.5  # [B, K, NK] arbitrary earlier-block visibility
+    mask[:, :, -K:] = torch.eye(K, dtype=torch.bool)  # each query sees itself in its own block
+    mask = mask.to(q.device)
+    out = tree_attention(q, k_cache, v_cache, page_table, prefix_lens, mask, max_prefix_len=200)
+    assert rel_err(out, ref64(q, k_cache, v_cache, page_table, prefix_lens, mask)) < 1e-4
+
+
+@needs_kernel
 def test_poisoned_buffers_are_fully_written(monkeypatch):
     """Out, partial outputs and LSEs all start as NaN: every element the result depends on must be written."""
 

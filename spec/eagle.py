@@ -1,0 +1,450 @@
+"""EAGLE speculative decoding: draft a tree, verify it in one target pass, accept, commit, extend.
+
+One decode step for a batch of B requests (DESIGN §2), each phase a function of device tensors
+only (no host sync), replayed as a CUDA graph on GPU:
+
+  draft   S-1 draft-head steps from the last extend's top-k (EAGLE-2: keep the best K of K*K
+          expansions by cumulative log-prob), then `build_tree` -> N tree tokens, positions, mask
+  plan    KV slots and page tables for the verify (the part a plan stream can run)
+  verify  one target forward over the B*N tree tokens with tree attention
+  accept  greedy or tree speculative sampling -> accepted path; `commit_kv` compacts its KV
+  extend  the draft head over the accepted tokens with their target features -> next top-k
+
+Sequence alignment (EAGLE): the draft input at position p is (target feature at p, token at p+1),
+so draft and target KV positions coincide. After a step a request has `seq_lens` cached tokens and
+a `root` (the bonus token) that is emitted but not yet cached.
+
+The host learns accepted tokens one step late (one non-blocking D2H copy per step, behind an
+event), as in `spec.autoregressive`; KV pages are reserved for the longest possible step.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import torch
+
+from eaglet.kernels.kv_ops import commit_kv
+from eaglet.kernels.tree_mask import build_tree, num_candidates
+from eaglet.kernels.verify import VerifyResult, verify_greedy, verify_sampling
+from eaglet.models.kv_cache import ForwardBatch, KVCache, slots_for
+from eaglet.models.llama import Transformer
+from eaglet.spec.autoregressive import Request, _HostCopy
+from eaglet.spec.cuda_graph import GraphRunner
+from eaglet.spec.sampling import SamplingParams, probs_from_logits, sample
+
+PHASES = ("draft", "plan", "verify", "accept", "extend")
+
+
+@dataclass(frozen=True)
+class TreeSpec:
+    steps: int  # S: tree depth (draft tokens on the longest path)
+    topk: int  # K: branching; 1 = a chain
+    num_draft_tokens: int  # N: tree tokens verified per step, the root included
+
+    def validate(self, draft_vocab: int) -> None:
+        if self.steps < 1 or self.topk < 1 or self.num_draft_tokens < 1:
+            raise ValueError(f"tree.steps={self.steps}, tree.topk={self.topk}, tree.num_draft_tokens="
+                             f"{self.num_draft_tokens} must all be >= 1")
+        if self.topk > draft_vocab:
+            raise ValueError(f"tree.topk={self.topk} exceeds the draft vocabulary ({draft_vocab} tokens)")
+        cap = num_candidates(self.topk, self.steps) + 1
+        if self.num_draft_tokens > cap:
+            raise ValueError(f"tree.num_draft_tokens={self.num_draft_tokens} is more than a tree of steps={self.steps}, "
+                             f"topk={self.topk} can hold ({cap} with the root); lower it or raise tree.steps/topk")
+
+
+@dataclass(frozen=True)
+class SimulatedAcceptance:
+    """Latency studies without a trained head (SGLang's simulated acceptance): the verify runs for
+    real, but each step accepts a length drawn from a distribution independent of the draft, taken
+    along the tree's first-child path. Output tokens are then meaningless; timing is what counts."""
+
+    accept_probs: tuple[float, ...]  # P(emitted tokens = 1, 2, ..., S+1) per verify step
+
+    @classmethod
+    def from_tau(cls, tau: float, steps: int) -> "SimulatedAcceptance":
+        """A constant per-depth acceptance rate r with mean emitted tokens tau (bisection on r)."""
+        if not 1.0 <= tau <= steps + 1:
+            raise ValueError(f"tree.simulate.tau={tau} must be in [1, steps+1={steps + 1}]")
+
+        def probs(r):
+            p = [(1 - r) * r**k for k in range(steps)] + [r**steps]
+            return p, sum((k + 1) * q for k, q in enumerate(p))
+
+        lo, hi = 0.0, 1.0
+        for _ in range(60):
+            mid = (lo + hi) / 2
+            lo, hi = (mid, hi) if probs(mid)[1] < tau else (lo, mid)
+        return cls(tuple(probs(lo)[0]))
+
+    @property
+    def tau(self) -> float:
+        return sum((k + 1) * p for k, p in enumerate(self.accept_probs))
+
+
+@dataclass
+class StepStats:
+    """Per-run decode statistics; accept_lens holds tokens emitted per request per verify step."""
+
+    accept_lens: list[int] = field(default_factory=list)
+    phase_ms: dict[str, float] = field(default_factory=lambda: {p: 0.0 for p in PHASES})
+    steps: int = 0
+    new_tokens: int = 0
+    prefill_s: float = 0.0
+    total_s: float = 0.0
+
+    def summary(self, max_depth: int) -> dict:
+        n = len(self.accept_lens)
+        hist = [0] * (max_depth + 1)
+        for a in self.accept_lens:
+            hist[a - 1] += 1
+        # acceptance rate at depth d: P(draft d accepted | draft d-1 accepted)
+        reach = [sum(hist[d:]) for d in range(max_depth + 1)]
+        rates = [reach[d] / reach[d - 1] if reach[d - 1] else 0.0 for d in range(1, max_depth + 1)]
+        decode_s = self.total_s - self.prefill_s
+        return {
+            "tau": sum(self.accept_lens) / n if n else 0.0,
+            "accept_hist": hist,  # [k] = verify steps that emitted k+1 tokens
+            "accept_rate_depth": rates,
+            "verify_steps": self.steps,
+            "step_ms": 1e3 * decode_s / self.steps if self.steps else 0.0,
+            **{f"{p}_ms": self.phase_ms[p] / self.steps if self.steps else 0.0 for p in PHASES},
+        }
+
+
+class EagleEngine:
+    def __init__(self, target: Transformer, head, tree: TreeSpec, *, max_batch: int, max_context: int,
+                 page_size: int = 16, num_pages: int | None = None, sampling: SamplingParams = SamplingParams(),
+                 eos_ids: Sequence[int] = (), use_cuda_graph: bool | None = None, time_phases: bool = True,
+                 simulate: SimulatedAcceptance | None = None):
+        tree.validate(head.draft_vocab_size)
+        if simulate is not None and len(simulate.accept_probs) != tree.steps + 1:
+            raise ValueError(f"simulated acceptance needs {tree.steps + 1} probabilities (lengths 1..steps+1), "
+                             f"got {len(simulate.accept_probs)}")
+        self.simulate = simulate
+        self.target, self.head, self.tree = target, head, tree
+        self.sampling, self.eos_ids = sampling, set(eos_ids)
+        self.max_batch, self.device = max_batch, target.device
+        S, K, N = tree.steps, tree.topk, tree.num_draft_tokens
+        # room past the longest sequence for the speculative tokens of one step
+        self.lookahead = max(N, (S - 1) * K, S + 1)
+        self.max_context = max_context
+        # one step past a finished request's budget can still be in flight (lag 1): S+1 more
+        ctx = max_context + self.lookahead + S + 1
+        kw = dict(max_reqs=max_batch, max_context=ctx, page_size=page_size, dtype=target.dtype, device=self.device)
+        self.kv_t = KVCache.for_model(target.args, num_pages=num_pages, **kw)
+        self.kv_d = head.kv_cache(num_pages=num_pages, **kw)
+        self.capture = tuple(head.capture_layers(target.args.n_layers))
+        graphs = self.device.type == "cuda" if use_cuda_graph is None else use_cuda_graph
+        self.time_phases = time_phases and self.device.type == "cuda"
+        H, F = head.hidden_size, head.feature_size
+        P_t, P_d = self.kv_t.pages_per_req, self.kv_d.pages_per_req
+        z = lambda *shape, dtype=torch.long: (lambda B: torch.zeros(B, *shape, dtype=dtype, device=self.device))
+        dt, i32, b8 = target.dtype, torch.int32, torch.bool
+
+        def runner(fn, *makers):
+            return GraphRunner(fn, lambda B: [m(B) for m in makers], max_batch=max_batch, enabled=graphs)
+
+        self._draft = runner(self._draft_fn, z(dtype=i32), z(P_d, dtype=i32), z(K, dtype=torch.float32), z(K),
+                             z(H, dtype=dt), z())
+        self._verify = runner(self._verify_fn, z(N), z(N), z(N), z(dtype=i32), z(P_t, dtype=i32), z(N, N, dtype=b8))
+        self._accept = runner(self._accept_fn, z(N), z(N), z(N), z(N), z(dtype=i32), z(P_t, dtype=i32),
+                              *([z(N, target.args.vocab_size, dtype=torch.float32)] if not sampling.greedy else []))
+        self._extend = runner(self._extend_fn, z(N), z(N, F, dtype=dt), z(S + 1), z(dtype=i32), z(), z(dtype=i32),
+                              z(P_d, dtype=i32))
+
+    # ---- phases (device only) -------------------------------------------------------------
+    @torch.inference_mode()
+    def _draft_fn(self, seq_lens, page_table_d, top_lp, top_tok, hidden, roots):
+        """-> tree tensors: draft_tokens, positions, next_token, next_sibling [B, N]; mask [B, N, N]."""
+        S, K, N = self.tree.steps, self.tree.topk, self.tree.num_draft_tokens
+        B = seq_lens.shape[0]
+        dev = seq_lens.device
+        scores, tokens, parents = [top_lp], [top_tok], [torch.full((B, K), -1, dtype=torch.long, device=dev)]
+        cur_lp, cur_tok, cur_flat = top_lp, top_tok, torch.arange(K, device=dev).expand(B, K)  # [B, K] each
+        cur_h = hidden[:, None].expand(B, K, hidden.shape[-1])  # [B, K, H]
+        eye = torch.eye(K, dtype=torch.bool, device=dev).expand(B, K, K)
+        mask = eye  # [B, K, i*K]: the K nodes of step i see their ancestors' and their own draft KV
+        for i in range(1, S):
+            # nodes of depth i sit at draft position seq_len + i - 1; their KV goes to the scratch
+            # block seq_len + (i-1)*K + k (overwritten by the next extend)
+            pos = (seq_lens[:, None] + (i - 1)).long().expand(B, K)  # [B, K]
+            scratch = seq_lens[:, None].long() + (i - 1) * K + torch.arange(K, device=dev)  # [B, K]
+            batch = ForwardBatch(page_table_d, seq_lens, slots_for(page_table_d, scratch, self.kv_d.page_size), mask,
+                                 self.max_context)
+            h, logits = self.head(cur_tok, cur_h, pos, batch, self.kv_d, step=i)  # [B, K, H], [B, K, Vd]
+            lp, tk = torch.log_softmax(logits, dim=-1).topk(K, dim=-1)  # [B, K, K] each
+            cum = (cur_lp[:, :, None] + lp).reshape(B, K * K)  # [B, K*K]
+            tk = self.head.to_target_ids(tk).reshape(B, K * K)  # [B, K*K]
+            scores.append(cum)
+            tokens.append(tk)
+            parents.append(cur_flat[:, :, None].expand(B, K, K).reshape(B, K * K))
+            cur_lp, best = cum.topk(K, dim=-1)  # [B, K]
+            parent = best // K  # [B, K] which current node each kept child extends
+            cur_tok = tk.gather(1, best)  # [B, K]
+            cur_h = h.gather(1, parent[:, :, None].expand(B, K, h.shape[-1]))  # [B, K, H]
+            cur_flat = K + (i - 1) * K * K + best  # [B, K] flat candidate index
+            seen = mask.gather(1, parent[:, :, None].expand(B, K, mask.shape[-1]))  # [B, K, i*K] parents' rows
+            if not self.head.DRAFT_ANCESTORS_CACHED:  # ancestors were cached by another layer
+                seen = torch.zeros_like(seen)
+            mask = torch.cat([seen, eye], dim=2)  # [B, K, (i+1)*K]
+        tree = build_tree(torch.cat(scores, 1), torch.cat(tokens, 1), torch.cat(parents, 1), roots, seq_lens,
+                          N, K, S)
+        return tree.draft_tokens, tree.positions, tree.retrieve_next_token, tree.retrieve_next_sibling, tree.tree_mask
+
+    def _plan(self, positions: torch.Tensor, seq_lens: torch.Tensor, rows: torch.Tensor):
+        """Verify metadata: tree node j of request b is written at position seq_len + j."""
+        N = positions.shape[1]
+        page_table = self.kv_t.req_to_page[rows]  # [B, P]
+        slots = slots_for(page_table, seq_lens[:, None].long() + torch.arange(N, device=self.device), self.kv_t.page_size)
+        return slots, page_table  # [B, N], [B, P]
+
+    @torch.inference_mode()
+    def _verify_fn(self, tokens, positions, out_slots, seq_lens, page_table, mask):
+        """-> target logits [B, N, V] fp32 and draft features at every tree node [B, N, F]."""
+        batch = ForwardBatch(page_table, seq_lens, out_slots, mask, self.max_context)
+        hidden, captured = self.target(tokens, positions, batch, self.kv_t, capture_layers=self.capture)
+        feats = self.head.target_feature(hidden, captured)  # [B, N, F]
+        return self.target.logits(hidden), feats
+
+    @torch.inference_mode()
+    def _accept_fn(self, tokens, logits_or_pred, next_tok, next_sib, seq_lens, page_table, probs=None):
+        """-> accept_index [B, S+1], accept_len [B], bonus [B], new seq_lens [B] (KV committed)."""
+        S = self.tree.steps
+        if self.simulate is not None:
+            res = self._simulated_accept(logits_or_pred, next_tok)
+        elif probs is None:
+            res = verify_greedy(tokens, logits_or_pred, next_tok, next_sib, S)
+        else:
+            B, N = tokens.shape
+            u = torch.rand(B, N, device=tokens.device)  # [B, N]
+            res = verify_sampling(tokens, next_tok, next_sib, probs, u, torch.rand(B, device=tokens.device), S)
+        new_lens = seq_lens.clone()
+        commit_kv(self.kv_t.kv, page_table, self.kv_t.page_size, new_lens, res.accept_index, res.accept_len)
+        return res.accept_index, res.accept_len, res.bonus, new_lens
+
+    def _simulated_accept(self, pred: torch.Tensor, next_tok: torch.Tensor) -> VerifyResult:
+        """Accept a drawn number of tokens along the first-child path (shorter where the tree is)."""
+        S = self.tree.steps
+        B = pred.shape[0]
+        probs = torch.tensor(self.simulate.accept_probs, device=pred.device)  # [S+1]
+        want = torch.multinomial(probs.expand(B, S + 1), 1)[:, 0] + 1  # [B] tokens to emit
+        cur = torch.zeros(B, dtype=torch.long, device=pred.device)  # [B] current node
+        length = torch.ones(B, dtype=torch.long, device=pred.device)  # [B] path nodes so far
+        cols = [cur]
+        for _ in range(S):
+            child = next_tok.gather(1, cur[:, None])[:, 0]  # [B]
+            go = (child >= 0) & (length < want)
+            cur = torch.where(go, child, cur)
+            length = length + go.long()
+            cols.append(torch.where(go, cur, -1))
+        index = torch.stack(cols, dim=1)  # [B, S+1]
+        return VerifyResult(index, length.int(), pred.gather(1, cur[:, None])[:, 0])
+
+    @torch.inference_mode()
+    def _extend_fn(self, tokens, feats, accept_index, accept_len, bonus, seq_lens, page_table_d):
+        """Draft head over the accepted path: pairs (feature of node a_j, token of a_{j+1}), the last
+        pair's token being the bonus. -> emitted tokens [B, S+1], next top-k, last hidden."""
+        S, K = self.tree.steps, self.tree.topk
+        B = tokens.shape[0]
+        dev = tokens.device
+        j = torch.arange(S + 1, device=dev)  # [S+1]
+        valid = accept_index >= 0  # [B, S+1]
+        idx = accept_index.clamp(min=0)  # [B, S+1]
+        path = tokens.gather(1, idx)  # [B, S+1] root, a1, ..., am
+        last = (accept_len - 1).long()[:, None]  # [B, 1]
+        nxt = torch.cat([path[:, 1:], path[:, :1]], dim=1)  # [B, S+1] a1..am, junk
+        pair_tok = torch.where(j == last, bonus[:, None], nxt)  # [B, S+1] a1..am, bonus
+        pair_feat = feats.gather(1, idx[:, :, None].expand(B, S + 1, feats.shape[-1]))  # [B, S+1, F]
+        pos = seq_lens[:, None].long() + j  # [B, S+1]
+        slots = torch.where(valid, slots_for(page_table_d, pos, self.kv_d.page_size), 0)  # [B, S+1]
+        batch = ForwardBatch(page_table_d, seq_lens, slots, None, self.max_context)
+        h, logits = self.head(pair_tok, pair_feat, pos, batch, self.kv_d, step=None)  # [B, S+1, H], [B, S+1, Vd]
+        h_last = h.gather(1, last[:, :, None].expand(B, 1, h.shape[-1]))[:, 0]  # [B, H]
+        lp_last = torch.log_softmax(logits.gather(1, last[:, :, None].expand(B, 1, logits.shape[-1]))[:, 0], -1)
+        top_lp, top_tok = lp_last.topk(K, dim=-1)  # [B, K]
+        emitted = torch.where(valid, pair_tok, -1)  # [B, S+1]
+        return emitted, top_lp, self.head.to_target_ids(top_tok), h_last
+
+    # ---- prefill -----------------------------------------------------------------------------
+    @torch.inference_mode()
+    def _prefill(self, reqs: list[Request]):
+        """Target and draft prefill of ragged prompts -> (roots, seq_lens, top_lp, top_tok, hidden)."""
+        dev, K = self.device, self.tree.topk
+        lens = [len(r.prompt_ids) for r in reqs]
+        n, T = len(reqs), max(lens)
+        tokens = torch.zeros(n, T, dtype=torch.long)  # [n, T]
+        for i, r in enumerate(reqs):
+            tokens[i, : lens[i]] = torch.tensor(r.prompt_ids)
+        tokens = tokens.to(dev)
+        lens_t = torch.tensor(lens, device=dev)  # [n]
+        rows = torch.tensor([r.row for r in reqs], device=dev)  # [n]
+        pos = torch.arange(T, device=dev).expand(n, T)  # [n, T]
+        valid = pos < lens_t[:, None]  # [n, T]
+        zeros = torch.zeros(n, dtype=torch.int32, device=dev)
+        pt_t, pt_d = self.kv_t.req_to_page[rows], self.kv_d.req_to_page[rows]  # [n, P]
+        slots = torch.where(valid, slots_for(pt_t, pos, self.kv_t.page_size), 0)  # [n, T]
+        hidden, captured = self.target(tokens, pos, ForwardBatch(pt_t, zeros, slots, None, 0), self.kv_t,
+                                       capture_layers=self.capture)  # [n, T, H]
+        last = (lens_t - 1)[:, None]  # [n, 1]
+        roots = sample(self.target.logits(hidden.gather(1, last[:, :, None].expand(n, 1, hidden.shape[-1]))[:, 0]),
+                       self.sampling)  # [n]
+        feats = self.head.target_feature(hidden, captured)  # [n, T, F]
+        # draft pairs (feature p, token p+1): the prompt shifted by one, then the root
+        shifted = torch.cat([tokens[:, 1:], tokens[:, :1]], dim=1)  # [n, T]
+        pair_tok = torch.where(pos == last, roots[:, None], shifted)  # [n, T]
+        slots_d = torch.where(valid, slots_for(pt_d, pos, self.kv_d.page_size), 0)  # [n, T]
+        h, logits = self.head(pair_tok, feats, pos, ForwardBatch(pt_d, zeros, slots_d, None, 0), self.kv_d)
+        h_last = h.gather(1, last[:, :, None].expand(n, 1, h.shape[-1]))[:, 0]  # [n, H]
+        lp = torch.log_softmax(logits.gather(1, last[:, :, None].expand(n, 1, logits.shape[-1]))[:, 0], -1)
+        top_lp, top_tok = lp.topk(K, dim=-1)  # [n, K]
+        return roots, lens_t.int(), top_lp, self.head.to_target_ids(top_tok), h_last
+
+    # ---- one step ----------------------------------------------------------------------------
+    def _step(self, state: dict, rows: torch.Tensor, timer: "_PhaseTimer"):
+        timer.mark("draft")
+        tokens, positions, next_tok, next_sib, mask = self._draft(
+            state["seq_lens"], self.kv_d.req_to_page[rows], state["top_lp"], state["top_tok"], state["hidden"],
+            state["roots"])
+        timer.mark("plan")
+        slots, pt_t = self._plan(positions, state["seq_lens"], rows)
+        inputs = (tokens, positions, slots, state["seq_lens"], pt_t, mask)
+        if self._verify.enabled:
+            B = self._verify.stage(*inputs)
+            timer.mark("verify")
+            logits, feats = self._verify.replay(B)
+        else:
+            timer.mark("verify")
+            logits, feats = self._verify(*inputs)
+        timer.mark("accept")
+        if self.sampling.greedy:
+            acc = self._accept(tokens, logits.argmax(-1), next_tok, next_sib, state["seq_lens"], pt_t)
+        else:
+            probs = probs_from_logits(logits, self.sampling)  # [B, N, V]
+            acc = self._accept(tokens, tokens, next_tok, next_sib, state["seq_lens"], pt_t, probs)
+        accept_index, accept_len, bonus, new_lens = (t.clone() for t in acc)
+        timer.mark("extend")
+        emitted, top_lp, top_tok, hidden = self._extend(tokens, feats, accept_index, accept_len, bonus,
+                                                        state["seq_lens"], self.kv_d.req_to_page[rows])
+        timer.mark(None)
+        state.update(roots=bonus, seq_lens=new_lens, top_lp=top_lp.clone(), top_tok=top_tok.clone(),
+                     hidden=hidden.clone())
+        return torch.cat([accept_len[:, None].long(), emitted], dim=1)  # [B, 1 + S+1]
+
+    # ---- host loop ---------------------------------------------------------------------------
+    def _check(self, r: Request) -> None:
+        if not r.prompt_ids:
+            raise ValueError(f"request {r.rid} has an empty prompt")
+        if len(r.prompt_ids) >= self.max_context:
+            raise ValueError(f"request {r.rid}: the prompt has {len(r.prompt_ids)} tokens but the context is "
+                             f"{self.max_context} (model.max_seq_len / gen.max_context); shorten the prompt or raise "
+                             "the context")
+        r.max_new_tokens = min(r.max_new_tokens, self.max_context - len(r.prompt_ids))
+
+    def _emit(self, r: Request, toks: list[int], on_token) -> None:
+        for t in toks:
+            if r.done:
+                return
+            r.output_ids.append(t)
+            if on_token is not None:
+                on_token(r, t)
+            if t in self.eos_ids:
+                r.finish_reason = "eos"
+            elif len(r.output_ids) >= r.max_new_tokens:
+                r.finish_reason = "length"
+
+    def generate(self, requests: list[Request], on_token: Callable[[Request, int], None] | None = None) -> StepStats:
+        for r in requests:
+            self._check(r)
+        stats = StepStats()
+        sync = torch.cuda.synchronize if self.device.type == "cuda" else (lambda: None)
+        timer = _PhaseTimer(self.time_phases)
+        sync()
+        t0 = time.perf_counter()
+        waiting, active = deque(requests), []
+        state: dict[str, torch.Tensor] = {}
+        inflight: deque[tuple[_HostCopy, bool]] = deque()
+        S = self.tree.steps
+        while waiting or active or inflight:
+            if waiting and len(active) < self.max_batch:
+                new = [waiting.popleft() for _ in range(min(len(waiting), self.max_batch - len(active)))]
+                for r in new:
+                    r.row = self.kv_t.alloc_request()
+                    if self.kv_d.alloc_request() != r.row:
+                        raise RuntimeError("target and draft KV rows diverged")
+                    for kv in (self.kv_t, self.kv_d):
+                        kv.reserve(r.row, len(r.prompt_ids) + 1)
+                tp = time.perf_counter()
+                roots, lens, top_lp, top_tok, hidden = self._prefill(new)
+                inflight.append((_HostCopy(roots, new), False))
+                part = dict(roots=roots, seq_lens=lens, top_lp=top_lp, top_tok=top_tok, hidden=hidden)
+                state = {k: torch.cat([state[k], v]) for k, v in part.items()} if state else part
+                active += new
+                sync()
+                stats.prefill_s += time.perf_counter() - tp
+            active, state = self._retire(active, state)
+            if active:
+                # pages for the longest possible outcome of the steps still in flight, plus this one
+                unseen = (S + 1) * sum(is_step for _, is_step in inflight)
+                for r in active:
+                    bound = len(r.prompt_ids) + len(r.output_ids) + unseen + self.lookahead
+                    for kv in (self.kv_t, self.kv_d):
+                        kv.reserve(r.row, min(bound, kv.max_context))
+                rows = torch.tensor([r.row for r in active], device=self.device)
+                out = self._step(state, rows, timer)
+                stats.steps += 1
+                inflight.append((_HostCopy(out, list(active)), True))
+            while len(inflight) > (1 if active else 0):
+                copy, is_step = inflight.popleft()
+                for r, row in zip(copy.reqs, copy.get()):
+                    if is_step:
+                        if not r.done:
+                            stats.accept_lens.append(row[0])
+                        self._emit(r, row[1:1 + row[0]], on_token)
+                    else:
+                        self._emit(r, [row], on_token)
+            active, state = self._retire(active, state)
+        sync()
+        stats.total_s = time.perf_counter() - t0
+        stats.new_tokens = sum(len(r.output_ids) for r in requests)
+        for p, ms in timer.totals().items():
+            stats.phase_ms[p] += ms
+        return stats
+
+    def _retire(self, active: list[Request], state: dict):
+        """Drop finished requests (EOS or budget, as seen by the host) and free their KV rows."""
+        keep = [i for i, r in enumerate(active) if not r.done]
+        if len(keep) == len(active):
+            return active, state
+        for i, r in enumerate(active):
+            if i not in keep:
+                self.kv_t.free_request(r.row)
+                self.kv_d.free_request(r.row)
+        idx = torch.tensor(keep, dtype=torch.long, device=self.device)
+        return [active[i] for i in keep], {k: v[idx] for k, v in state.items()}
+
+
+class _PhaseTimer:
+    """Device events at phase boundaries on the current stream; read once at the end (no sync
+    in the loop)."""
+
+    def __init__(self, enabled: bool):
+        self.enabled = enabled
+        self.marks: list[tuple[str | None, torch.cuda.Event]] = []
+
+    def mark(self, phase: str | None) -> None:
+        if self.enabled:
+            e = torch.cuda.Event(enable_timing=True)
+            e.record()
+            self.marks.append((phase, e))
+
+    def totals(self) -> dict[str, float]:
+        out = {p: 0.0 for p in PHASES}
+        for (phase, a), (_, b) in zip(self.marks, self.marks[1:]):
+            if phase is not None:
+                out[phase] += a.elapsed_time(b)
+        return out
