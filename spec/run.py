@@ -146,7 +146,7 @@ def run(cfg: DictConfig, output_dir: str | Path) -> dict:
         for p, outs in zip(prompts, outputs):
             f.write(json.dumps({"prompt_id": p.id, "turns": p.turns, "text": outs[0]["text"],
                                 "token_ids": outs[0]["token_ids"], "answers": outs}) + "\n")
-    for p, outs in list(zip(prompts, outputs))[: cfg.print_answers]:
+    for p, outs in list(zip(prompts, outputs))[: cfg.print_answers if tokenizer is not None else 0]:
         print(f"--- [{p.id}] {p.turns[0][:200]!r}\n>>> {outs[0]['text'][:600]}", flush=True)
     metrics.update({
         "num_prompts": len(prompts),
