@@ -126,6 +126,8 @@ class EagleEngine:
             raise ValueError(f"simulated acceptance needs {tree.steps + 1} probabilities (lengths 1..steps+1), "
                              f"got {len(simulate.accept_probs)}")
         self.simulate = simulate
+        if simulate is not None:  # on the device up front: no host copy inside a graph capture
+            self._sim_probs = torch.tensor(simulate.accept_probs, device=target.device)  # [S+1]
         self.target, self.head, self.tree = target, head, tree
         self.sampling, self.eos_ids = sampling, set(eos_ids)
         self.max_batch, self.device = max_batch, target.device
@@ -231,8 +233,7 @@ class EagleEngine:
         """Accept a drawn number of tokens along the first-child path (shorter where the tree is)."""
         S = self.tree.steps
         B = pred.shape[0]
-        probs = torch.tensor(self.simulate.accept_probs, device=pred.device)  # [S+1]
-        want = torch.multinomial(probs.expand(B, S + 1), 1)[:, 0] + 1  # [B] tokens to emit
+        want = torch.multinomial(self._sim_probs.expand(B, S + 1), 1)[:, 0] + 1  # [B] tokens to emit
         cur = torch.zeros(B, dtype=torch.long, device=pred.device)  # [B] current node
         length = torch.ones(B, dtype=torch.long, device=pred.device)  # [B] path nodes so far
         cols = [cur]
@@ -256,7 +257,7 @@ class EagleEngine:
         valid = accept_index >= 0  # [B, S+1]
         idx = accept_index.clamp(min=0)  # [B, S+1]
         path = tokens.gather(1, idx)  # [B, S+1] root, a1, ..., am
-        last = (accept_len - 1).long()[:, None]  # [B, 1]
+        last = (accept_len.long() - 1).clamp(min=0)[:, None]  # [B, 1]; padded rows (accept_len 0) read row 0
         nxt = torch.cat([path[:, 1:], path[:, :1]], dim=1)  # [B, S+1] a1..am, junk
         pair_tok = torch.where(j == last, bonus[:, None], nxt)  # [B, S+1] a1..am, bonus
         pair_feat = feats.gather(1, idx[:, :, None].expand(B, S + 1, feats.shape[-1]))  # [B, S+1, F]
