@@ -83,6 +83,10 @@ class AREngine:
                        torch.zeros(B, P, dtype=torch.int32, device=self.device)),
             max_batch=max_batch, enabled=use_cuda_graph)
 
+    def warmup(self) -> None:
+        """Capture the decode graphs of every batch bucket before anything is timed."""
+        self._decode.warmup()
+
     # ---- device work --------------------------------------------------------------------
     @torch.inference_mode()
     def _decode_fn(self, tokens: torch.Tensor, positions: torch.Tensor, page_table: torch.Tensor) -> torch.Tensor:
@@ -147,7 +151,8 @@ class AREngine:
         idx = torch.tensor(keep, dtype=torch.long, device=self.device)
         return [active[i] for i in keep], tokens[idx], positions[idx]
 
-    def generate(self, requests: list[Request], on_token: Callable[[Request, int], None] | None = None) -> GenStats:
+    def generate(self, requests: list[Request], on_token: Callable[[Request, int], None] | None = None,
+                 on_step: Callable[[], None] | None = None) -> GenStats:
         for r in requests:
             self._check(r)
         stats = GenStats()
@@ -182,6 +187,8 @@ class AREngine:
                 rows = torch.tensor([r.row for r in active], device=self.device)
                 nxt = self._decode(tokens, positions, self.kv.req_to_page[rows]).clone()  # [B]
                 stats.decode_steps += 1
+                if on_step is not None:
+                    on_step()
                 inflight.append(_HostCopy(nxt, list(active)))
                 tokens, positions = nxt, positions + 1
             # read the older copies (lag 1 keeps a step queued on the GPU); all of them when idle

@@ -46,6 +46,13 @@ class GraphRunner:
         out = out if isinstance(out, tuple) else (out,)
         self._graphs[Bp] = (graph, static, out)
 
+    def warmup(self) -> None:
+        """Capture every bucket now, so no capture lands inside a timed region (a no-op when disabled)."""
+        if self.enabled:
+            for b in self.buckets:
+                if b not in self._graphs:
+                    self._capture(b)
+
     def stage(self, *inputs: torch.Tensor) -> int:
         """Copy inputs [B, ...] into the static buffers of B's bucket (capturing it on first use);
         the copies are enqueued on the current stream. Returns B."""

@@ -35,8 +35,9 @@ from eaglet.models.llama import Transformer
 from eaglet.spec.autoregressive import Request, _HostCopy
 from eaglet.spec.cuda_graph import GraphRunner
 from eaglet.spec.sampling import SamplingParams, probs_from_logits, sample
+from eaglet.spec.stream_plan import ResolvedPlan, StreamPlan
 
-PHASES = ("draft", "plan", "verify", "accept", "extend")
+PHASES = ("draft", "plan", "plan_wait", "verify", "accept", "extend")
 
 
 @dataclass(frozen=True)
@@ -106,7 +107,10 @@ class StepStats:
         reach = [sum(hist[d:]) for d in range(max_depth + 1)]
         rates = [reach[d] / reach[d - 1] if reach[d - 1] else 0.0 for d in range(1, max_depth + 1)]
         decode_s = self.total_s - self.prefill_s
+        plan, wait = self.phase_ms["plan"], self.phase_ms["plan_wait"]
         return {
+            # share of the plan's device time that did not delay the verify (0 when serial)
+            "plan_hidden_fraction": max(0.0, 1.0 - wait / plan) if plan else 0.0,
             "tau": sum(self.accept_lens) / n if n else 0.0,
             "accept_hist": hist,  # [k] = verify steps that emitted k+1 tokens
             "accept_rate_depth": rates,
@@ -120,12 +124,13 @@ class EagleEngine:
     def __init__(self, target: Transformer, head, tree: TreeSpec, *, max_batch: int, max_context: int,
                  page_size: int = 16, num_pages: int | None = None, sampling: SamplingParams = SamplingParams(),
                  eos_ids: Sequence[int] = (), use_cuda_graph: bool | None = None, time_phases: bool = True,
-                 simulate: SimulatedAcceptance | None = None):
+                 simulate: SimulatedAcceptance | None = None, stream_plan: StreamPlan | None = None):
         tree.validate(head.draft_vocab_size)
         if simulate is not None and len(simulate.accept_probs) != tree.steps + 1:
             raise ValueError(f"simulated acceptance needs {tree.steps + 1} probabilities (lengths 1..steps+1), "
                              f"got {len(simulate.accept_probs)}")
         self.simulate = simulate
+        self.stream_plan = stream_plan or StreamPlan(ResolvedPlan("serial", "serial", "default"), target.device)
         if simulate is not None:  # on the device up front: no host copy inside a graph capture
             self._sim_probs = torch.tensor(simulate.accept_probs, device=target.device)  # [S+1]
         self.target, self.head, self.tree = target, head, tree
@@ -158,6 +163,11 @@ class EagleEngine:
                               *([z(N, target.args.vocab_size, dtype=torch.float32)] if not sampling.greedy else []))
         self._extend = runner(self._extend_fn, z(N), z(N, F, dtype=dt), z(S + 1), z(dtype=i32), z(), z(dtype=i32),
                               z(P_d, dtype=i32))
+
+    def warmup(self) -> None:
+        """Capture every phase's graphs for every batch bucket before anything is timed."""
+        for runner in (self._draft, self._verify, self._accept, self._extend):
+            runner.warmup()
 
     # ---- phases (device only) -------------------------------------------------------------
     @torch.inference_mode()
@@ -198,9 +208,9 @@ class EagleEngine:
                           N, K, S)
         return tree.draft_tokens, tree.positions, tree.retrieve_next_token, tree.retrieve_next_sibling, tree.tree_mask
 
-    def _plan(self, positions: torch.Tensor, seq_lens: torch.Tensor, rows: torch.Tensor):
+    def _plan(self, seq_lens: torch.Tensor, rows: torch.Tensor):
         """Verify metadata: tree node j of request b is written at position seq_len + j."""
-        N = positions.shape[1]
+        N = self.tree.num_draft_tokens
         page_table = self.kv_t.req_to_page[rows]  # [B, P]
         slots = slots_for(page_table, seq_lens[:, None].long() + torch.arange(N, device=self.device), self.kv_t.page_size)
         return slots, page_table  # [B, N], [B, P]
@@ -307,31 +317,48 @@ class EagleEngine:
 
     # ---- one step ----------------------------------------------------------------------------
     def _step(self, state: dict, rows: torch.Tensor, timer: "_PhaseTimer"):
-        timer.mark("draft")
+        plan, graphs = self.stream_plan, self._verify.enabled
+        seq_lens = state["seq_lens"]
+        plan.before_draft()
+        planned = None
+        if plan.name == "overlap_split":  # slots and page table need only the previous step
+            plan.read_on_plan_stream(seq_lens, rows)
+            with plan.context():
+                timer.start("plan")
+                planned = self._plan(seq_lens, rows)
+                timer.stop("plan")
+        timer.start("draft")
         tokens, positions, next_tok, next_sib, mask = self._draft(
-            state["seq_lens"], self.kv_d.req_to_page[rows], state["top_lp"], state["top_tok"], state["hidden"],
-            state["roots"])
-        timer.mark("plan")
-        slots, pt_t = self._plan(positions, state["seq_lens"], rows)
-        inputs = (tokens, positions, slots, state["seq_lens"], pt_t, mask)
-        if self._verify.enabled:
-            B = self._verify.stage(*inputs)
-            timer.mark("verify")
-            logits, feats = self._verify.replay(B)
-        else:
-            timer.mark("verify")
-            logits, feats = self._verify(*inputs)
-        timer.mark("accept")
+            seq_lens, self.kv_d.req_to_page[rows], state["top_lp"], state["top_tok"], state["hidden"], state["roots"])
+        timer.stop("draft")
+        timer.start("plan_wait")
+        plan.after_draft()
+        plan.read_on_plan_stream(seq_lens, rows, tokens, positions, mask)
+        with plan.context():
+            timer.start("plan")
+            if planned is None:
+                planned = self._plan(seq_lens, rows)
+            inputs = (tokens, positions, planned[0], seq_lens, planned[1], mask)
+            B = self._verify.stage(*inputs) if graphs else None  # copies into the verify graph's buffers
+            timer.stop("plan")
+        plan.before_verify(*planned)
+        timer.stop("plan_wait")
+        timer.start("verify")
+        logits, feats = self._verify.replay(B) if graphs else self._verify(*inputs)
+        timer.stop("verify")
+        timer.start("accept")
+        pt_t = planned[1]
         if self.sampling.greedy:
-            acc = self._accept(tokens, logits.argmax(-1), next_tok, next_sib, state["seq_lens"], pt_t)
+            acc = self._accept(tokens, logits.argmax(-1), next_tok, next_sib, seq_lens, pt_t)
         else:
             probs = probs_from_logits(logits, self.sampling)  # [B, N, V]
-            acc = self._accept(tokens, tokens, next_tok, next_sib, state["seq_lens"], pt_t, probs)
+            acc = self._accept(tokens, tokens, next_tok, next_sib, seq_lens, pt_t, probs)
         accept_index, accept_len, bonus, new_lens = (t.clone() for t in acc)
-        timer.mark("extend")
-        emitted, top_lp, top_tok, hidden = self._extend(tokens, feats, accept_index, accept_len, bonus,
-                                                        state["seq_lens"], self.kv_d.req_to_page[rows])
-        timer.mark(None)
+        timer.stop("accept")
+        timer.start("extend")
+        emitted, top_lp, top_tok, hidden = self._extend(tokens, feats, accept_index, accept_len, bonus, seq_lens,
+                                                        self.kv_d.req_to_page[rows])
+        timer.stop("extend")
         state.update(roots=bonus, seq_lens=new_lens, top_lp=top_lp.clone(), top_tok=top_tok.clone(),
                      hidden=hidden.clone())
         return torch.cat([accept_len[:, None].long(), emitted], dim=1)  # [B, 1 + S+1]
@@ -358,12 +385,13 @@ class EagleEngine:
             elif len(r.output_ids) >= r.max_new_tokens:
                 r.finish_reason = "length"
 
-    def generate(self, requests: list[Request], on_token: Callable[[Request, int], None] | None = None) -> StepStats:
+    def generate(self, requests: list[Request], on_token: Callable[[Request, int], None] | None = None,
+                 on_step: Callable[[], None] | None = None) -> StepStats:
         for r in requests:
             self._check(r)
         stats = StepStats()
         sync = torch.cuda.synchronize if self.device.type == "cuda" else (lambda: None)
-        timer = _PhaseTimer(self.time_phases)
+        timer = _PhaseTimer(self.time_phases, self.device)
         sync()
         t0 = time.perf_counter()
         waiting, active = deque(requests), []
@@ -398,6 +426,8 @@ class EagleEngine:
                 rows = torch.tensor([r.row for r in active], device=self.device)
                 out = self._step(state, rows, timer)
                 stats.steps += 1
+                if on_step is not None:
+                    on_step()
                 inflight.append((_HostCopy(out, list(active)), True))
             while len(inflight) > (1 if active else 0):
                 copy, is_step = inflight.popleft()
@@ -430,22 +460,31 @@ class EagleEngine:
 
 
 class _PhaseTimer:
-    """Device events at phase boundaries on the current stream; read once at the end (no sync
-    in the loop)."""
+    """Device events around each phase, recorded on the stream the phase runs on (the plan on the
+    plan stream, the rest on main); read once at the end, no sync in the loop. `plan_wait` is the
+    gap on main between the draft's end and the verify's start: the plan time left exposed."""
 
-    def __init__(self, enabled: bool):
+    def __init__(self, enabled: bool, device: torch.device):
         self.enabled = enabled
-        self.marks: list[tuple[str | None, torch.cuda.Event]] = []
+        self.mod = torch.get_device_module(device) if enabled else None
+        self.open: dict = {}
+        self.spans: list = []  # (phase, start event, end event)
 
-    def mark(self, phase: str | None) -> None:
+    def _event(self):
+        e = self.mod.Event(enable_timing=True)
+        e.record()
+        return e
+
+    def start(self, phase: str) -> None:
         if self.enabled:
-            e = torch.cuda.Event(enable_timing=True)
-            e.record()
-            self.marks.append((phase, e))
+            self.open[phase] = self._event()
+
+    def stop(self, phase: str) -> None:
+        if self.enabled:
+            self.spans.append((phase, self.open.pop(phase), self._event()))
 
     def totals(self) -> dict[str, float]:
         out = {p: 0.0 for p in PHASES}
-        for (phase, a), (_, b) in zip(self.marks, self.marks[1:]):
-            if phase is not None:
-                out[phase] += a.elapsed_time(b)
+        for phase, a, b in self.spans:
+            out[phase] += a.elapsed_time(b)
         return out

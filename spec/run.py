@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from pathlib import Path
@@ -14,6 +15,7 @@ from eaglet.models.llama import Transformer
 from eaglet.spec.autoregressive import AREngine, Request
 from eaglet.spec.eagle import EagleEngine, SimulatedAcceptance, TreeSpec
 from eaglet.spec.sampling import SamplingParams
+from eaglet.spec.stream_plan import StreamPlan, resolve_plan
 from eaglet.spec.tracking import Tracker, environment
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -78,6 +80,8 @@ def run(cfg: DictConfig, output_dir: str | Path) -> dict:
         eos = set()  # random weights: every request decodes its whole budget
     sampling = SamplingParams(cfg.gen.temperature, cfg.gen.top_p)
     graphs = cfg.gen.cuda_graph and device.type == "cuda"
+    plan = resolve_plan(cfg.stream, device)
+    print(f"[eaglet] {plan.describe()}", flush=True)
     ar_engine = AREngine(model, kv, batch_size, sampling, eos_ids=sorted(eos), use_cuda_graph=graphs, seed=cfg.seed)
     engine = ar_engine
     if cfg.draft.name != "none":
@@ -87,7 +91,8 @@ def run(cfg: DictConfig, output_dir: str | Path) -> dict:
         engine = EagleEngine(model, head, tree, max_batch=batch_size, max_context=max_context,
                              page_size=cfg.kv.page_size, num_pages=cfg.kv.num_pages, sampling=sampling,
                              eos_ids=sorted(eos), use_cuda_graph=graphs,
-                             simulate=SimulatedAcceptance.from_tau(sim.tau, tree.steps) if sim else None)
+                             simulate=SimulatedAcceptance.from_tau(sim.tau, tree.steps) if sim else None,
+                             stream_plan=StreamPlan(plan, device, cfg.stream.stress_sleep_cycles))
     if cfg.data.name == "synthetic":
         g = torch.Generator().manual_seed(cfg.seed)
         prompts = [Prompt(f"synthetic-{i}", [""], {"token_ids": torch.randint(0, model.args.vocab_size,
@@ -98,11 +103,15 @@ def run(cfg: DictConfig, output_dir: str | Path) -> dict:
                                max_turns=cfg.data.max_turns, split=cfg.data.split)
     config = OmegaConf.to_container(cfg, resolve=True)
     env = environment(device)
-    tracker = Tracker(cfg.logger, {**config, "env": env}, output_dir)
+    resolved = {"stream_plan": plan.name, "stream_plan_reason": plan.reason}
+    tracker = Tracker(cfg.logger, {**config, "env": env, **resolved}, output_dir)
     print(f"[eaglet] target={cfg.target.name} ({model.args.family}, {model.args.n_layers} layers) draft={cfg.draft.name} "
           f"device={env['device_name']} dtype={str(dtype).removeprefix('torch.')} prompts={len(prompts)} "
           f"batch={batch_size} loaded in {load_s:.1f}s", flush=True)
 
+    engine.warmup()  # graph capture and autotuning stay out of the timings
+    if engine is not ar_engine and cfg.gen.compare_ar:
+        ar_engine.warmup()
     histories = [[] for _ in prompts]
     outputs = [[] for _ in prompts]
     turns_ids: list[list[list[int]]] = []  # prompt ids of every turn, replayed by the AR comparison
@@ -116,7 +125,8 @@ def run(cfg: DictConfig, output_dir: str | Path) -> dict:
                                                                                  cfg.gen.chat_template)
                 reqs.append(Request(ids, cfg.gen.max_new_tokens, rid=i))
         turns_ids.append([r.prompt_ids for r in reqs])
-        stats = engine.generate(reqs)
+        with trace_steps(cfg.profile_steps if turn == 0 else 0, output_dir) as on_step:
+            stats = engine.generate(reqs, on_step=on_step)
         runs.append(stats)
         tracker.log({"gen/tokens_per_s": stats.new_tokens / stats.total_s, "gen/turn": turn}, step=turn)
         for r in reqs:
@@ -160,6 +170,7 @@ def run(cfg: DictConfig, output_dir: str | Path) -> dict:
         "temperature": cfg.gen.temperature,
         "dtype": str(dtype).removeprefix("torch."),
         "cuda_graph": graphs,
+        **resolved,
         "tree": OmegaConf.to_container(cfg.tree) if cfg.draft.name != "none" else None,
         **env,
         "config": config,
@@ -170,6 +181,24 @@ def run(cfg: DictConfig, output_dir: str | Path) -> dict:
           f"(decode {metrics['decode_tokens_per_s']:.1f} tokens/s{extra})", flush=True)
     tracker.finish(metrics)
     return metrics
+
+
+@contextlib.contextmanager
+def trace_steps(n: int, output_dir):
+    """Yields a per-step callback; with n > 0, a PyTorch profiler Chrome trace of n decode steps
+    (after 2 skipped and 1 warm-up step) is written to <output_dir>/trace.json, for looking at the
+    streams side by side (chrome://tracing or Perfetto)."""
+    if n <= 0:
+        yield None
+        return
+    from torch.profiler import ProfilerActivity, profile, schedule
+
+    path = Path(output_dir) / "trace.json"
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    with profile(activities=acts, schedule=schedule(wait=2, warmup=1, active=n, repeat=1),
+                 on_trace_ready=lambda p: p.export_chrome_trace(str(path))) as prof:
+        yield prof.step
+    print(f"[eaglet] profiler trace: {path}", flush=True)
 
 
 def random_target(name: str, dtype, device) -> Transformer:

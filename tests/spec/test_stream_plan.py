@@ -1,0 +1,146 @@
+"""Stream plans: resolution (config, environment override, CPU), and on a GPU: equal outputs across
+the safe plans, PyTorch's CUDA sanitizer, and the stress mode that makes the unsafe plan corrupt."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from eaglet.spec.stream_plan import ENV, PLANS, StreamPlan, resolve_plan
+
+CUDA = torch.device("cuda")  # resolution only looks at the device type: no GPU needed
+REPO = Path(__file__).resolve().parents[2]
+
+
+def cfg(name, allow_unsafe=False, forced="overlap_wait_stream"):
+    return OmegaConf.create({"name": name, "allow_unsafe": allow_unsafe, "forced_overlap": forced})
+
+
+@pytest.mark.parametrize("name", [p for p in PLANS if p != "unsafe_no_sync"])
+def test_config_decides_without_env(monkeypatch, name):
+    monkeypatch.delenv(ENV, raising=False)
+    plan = resolve_plan(cfg(name), CUDA)
+    assert (plan.name, plan.reason) == (name, "config")
+
+
+def test_env_overrides_config(monkeypatch):
+    monkeypatch.setenv(ENV, "0")
+    plan = resolve_plan(cfg("overlap_event"), CUDA)
+    assert plan.name == "serial" and ENV in plan.reason
+    monkeypatch.setenv(ENV, "1")
+    assert resolve_plan(cfg("serial"), CUDA).name == "overlap_wait_stream"
+    assert resolve_plan(cfg("serial", forced="overlap_split"), CUDA).name == "overlap_split"
+    assert resolve_plan(cfg("overlap_event"), CUDA).name == "overlap_event"  # already overlapping
+    monkeypatch.setenv(ENV, "yes")
+    with pytest.raises(ValueError, match=ENV):
+        resolve_plan(cfg("serial"), CUDA)
+
+
+def test_env_override_reaches_run_spec(tmp_path):
+    """End to end: the resolved plan is printed and stored in metrics.json."""
+    cmd = [sys.executable, "run_spec.py", "target=random_llama3_8b", "target.random=tiny_llama", "draft=eagle1",
+           "draft.random_init=true", "data=synthetic", "data.limit=1", "data.prompt_len=16", "gen.max_new_tokens=4",
+           "stream=overlap_event", "logger=none", f"hydra.run.dir={tmp_path}"]
+    out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300, env={**os.environ, ENV: "0"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "stream plan: serial" in out.stdout
+    import json
+
+    m = json.loads((tmp_path / "metrics.json").read_text())
+    assert m["stream_plan"] == "serial" and ENV in m["stream_plan_reason"]
+
+
+def test_unsafe_needs_opt_in(monkeypatch):
+    monkeypatch.delenv(ENV, raising=False)
+    with pytest.raises(ValueError, match="allow_unsafe"):
+        resolve_plan(cfg("unsafe_no_sync"), CUDA)
+    assert resolve_plan(cfg("unsafe_no_sync", allow_unsafe=True), CUDA).name == "unsafe_no_sync"
+    with pytest.raises(ValueError, match="stream.name"):
+        resolve_plan(cfg("overlap"), CUDA)
+
+
+def test_cpu_runs_serial(monkeypatch):
+    monkeypatch.delenv(ENV, raising=False)
+    plan = resolve_plan(cfg("overlap_split"), torch.device("cpu"))
+    assert plan.name == "serial" and "CPU" in plan.reason
+    assert not StreamPlan(plan, torch.device("cpu")).overlap
+
+
+def test_vendor_does_not_change_the_plan(monkeypatch):
+    """ROCm or CUDA: the same config resolves to the same plan (no silent per-vendor switch)."""
+    monkeypatch.delenv(ENV, raising=False)
+    got = {}
+    for hip in (None, "6.2.0"):
+        monkeypatch.setattr(torch.version, "hip", hip)
+        got[hip] = [resolve_plan(cfg(p), CUDA).name for p in PLANS if p != "unsafe_no_sync"]
+    assert got[None] == got["6.2.0"]
+
+
+# ---- GPU -------------------------------------------------------------------------------------
+gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA/ROCm GPU")
+
+SCRIPT = textwrap.dedent("""
+    import sys, torch
+    sys.path.insert(0, {tests!r})
+    from test_eagle_engine import ARGS, PROMPTS, TREES, oracle_like, ar_outputs
+    from eaglet.models.llama import Transformer
+    from eaglet.spec.autoregressive import Request
+    from eaglet.spec.eagle import EagleEngine
+    from eaglet.spec.stream_plan import ResolvedPlan, StreamPlan
+    torch.manual_seed(0)
+    target = Transformer(ARGS).eval()
+    with torch.no_grad():
+        for layer in target.model.layers:
+            layer.self_attn.o_proj.weight.mul_(0.5)
+            layer.mlp.down_proj.weight.mul_(0.2)
+    target = target.cuda()
+    head = oracle_like("eagle1", target)
+    want = ar_outputs(target, PROMPTS, {max_new})
+    plan = StreamPlan(ResolvedPlan({plan!r}, {plan!r}, "test"), torch.device("cuda"), {sleep})
+    eng = EagleEngine(target, head, TREES["eagle2"], max_batch=2, max_context=256, page_size=8,
+                      use_cuda_graph={graphs}, stream_plan=plan)
+    eng.warmup()
+    reqs = [Request(p, {max_new}, rid=i) for i, p in enumerate(PROMPTS)]
+    eng.generate(reqs)
+    print("IDENTICAL" if [r.output_ids for r in reqs] == want else "MISMATCH")
+""")
+
+
+def run_plan(plan, sleep=0, sanitizer=False, graphs=True, max_new=24):
+    code = SCRIPT.format(tests=str(REPO / "tests" / "spec"), plan=plan, sleep=sleep, graphs=graphs, max_new=max_new)
+    env = {**os.environ, "TORCH_CUDA_SANITIZER": "1" if sanitizer else "0"}
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, env=env)
+
+
+@gpu
+@pytest.mark.parametrize("plan", ["serial", "overlap_wait_stream", "overlap_event", "overlap_split"])
+def test_safe_plans_are_identical_to_plain_decoding(plan):
+    out = run_plan(plan)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "IDENTICAL" in out.stdout
+
+
+@gpu
+@pytest.mark.parametrize("plan", ["serial", "overlap_wait_stream", "overlap_event", "overlap_split", "unsafe_no_sync"])
+def test_cuda_sanitizer(plan):
+    """CSAN tracks eager kernels, so the sanitizer runs without CUDA graphs."""
+    out = run_plan(plan, sanitizer=True, graphs=False, max_new=8)
+    raced = "CSAN detected a possible data race" in out.stderr
+    assert raced == (plan == "unsafe_no_sync"), out.stderr[-3000:]
+
+
+@gpu
+@pytest.mark.parametrize("plan", ["overlap_wait_stream", "overlap_event", "overlap_split", "unsafe_no_sync"])
+def test_stress_mode_corrupts_only_the_unsafe_plan(plan):
+    out = run_plan(plan, sleep=20_000_000)
+    if plan == "unsafe_no_sync":
+        assert out.returncode != 0 or "MISMATCH" in out.stdout
+    else:
+        assert out.returncode == 0 and "IDENTICAL" in out.stdout, out.stderr[-3000:]
