@@ -62,7 +62,7 @@ class TreeSpec:
 class SimulatedAcceptance:
     """Latency studies without a trained head (SGLang's simulated acceptance): the verify runs for
     real, but each step accepts a length drawn from a distribution independent of the draft, taken
-    along the tree's first-child path. Output tokens are then meaningless; timing is what counts."""
+    along the tree's deepest path. Output tokens are then meaningless; timing is what counts."""
 
     accept_probs: tuple[float, ...]  # P(emitted tokens = 1, 2, ..., S+1) per verify step
 
@@ -147,7 +147,7 @@ class EagleEngine:
         self.kv_d = head.kv_cache(num_pages=num_pages, **kw)
         self.capture = tuple(head.capture_layers(target.args.n_layers))
         graphs = self.device.type == "cuda" if use_cuda_graph is None else use_cuda_graph
-        self.time_phases = time_phases and self.device.type == "cuda"
+        self.time_phases = time_phases
         H, F = head.hidden_size, head.feature_size
         P_t, P_d = self.kv_t.pages_per_req, self.kv_d.pages_per_req
         z = lambda *shape, dtype=torch.long: (lambda B: torch.zeros(B, *shape, dtype=dtype, device=self.device))
@@ -159,7 +159,7 @@ class EagleEngine:
         self._draft = runner(self._draft_fn, z(dtype=i32), z(P_d, dtype=i32), z(K, dtype=torch.float32), z(K),
                              z(H, dtype=dt), z())
         self._verify = runner(self._verify_fn, z(N), z(N), z(N), z(dtype=i32), z(P_t, dtype=i32), z(N, N, dtype=b8))
-        self._accept = runner(self._accept_fn, z(N), z(N), z(N), z(N), z(dtype=i32), z(P_t, dtype=i32),
+        self._accept = runner(self._accept_fn, z(N), z(N), z(N), z(N), z(N, N, dtype=b8), z(dtype=i32), z(P_t, dtype=i32),
                               *([z(N, target.args.vocab_size, dtype=torch.float32)] if not sampling.greedy else []))
         self._extend = runner(self._extend_fn, z(N), z(N, F, dtype=dt), z(S + 1), z(dtype=i32), z(), z(dtype=i32),
                               z(P_d, dtype=i32))
@@ -224,11 +224,11 @@ class EagleEngine:
         return self.target.logits(hidden), feats
 
     @torch.inference_mode()
-    def _accept_fn(self, tokens, logits_or_pred, next_tok, next_sib, seq_lens, page_table, probs=None):
+    def _accept_fn(self, tokens, logits_or_pred, next_tok, next_sib, mask, seq_lens, page_table, probs=None):
         """-> accept_index [B, S+1], accept_len [B], bonus [B], new seq_lens [B] (KV committed)."""
         S = self.tree.steps
         if self.simulate is not None:
-            res = self._simulated_accept(logits_or_pred, next_tok)
+            res = self._simulated_accept(logits_or_pred, mask)
         elif probs is None:
             res = verify_greedy(tokens, logits_or_pred, next_tok, next_sib, S)
         else:
@@ -239,22 +239,20 @@ class EagleEngine:
         commit_kv(self.kv_t.kv, page_table, self.kv_t.page_size, new_lens, res.accept_index, res.accept_len)
         return res.accept_index, res.accept_len, res.bonus, new_lens
 
-    def _simulated_accept(self, pred: torch.Tensor, next_tok: torch.Tensor) -> VerifyResult:
-        """Accept a drawn number of tokens along the first-child path (shorter where the tree is)."""
+    def _simulated_accept(self, pred: torch.Tensor, mask: torch.Tensor) -> VerifyResult:
+        """Accept a drawn number of tokens along the tree's deepest path (shorter where it is)."""
         S = self.tree.steps
-        B = pred.shape[0]
+        B, N = pred.shape
         want = torch.multinomial(self._sim_probs.expand(B, S + 1), 1)[:, 0] + 1  # [B] tokens to emit
-        cur = torch.zeros(B, dtype=torch.long, device=pred.device)  # [B] current node
-        length = torch.ones(B, dtype=torch.long, device=pred.device)  # [B] path nodes so far
-        cols = [cur]
-        for _ in range(S):
-            child = next_tok.gather(1, cur[:, None])[:, 0]  # [B]
-            go = (child >= 0) & (length < want)
-            cur = torch.where(go, child, cur)
-            length = length + go.long()
-            cols.append(torch.where(go, cur, -1))
-        index = torch.stack(cols, dim=1)  # [B, S+1]
-        return VerifyResult(index, length.int(), pred.gather(1, cur[:, None])[:, 0])
+        depth = mask.sum(-1) - 1  # [B, N] ancestors-or-self minus one
+        deep = depth.argmax(-1)  # [B] a deepest node
+        on_path = mask.gather(1, deep[:, None, None].expand(B, 1, N))[:, 0]  # [B, N] its ancestors and itself
+        # parents precede children, so the path's node indices in ascending order run root -> deep
+        order = torch.where(on_path, torch.arange(N, device=pred.device), N).sort(dim=1).values[:, : S + 1]  # [B, S+1]
+        length = torch.minimum(want, on_path.sum(-1))  # [B]
+        index = torch.where(torch.arange(S + 1, device=pred.device) < length[:, None], order, -1)  # [B, S+1]
+        last = index.gather(1, (length - 1)[:, None])  # [B, 1]
+        return VerifyResult(index, length.int(), pred.gather(1, last)[:, 0])
 
     @torch.inference_mode()
     def _extend_fn(self, tokens, feats, accept_index, accept_len, bonus, seq_lens, page_table_d):
@@ -349,10 +347,10 @@ class EagleEngine:
         timer.start("accept")
         pt_t = planned[1]
         if self.sampling.greedy:
-            acc = self._accept(tokens, logits.argmax(-1), next_tok, next_sib, seq_lens, pt_t)
+            acc = self._accept(tokens, logits.argmax(-1), next_tok, next_sib, mask, seq_lens, pt_t)
         else:
             probs = probs_from_logits(logits, self.sampling)  # [B, N, V]
-            acc = self._accept(tokens, tokens, next_tok, next_sib, seq_lens, pt_t, probs)
+            acc = self._accept(tokens, tokens, next_tok, next_sib, mask, seq_lens, pt_t, probs)
         accept_index, accept_len, bonus, new_lens = (t.clone() for t in acc)
         timer.stop("accept")
         timer.start("extend")
@@ -466,14 +464,20 @@ class _PhaseTimer:
 
     def __init__(self, enabled: bool, device: torch.device):
         self.enabled = enabled
-        self.mod = torch.get_device_module(device) if enabled else None
+        # CPU work is synchronous: host clock stamps time it; a GPU needs device events
+        self.mod = torch.get_device_module(device) if device.type != "cpu" else None
         self.open: dict = {}
-        self.spans: list = []  # (phase, start event, end event)
+        self.spans: list = []  # (phase, start, end)
 
     def _event(self):
+        if self.mod is None:
+            return time.perf_counter()
         e = self.mod.Event(enable_timing=True)
         e.record()
         return e
+
+    def _ms(self, a, b) -> float:
+        return 1e3 * (b - a) if self.mod is None else a.elapsed_time(b)
 
     def start(self, phase: str) -> None:
         if self.enabled:
@@ -486,5 +490,5 @@ class _PhaseTimer:
     def totals(self) -> dict[str, float]:
         out = {p: 0.0 for p in PHASES}
         for phase, a, b in self.spans:
-            out[phase] += a.elapsed_time(b)
+            out[phase] += self._ms(a, b)
         return out

@@ -1,0 +1,195 @@
+"""Tables (markdown) and plots (PNG) from the metrics.json files that run_spec.py writes.
+
+    python -m eaglet.experiments.report multirun/ablate_overlap --out experiments/results/ablate_overlap
+
+Reads every metrics.json under the given folders and writes into --out:
+  runs.md                   one row per run: target, draft, tree, plan, batch, tau, tokens/s, speedup over AR
+  overlap.md                per (target, tree, batch): each stream plan's step time split by phase, the
+                            share of plan time hidden, and the speedup over `serial` in the same sweep
+  step_time_by_phase.png    stacked step time per plan (draft, exposed plan, verify, accept, extend)
+  speedup_vs_serial.png     speedup of each overlap plan over serial, by batch size
+  accept_hist.png           accept-length histograms of the runs with real acceptance
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections import defaultdict
+from pathlib import Path
+
+PHASES = ("draft", "plan_wait", "verify", "accept", "extend")  # what adds up on the main stream
+PLAN_ORDER = ("serial", "overlap_wait_stream", "overlap_event", "overlap_split", "unsafe_no_sync")
+
+
+def log(msg: str) -> None:
+    print(f"[report] {msg}", flush=True)
+
+
+def load_runs(roots: list[str | Path]) -> list[dict]:
+    """Every metrics.json under the roots, with `run` set to its folder (relative to its root)."""
+    runs = []
+    for root in map(Path, roots):
+        files = sorted(root.rglob("metrics.json"))
+        log(f"{root}: {len(files)} runs")
+        for f in files:
+            m = json.loads(f.read_text())
+            m["run"] = str(f.parent.relative_to(root)) or "."
+            runs.append(m)
+    return runs
+
+
+def tree_name(m: dict) -> str:
+    t = m.get("tree")
+    return "-" if not t else f"{t['name']} ({t['steps']}/{t['topk']}/{t['num_draft_tokens']})"
+
+
+def runs_table(runs: list[dict]) -> str:
+    lines = ["| run | target | draft | tree | plan | B | tau | tokens/s | decode tokens/s | speedup vs AR |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for m in sorted(runs, key=lambda m: m["run"]):
+        tau = f"{m['tau']:.2f}" if "tau" in m else "-"
+        sp = f"{m['speedup_vs_ar']:.2f}" if "speedup_vs_ar" in m else "-"
+        lines.append(f"| {m['run']} | {m['target']} | {m['draft']} | {tree_name(m)} | {m.get('stream_plan', '-')} "
+                     f"| {m['batch_size']} | {tau} | {m['tokens_per_s']:.1f} | {m['decode_tokens_per_s']:.1f} | {sp} |")
+    return "\n".join(lines) + "\n"
+
+
+def configured_plan(m: dict) -> str:
+    return m["config"]["stream"]["name"]
+
+
+def overlap_groups(runs: list[dict]) -> dict[tuple, dict[str, dict]]:
+    """(target, tree, batch) -> configured plan -> metrics, for speculative runs with phase timings.
+    Keyed by the configured plan; the table says when it ran as another (CPU, environment)."""
+    groups: dict[tuple, dict[str, dict]] = defaultdict(dict)
+    for m in runs:
+        if "step_ms" in m and m.get("stream_plan"):
+            groups[(m["target"], tree_name(m), m["batch_size"])][configured_plan(m)] = m
+    return dict(sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2])))
+
+
+def overlap_table(groups: dict[tuple, dict[str, dict]]) -> str:
+    lines = ["| target | tree | B | plan | step ms | draft | plan | plan exposed | verify | accept | extend "
+             "| plan hidden | speedup vs serial |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for (target, tree, B), plans in groups.items():
+        base = plans.get("serial")
+        for plan in sorted(plans, key=PLAN_ORDER.index):
+            m = plans[plan]
+            sp = f"{base['step_ms'] / m['step_ms']:.3f}" if base else "-"
+            ran = plan if m["stream_plan"] == plan else f"{plan} (ran as {m['stream_plan']})"
+            lines.append(f"| {target} | {tree} | {B} | {ran} | {m['step_ms']:.3f} | {m['draft_ms']:.3f} "
+                         f"| {m['plan_ms']:.3f} | {m['plan_wait_ms']:.3f} | {m['verify_ms']:.3f} | {m['accept_ms']:.3f} "
+                         f"| {m['extend_ms']:.3f} | {100 * m['plan_hidden_fraction']:.0f}% | {sp} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot_step_time(groups: dict[tuple, dict[str, dict]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    keys = list(groups)
+    fig, axes = plt.subplots(1, len(keys), figsize=(3.2 * len(keys), 4), squeeze=False, sharey=False)
+    colors = dict(zip(PHASES, ("#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3")))
+    for ax, key in zip(axes[0], keys):
+        plans = sorted(groups[key], key=PLAN_ORDER.index)
+        bottom = [0.0] * len(plans)
+        for phase in PHASES:
+            vals = [groups[key][p][f"{phase}_ms"] for p in plans]
+            ax.bar(range(len(plans)), vals, bottom=bottom, color=colors[phase],
+                   label="plan (exposed)" if phase == "plan_wait" else phase)
+            bottom = [b + v for b, v in zip(bottom, vals)]
+        ax.set_xticks(range(len(plans)), [p.replace("overlap_", "ov_") for p in plans], rotation=45, ha="right")
+        ax.set_title(f"{key[0]}\n{key[1]}, B={key[2]}", fontsize=8)
+        ax.set_ylabel("ms per step (device events; host clock on CPU)")
+    axes[0][0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_speedup(groups: dict[tuple, dict[str, dict]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    series: dict[tuple, list[tuple[int, float]]] = defaultdict(list)
+    for (target, tree, B), plans in groups.items():
+        if "serial" not in plans:
+            continue
+        for plan, m in plans.items():
+            if plan != "serial":
+                series[(target, tree, plan)].append((B, plans["serial"]["step_ms"] / m["step_ms"]))
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for (target, tree, plan), pts in sorted(series.items()):
+        pts.sort()
+        ax.plot([b for b, _ in pts], [s for _, s in pts], marker="o", label=f"{plan} | {tree}")
+    ax.axhline(1.0, color="grey", lw=0.8, label="serial")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("batch size")
+    ax.set_ylabel("step-time speedup over serial")
+    ax.legend(fontsize=6)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_accept_hist(runs: list[dict], path: Path) -> bool:
+    real = [m for m in runs if m.get("accept_hist") and not (m.get("tree") or {}).get("simulate")]
+    if not real:
+        return False
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for m in real:
+        hist = m["accept_hist"]
+        total = sum(hist) or 1
+        ax.plot(range(1, len(hist) + 1), [h / total for h in hist], marker="o", label=f"{m['run']} (tau {m['tau']:.2f})")
+    ax.set_xlabel("tokens emitted per verify step")
+    ax.set_ylabel("fraction of steps")
+    ax.legend(fontsize=6)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
+
+
+def build(roots: list[str | Path], out: str | Path) -> list[Path]:
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    runs = load_runs(roots)
+    if not runs:
+        raise FileNotFoundError(f"no metrics.json under {', '.join(map(str, roots))}")
+    written = [out / "runs.md"]
+    written[0].write_text(runs_table(runs))
+    groups = overlap_groups(runs)
+    if groups:
+        log(f"overlap ablation: {len(groups)} (target, tree, batch) groups")
+        (out / "overlap.md").write_text(overlap_table(groups))
+        plot_step_time(groups, out / "step_time_by_phase.png")
+        plot_speedup(groups, out / "speedup_vs_serial.png")
+        written += [out / "overlap.md", out / "step_time_by_phase.png", out / "speedup_vs_serial.png"]
+    if plot_accept_hist(runs, out / "accept_hist.png"):
+        written.append(out / "accept_hist.png")
+    for p in written:
+        log(f"wrote {p}")
+    return written
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("roots", nargs="+", help="folders holding run directories with metrics.json")
+    ap.add_argument("--out", required=True, help="folder for the tables and plots")
+    args = ap.parse_args(argv)
+    build(args.roots, args.out)
+
+
+if __name__ == "__main__":
+    main()
