@@ -107,3 +107,78 @@ def test_greedy_is_lossless_gpu_cuda_graphs(target, tree, dtype):
     stats = eng.generate(reqs)
     assert [r.output_ids for r in reqs] == want
     assert stats.summary(TREES[tree].steps)["tau"] > 1.5
+
+
+def test_sampling_preserves_the_target_distribution():
+    """Temperature 1: the second emitted token (the first one verified by tree speculative sampling)
+    follows the target's own marginal sum_t1 p(t1) p(t2 | t1), by a chi-square test."""
+    from scipy.stats import chisquare
+
+    from eaglet.models.kv_cache import ForwardBatch, slots_for
+    from eaglet.spec.sampling import SamplingParams
+
+    torch.manual_seed(1)
+    args = ModelArgs(family="llama", vocab_size=12, dim=128, n_layers=2, n_heads=2, n_kv_heads=1, head_dim=64,
+                     intermediate_size=128, rope_theta=10000.0, max_seq_len=64)
+    target = Transformer(args).eval()
+    with torch.no_grad():  # a peaked but not degenerate distribution over 12 tokens
+        target.lm_head.weight.mul_(8.0)
+    head = oracle_like("eagle1", target)  # drafts are often, not always, right: both branches run
+    prompt = [3, 7, 1]
+
+    def dist(ids):
+        kv = KVCache.for_model(args, max_reqs=1, max_context=16, page_size=4)
+        r = kv.alloc_request()
+        kv.reserve(r, len(ids))
+        pos = torch.arange(len(ids))[None]
+        pt = kv.req_to_page[[r]]
+        with torch.no_grad():
+            h, _ = target(torch.tensor([ids]), pos, ForwardBatch(pt, torch.zeros(1, dtype=torch.int32),
+                                                                   slots_for(pt, pos, 4)), kv)
+        return torch.softmax(target.logits(h[0, -1]).double(), -1).detach()  # [V]
+
+    p1 = dist(prompt)
+    want = sum(p1[t] * dist(prompt + [t]) for t in range(args.vocab_size)).detach()  # [V]
+    n = 4000
+    eng = EagleEngine(target, head, TreeSpec(2, 3, 5), max_batch=200, max_context=16, page_size=4,
+                      sampling=SamplingParams(temperature=1.0))
+    reqs = [Request(prompt, 2, rid=i) for i in range(n)]
+    eng.generate(reqs)
+    counts = torch.bincount(torch.tensor([r.output_ids[1] for r in reqs]), minlength=args.vocab_size).double()
+    keep = want * n >= 5  # chi-square needs expected counts of at least ~5: pool the rest
+    obs = torch.cat([counts[keep], counts[~keep].sum()[None]])
+    exp = torch.cat([want[keep], want[~keep].sum()[None]]) * n
+    assert chisquare(obs.numpy(), exp.numpy()).pvalue > 1e-3
+
+
+def test_eos_and_budgets_match_plain_decoding(target):
+    """Requests stop at EOS (mid-way through an accepted path) or at their own budget, and later
+    requests join as rows free up: still token for token plain decoding."""
+    free = ar_outputs(target, PROMPTS, 30)
+    eos = free[1][5]
+    kv = KVCache.for_model(target.args, max_reqs=2, max_context=256, page_size=8)
+    ar = [Request(p, 10 + 7 * i, rid=i) for i, p in enumerate(PROMPTS)]
+    AREngine(target, kv, 2, eos_ids=(eos,)).generate(ar)
+    eng = EagleEngine(target, oracle_like("eagle1", target), TREES["eagle2"], max_batch=2, max_context=256,
+                      page_size=8, eos_ids=(eos,))
+    spec = [Request(p, 10 + 7 * i, rid=i) for i, p in enumerate(PROMPTS)]
+    eng.generate(spec)
+    assert [r.output_ids for r in spec] == [r.output_ids for r in ar]
+    assert [r.finish_reason for r in spec] == [r.finish_reason for r in ar]
+    assert spec[1].finish_reason == "eos"
+
+
+def test_kv_pool_too_small_is_named(target):
+    from eaglet.models.kv_cache import KVPoolExhausted
+
+    eng = EagleEngine(target, new_draft_head("eagle1", target, dtype=torch.float32, device="cpu"), TREES["chain"],
+                      max_batch=2, max_context=128, page_size=8, num_pages=6)
+    with pytest.raises(KVPoolExhausted, match="kv.num_pages"):
+        eng.generate([Request(list(range(1, 30)), 20), Request(list(range(1, 30)), 20)])
+
+
+def test_prompt_longer_than_context_is_named(target):
+    eng = EagleEngine(target, new_draft_head("eagle1", target, dtype=torch.float32, device="cpu"), TREES["chain"],
+                      max_batch=1, max_context=32, page_size=8)
+    with pytest.raises(ValueError, match="prompt has 40 tokens but the context is 32"):
+        eng.generate([Request([1] * 40, 4)])
