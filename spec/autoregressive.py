@@ -36,6 +36,42 @@ class Request:
         return self.finish_reason is not None
 
 
+def check_request(r: Request, context: int) -> None:
+    """Refuse an empty or too long prompt; cap the budget at the context."""
+    if not r.prompt_ids:
+        raise ValueError(f"request {r.rid} has an empty prompt")
+    if len(r.prompt_ids) >= context:
+        raise ValueError(f"request {r.rid}: the prompt has {len(r.prompt_ids)} tokens but the context is {context} "
+                         "(model.max_seq_len / gen.max_context); shorten the prompt or raise the context")
+    r.max_new_tokens = min(r.max_new_tokens, context - len(r.prompt_ids))
+
+
+def emit(r: Request, tokens: list[int], eos_ids: set[int], on_token) -> None:
+    """Append tokens to a request until it finishes (EOS or budget); later ones are dropped."""
+    for t in tokens:
+        if r.done:
+            return
+        r.output_ids.append(t)
+        if on_token is not None:
+            on_token(r, t)
+        if t in eos_ids:
+            r.finish_reason = "eos"
+        elif len(r.output_ids) >= r.max_new_tokens:
+            r.finish_reason = "length"
+
+
+def pad_prompts(reqs: list[Request], device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Ragged prompts right-padded to the longest -> tokens, positions [n, T], valid [n, T] bool, lens [n]."""
+    lens = [len(r.prompt_ids) for r in reqs]
+    T = max(lens)
+    tokens = torch.zeros(len(reqs), T, dtype=torch.long)  # [n, T]
+    for i, r in enumerate(reqs):
+        tokens[i, : lens[i]] = torch.tensor(r.prompt_ids)
+    lens_t = torch.tensor(lens, device=device)  # [n]
+    positions = torch.arange(T, device=device).expand(len(reqs), T)  # [n, T]
+    return tokens.to(device), positions, positions < lens_t[:, None], lens_t
+
+
 @dataclass
 class GenStats:
     new_tokens: int = 0
@@ -100,17 +136,9 @@ class AREngine:
     @torch.inference_mode()
     def _prefill(self, reqs: list[Request]) -> torch.Tensor:
         """Ragged prompts, right-padded to the longest -> first new token of each [n]."""
-        lens = [len(r.prompt_ids) for r in reqs]
-        T = max(lens)
         dev = self.device
-        tokens = torch.zeros(len(reqs), T, dtype=torch.long)  # [n, T]
-        for i, r in enumerate(reqs):
-            tokens[i, : lens[i]] = torch.tensor(r.prompt_ids)
-        tokens = tokens.to(dev)
-        lens_t = torch.tensor(lens, device=dev)  # [n]
-        positions = torch.arange(T, device=dev).expand(len(reqs), T)  # [n, T]
+        tokens, positions, valid, lens_t = pad_prompts(reqs, dev)  # [n, T] x3, [n]
         page_table = self.kv.req_to_page[torch.tensor([r.row for r in reqs], device=dev)]  # [n, P]
-        valid = positions < lens_t[:, None]  # [n, T]
         # padded positions write the dummy slot 0; causal masking keeps them out of real rows
         out_slots = torch.where(valid, slots_for(page_table, positions, self.kv.page_size), 0)  # [n, T]
         batch = ForwardBatch(page_table, torch.zeros_like(lens_t, dtype=torch.int32), out_slots, None, 0)
@@ -119,26 +147,9 @@ class AREngine:
         return sample(self.model.logits(last), self.sampling, self.generator)  # [n]
 
     # ---- host loop ----------------------------------------------------------------------
-    def _check(self, r: Request) -> None:
-        limit = self.kv.max_context
-        if not r.prompt_ids:
-            raise ValueError(f"request {r.rid} has an empty prompt")
-        if len(r.prompt_ids) >= limit:
-            raise ValueError(f"request {r.rid}: the prompt has {len(r.prompt_ids)} tokens but the context is {limit} "
-                             "(model.max_seq_len / gen.max_context); shorten the prompt or raise the context")
-        r.max_new_tokens = min(r.max_new_tokens, limit - len(r.prompt_ids))
-
     def _record(self, copy: _HostCopy, on_token: Callable[[Request, int], None] | None) -> None:
         for r, tok in zip(copy.reqs, copy.get()):
-            if r.done:
-                continue  # the extra step of a request that finished one step earlier
-            r.output_ids.append(tok)
-            if on_token is not None:
-                on_token(r, tok)
-            if tok in self.eos_ids:
-                r.finish_reason = "eos"
-            elif len(r.output_ids) >= r.max_new_tokens:
-                r.finish_reason = "length"
+            emit(r, [tok], self.eos_ids, on_token)  # a request done one step earlier drops its extra token
 
     def _retire(self, active: list[Request], tokens: torch.Tensor, positions: torch.Tensor):
         """Drop requests that saw EOS or whose whole token budget is launched; free their KV rows."""
@@ -154,7 +165,7 @@ class AREngine:
     def generate(self, requests: list[Request], on_token: Callable[[Request, int], None] | None = None,
                  on_step: Callable[[], None] | None = None) -> GenStats:
         for r in requests:
-            self._check(r)
+            check_request(r, self.kv.max_context)
         stats = GenStats()
         sync = torch.cuda.synchronize if self.device.type == "cuda" else (lambda: None)
         sync()

@@ -32,7 +32,7 @@ from eaglet.kernels.tree_mask import build_tree, num_candidates
 from eaglet.kernels.verify import VerifyResult, verify_greedy, verify_sampling
 from eaglet.models.kv_cache import ForwardBatch, KVCache, slots_for
 from eaglet.models.llama import Transformer
-from eaglet.spec.autoregressive import Request, _HostCopy
+from eaglet.spec.autoregressive import Request, _HostCopy, check_request, emit, pad_prompts
 from eaglet.spec.cuda_graph import GraphRunner
 from eaglet.spec.sampling import SamplingParams, probs_from_logits, sample
 from eaglet.spec.stream_plan import ResolvedPlan, StreamPlan
@@ -284,16 +284,9 @@ class EagleEngine:
     def _prefill(self, reqs: list[Request]):
         """Target and draft prefill of ragged prompts -> (roots, seq_lens, top_lp, top_tok, hidden)."""
         dev, K = self.device, self.tree.topk
-        lens = [len(r.prompt_ids) for r in reqs]
-        n, T = len(reqs), max(lens)
-        tokens = torch.zeros(n, T, dtype=torch.long)  # [n, T]
-        for i, r in enumerate(reqs):
-            tokens[i, : lens[i]] = torch.tensor(r.prompt_ids)
-        tokens = tokens.to(dev)
-        lens_t = torch.tensor(lens, device=dev)  # [n]
+        tokens, pos, valid, lens_t = pad_prompts(reqs, dev)  # [n, T] x3, [n]
+        n = len(reqs)
         rows = torch.tensor([r.row for r in reqs], device=dev)  # [n]
-        pos = torch.arange(T, device=dev).expand(n, T)  # [n, T]
-        valid = pos < lens_t[:, None]  # [n, T]
         zeros = torch.zeros(n, dtype=torch.int32, device=dev)
         pt_t, pt_d = self.kv_t.req_to_page[rows], self.kv_d.req_to_page[rows]  # [n, P]
         slots = torch.where(valid, slots_for(pt_t, pos, self.kv_t.page_size), 0)  # [n, T]
@@ -362,31 +355,10 @@ class EagleEngine:
         return torch.cat([accept_len[:, None].long(), emitted], dim=1)  # [B, 1 + S+1]
 
     # ---- host loop ---------------------------------------------------------------------------
-    def _check(self, r: Request) -> None:
-        if not r.prompt_ids:
-            raise ValueError(f"request {r.rid} has an empty prompt")
-        if len(r.prompt_ids) >= self.max_context:
-            raise ValueError(f"request {r.rid}: the prompt has {len(r.prompt_ids)} tokens but the context is "
-                             f"{self.max_context} (model.max_seq_len / gen.max_context); shorten the prompt or raise "
-                             "the context")
-        r.max_new_tokens = min(r.max_new_tokens, self.max_context - len(r.prompt_ids))
-
-    def _emit(self, r: Request, toks: list[int], on_token) -> None:
-        for t in toks:
-            if r.done:
-                return
-            r.output_ids.append(t)
-            if on_token is not None:
-                on_token(r, t)
-            if t in self.eos_ids:
-                r.finish_reason = "eos"
-            elif len(r.output_ids) >= r.max_new_tokens:
-                r.finish_reason = "length"
-
     def generate(self, requests: list[Request], on_token: Callable[[Request, int], None] | None = None,
                  on_step: Callable[[], None] | None = None) -> StepStats:
         for r in requests:
-            self._check(r)
+            check_request(r, self.max_context)
         stats = StepStats()
         sync = torch.cuda.synchronize if self.device.type == "cuda" else (lambda: None)
         timer = _PhaseTimer(self.time_phases, self.device)
@@ -433,9 +405,9 @@ class EagleEngine:
                     if is_step:
                         if not r.done:
                             stats.accept_lens.append(row[0])
-                        self._emit(r, row[1:1 + row[0]], on_token)
+                        emit(r, row[1:1 + row[0]], self.eos_ids, on_token)
                     else:
-                        self._emit(r, [row], on_token)
+                        emit(r, [row], self.eos_ids, on_token)
             active, state = self._retire(active, state)
         sync()
         stats.total_s = time.perf_counter() - t0
