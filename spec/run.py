@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import time
 from pathlib import Path
@@ -204,8 +205,10 @@ def trace_steps(n: int, output_dir):
     print(f"[eaglet] profiler trace: {path}", flush=True)
 
 
+@functools.lru_cache(maxsize=1)
 def random_target(name: str, dtype, device) -> Transformer:
-    """A registry config with random weights, built directly on the device (no host copy of 16 GB)."""
+    """A registry config with random weights, built directly on the device (no host copy of 16 GB).
+    Cached: the jobs of a Hydra multirun share one process, and one 8B init is enough."""
     from eaglet.models.llama import ModelArgs
 
     with torch.device(device):
