@@ -9,7 +9,8 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 CONF = Path(__file__).resolve().parent.parent / "conf"
-GROUPS = sorted(p.name for p in CONF.iterdir() if p.is_dir() and p.name != "experiment")
+# the groups run_spec.yaml's defaults list selects (train_draft.yaml's are composed by tests/training)
+GROUPS = sorted(next(iter(d)) for d in OmegaConf.load(CONF / "run_spec.yaml").defaults if not isinstance(d, str))
 # values the user must supply for some options (a local checkpoint or prompt file)
 REQUIRED = {"target.path": "/models/x", "data.path": "/tmp/prompts.jsonl"}
 
@@ -30,5 +31,12 @@ def test_compose(group, option):
 
 
 def test_every_group_has_options():
-    assert {"target", "draft", "data", "logger", "hardware"} <= set(GROUPS)
+    assert {"target", "draft", "tree", "stream", "data", "logger", "hardware"} <= set(GROUPS)
     assert all(options(g) for g in GROUPS)
+
+
+@pytest.mark.parametrize("experiment", sorted(p.stem for p in (CONF / "experiment").glob("*.yaml")))
+def test_experiments_compose(experiment):
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose("run_spec", overrides=[f"+experiment={experiment}"])
+        OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
