@@ -35,6 +35,11 @@ split (eaglet fuses them into `qkv_proj` / `gate_up_proj` in memory, as the targ
 
 Loading reads config.json plus safetensors or `pytorch_model.bin` (public EAGLE files; only ever through
 `torch.load(..., weights_only=True)`); saving writes config.json + model.safetensors.
+
+Training (`eaglet.training`) runs `forward_dense`: the same weights and math with attention computed densely
+(SDPA over a given boolean mask, K/V of earlier calls kept in a `DenseKV` with their autograd history) and the
+kernels' torch references, because the inference path writes K/V into the paged pool (no gradient reaches
+k/v) and its Triton kernels have no backward.
 """
 
 from __future__ import annotations
@@ -45,10 +50,14 @@ import warnings
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 from torch import nn
 
+from eaglet.kernels.activation import silu_and_mul_ref
+from eaglet.kernels.rmsnorm import rmsnorm_ref
+from eaglet.kernels.rope import rotate_half
 from eaglet.kernels.tree_attention import SUPPORTED_HEAD_DIMS
 from eaglet.models.checkpoint import (
     SUPPORTED_ARCHITECTURES,
@@ -144,6 +153,48 @@ def split_fused_names(sd: dict[str, torch.Tensor], args: ModelArgs) -> dict[str,
 # Layers
 
 
+class DenseKV:
+    """K/V of earlier `forward_dense` calls, per KV layer, with their autograd history: EAGLE-3's training-time
+    test attends over the keys of every unrolled step so far (the training twin of the paged pool)."""
+
+    def __init__(self):
+        self.k: dict[int, torch.Tensor] = {}
+        self.v: dict[int, torch.Tensor] = {}
+
+    def extend(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Append k/v [B, Hkv, T, D] to layer's keys -> all keys and values [B, Hkv, L, D]."""
+        if layer in self.k:
+            k, v = torch.cat([self.k[layer], k], dim=2), torch.cat([self.v[layer], v], dim=2)
+        self.k[layer], self.v[layer] = k, v
+        return k, v
+
+
+def _attention_dense(attn: Attention, a, positions, inv_freq, mask, cache: DenseKV | None) -> torch.Tensor:
+    """`Attention.forward` without the pool: rotate-half RoPE in fp32 as `rope_qkv_store_ref`, then SDPA of the
+    T queries over the cached keys plus their own. a [B, T, in], mask [T, L] or [B, T, L] bool -> [B, T, H]."""
+    if attn.q_norm is not None:
+        raise ValueError("dense attention has no q/k norm (draft layers are Llama layers)")
+    B, T, _ = a.shape
+    Hq, Hkv, D = attn.n_heads, attn.n_kv_heads, attn.head_dim
+    q, k, v = attn.qkv_proj(a).split([Hq * D, Hkv * D, Hkv * D], dim=-1)  # [B, T, Hq*D], [B, T, Hkv*D] x2
+    freqs = positions.float()[..., None] * inv_freq  # [B, T, D/2]
+    emb = torch.cat([freqs, freqs], dim=-1)[:, :, None, :]  # [B, T, 1, D]
+    cos, sin = emb.cos(), emb.sin()
+
+    def rope(x, heads):  # [B, T, heads*D] -> [B, heads, T, D], rotated in fp32 and rounded once
+        xf = x.reshape(B, T, heads, D).float()
+        return (xf * cos + rotate_half(xf) * sin).to(x.dtype).transpose(1, 2)
+
+    q, k = rope(q, Hq), rope(k, Hkv)  # [B, Hq, T, D], [B, Hkv, T, D]
+    v = v.reshape(B, T, Hkv, D).transpose(1, 2)  # [B, Hkv, T, D]
+    if cache is not None:
+        k, v = cache.extend(attn.layer_id, k, v)  # [B, Hkv, L, D] each
+    k, v = k.repeat_interleave(Hq // Hkv, dim=1), v.repeat_interleave(Hq // Hkv, dim=1)  # [B, Hq, L, D] each
+    m = mask if mask.dim() == 2 else mask[:, None]  # [T, L] or [B, 1, T, L]
+    o = F.scaled_dot_product_attention(q, k, v, attn_mask=m)  # [B, Hq, T, D]
+    return attn.o_proj(o.transpose(1, 2).reshape(B, T, Hq * D))
+
+
 class DraftLayer(nn.Module):
     """A Llama decoder layer in EAGLE's three variants, chosen by which input norms it has:
 
@@ -176,6 +227,22 @@ class DraftLayer(nn.Module):
         h = self.self_attn(a, positions, inv_freq, batch, kv)  # [B, T, H]
         h, residual = self.post_attention_layernorm(h, x)  # [B, T, H] each; residual = x + attn
         return self.mlp(h) + residual  # [B, T, H]
+
+    def forward_dense(self, x, positions, inv_freq, mask, cache: DenseKV | None = None, embeds=None) -> torch.Tensor:
+        """`forward` with dense attention over `mask` and the kernels' differentiable torch references."""
+        def norm(m: RMSNorm, t):
+            return rmsnorm_ref(t, m.weight, m.eps)
+
+        if self.hidden_norm is not None:
+            a = torch.cat([norm(self.input_layernorm, embeds), norm(self.hidden_norm, x)], dim=-1)  # [B, T, 2H]
+        elif self.input_layernorm is not None:
+            a = norm(self.input_layernorm, x)  # [B, T, H]
+        else:
+            a = x
+        h = _attention_dense(self.self_attn, a, positions, inv_freq, mask, cache)  # [B, T, H]
+        post = self.post_attention_layernorm
+        h, residual = rmsnorm_ref(h, post.weight, post.eps, residual=x)  # [B, T, H] each
+        return self.mlp.down_proj(silu_and_mul_ref(self.mlp.gate_up_proj(h))) + residual  # [B, T, H]
 
 
 class FcLayer(DraftLayer):
@@ -294,6 +361,27 @@ class DraftHead(nn.Module):
         output is the step-0 distribution (depth-1 candidates). step=i >= 1: the draft step that consumes the
         depth-i tokens (hidden = step i-1's hidden_out) and gives the depth-(i+1) distribution; a multi-layer
         head runs layer min(i, S-1) only, single-layer heads ignore `step`."""
+        self._check_inputs(tokens, hidden, positions)
+        if step is not None and step < 0:
+            raise ValueError(f"step={step} must be None (extend) or >= 0")
+        return self._forward(tokens, hidden.to(self.dtype), positions, batch, kv, step)
+
+    def forward_dense(self, tokens: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
+                      attn_mask: torch.Tensor, cache: DenseKV | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The training forward: `forward`'s inputs and outputs, attention computed densely over `attn_mask`
+        [T, L] or [B, T, L] bool (True = attend; the first L-T columns are the keys already in `cache`, the last
+        T this call's own), no KV pool, differentiable on every device. With `cache`, this call's K/V are appended
+        to it for the next call (EAGLE-3's unrolled training-time test). Equals `forward` on the same pattern."""
+        self._check_inputs(tokens, hidden, positions)
+        if attn_mask.dtype != torch.bool or attn_mask.shape[-2] != tokens.shape[1]:
+            raise ValueError(f"attn_mask must be bool [T, L] or [B, T, L] with T={tokens.shape[1]}, got "
+                             f"{attn_mask.dtype} {tuple(attn_mask.shape)}")
+        return self._forward_dense(tokens, hidden.to(self.dtype), positions, attn_mask, cache)
+
+    def _forward_dense(self, tokens, hidden, positions, attn_mask, cache):
+        raise NotImplementedError(f"no training forward for {self.KIND} heads (eaglet trains eagle1 and eagle3)")
+
+    def _check_inputs(self, tokens, hidden, positions) -> None:
         if tokens.dim() != 2 or positions.shape != tokens.shape:
             raise ValueError(f"tokens and positions must both be [B, T], got {tuple(tokens.shape)} and "
                              f"{tuple(positions.shape)}")
@@ -301,11 +389,8 @@ class DraftHead(nn.Module):
             raise ValueError(f"hidden must be [B, T, F] = [{tokens.shape[0]}, {tokens.shape[1]}, F] with F in "
                              f"{self.feature_widths} for a {self.KIND} head, got {tuple(hidden.shape)}; pass "
                              f"head.target_feature(...) of the target forward, or the head's own hidden_out")
-        if step is not None and step < 0:
-            raise ValueError(f"step={step} must be None (extend) or >= 0")
         if self._inv_freq.device != positions.device:
             self._inv_freq = self._inv_freq.to(positions.device)
-        return self._forward(tokens, hidden.to(self.dtype), positions, batch, kv, step)
 
     def _forward(self, tokens, hidden, positions, batch, kv, step):
         raise NotImplementedError
@@ -448,6 +533,12 @@ class Eagle1Head(DraftHead):
             x = layer(x, positions, self._inv_freq, batch, kv)  # [B, T, H]
         return x, self.target_logits(x)
 
+    def _forward_dense(self, tokens, hidden, positions, attn_mask, cache):
+        x = self.fc(torch.cat([self.embed(tokens), hidden], dim=-1))  # [B, T, H]
+        for layer in self.layers:
+            x = layer.forward_dense(x, positions, self._inv_freq, attn_mask, cache)  # [B, T, H]
+        return x, self.target_logits(x)
+
 
 class MultiLayerHead(DraftHead):
     """S EAGLE-1 layers, one per draft step (step i -> layer min(i, S-1)), each with its own fc and KV layer.
@@ -553,6 +644,13 @@ class Eagle3Head(DraftHead):
         x = self.midlayer(hidden, positions, self._inv_freq, batch, kv, embeds=self.embed(tokens))  # [B, T, H]
         # x (pre-norm) is what the next draft step takes as hidden, as in EAGLE's topK_genrate and SGLang
         return x, self.lm_head(self.norm(x)).float()
+
+    def _forward_dense(self, tokens, hidden, positions, attn_mask, cache):
+        if hidden.shape[-1] == self.fc.in_features:
+            hidden = self.fc(hidden)  # [B, T, H]
+        x = self.midlayer.forward_dense(hidden, positions, self._inv_freq, attn_mask, cache,
+                                        embeds=self.embed(tokens))  # [B, T, H]
+        return x, self.lm_head(rmsnorm_ref(x, self.norm.weight, self.norm.eps)).float()
 
     def hf_config(self, dtype=None) -> dict:
         cfg = super().hf_config(dtype)

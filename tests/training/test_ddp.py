@@ -1,0 +1,111 @@
+"""DDP on CPU (gloo, two processes started like torchrun: RANK/WORLD_SIZE/MASTER_* environment variables):
+the averaged gradients equal one process's on the concatenated batch (accumulation included), and a whole
+`train()` run matches a one-process run with the same global batch while only rank 0 writes."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+from pathlib import Path
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+from safetensors.torch import load_file
+
+from eaglet.training.data import collate, synthetic_samples
+from eaglet.training.features import OnlineFeatures
+from eaglet.training.loop import DraftObjective, Dist, accumulate_gradients, build_head, train
+
+CONF = Path(__file__).resolve().parents[2] / "conf"
+B_LOCAL, ACCUM = 2, 2  # per process; the one-process reference takes 2 * B_LOCAL
+
+
+def _cfg(run_cache: Path, batch: int):
+    from hydra import compose, initialize_config_dir
+
+    over = ["train/head=eagle3", "train.head.draft_vocab_size=64", "train.head.ttt_length=2", "data.source=synthetic",
+            "data.regenerate=false", "data.synthetic.num=16", "data.synthetic.min_len=12", "data.synthetic.max_len=30",
+            f"data.cache_dir={run_cache}", f"train.batch_size={batch}", f"train.grad_accum={ACCUM}", "train.steps=2",
+            "train.log_every=1", "train.ckpt_every=0", "train.progress=false", "eval.every=0", "logger=none",
+            "hardware=cpu", "train.optim.warmup_steps=1", "train.optim.lr=1e-3"]
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return compose("train_draft", overrides=over)
+
+
+def _gradients(dd: Dist, batch: int) -> tuple[dict[str, torch.Tensor], float]:
+    """One optimiser step (ACCUM micro-batches of 2 * B_LOCAL sequences in all) -> (head gradients, loss)."""
+    from omegaconf import OmegaConf
+
+    target = _tiny().requires_grad_(False)
+    samples = synthetic_samples(ACCUM * 2 * B_LOCAL, 10, 30, 0.5, 256, seed=1)
+    hc = OmegaConf.create({"kind": "eagle3", "draft_vocab_size": 64, "ttt_length": 3, "step_weight": 0.8})
+    torch.manual_seed(0)
+    head = build_head(hc, target, samples, "cpu")
+    model = DraftObjective(head, hc)
+    if dd.world > 1:
+        model = torch.nn.parallel.DistributedDataParallel(model)
+    online = OnlineFeatures(target, head)
+    glob = [list(range(j * 2 * B_LOCAL, (j + 1) * 2 * B_LOCAL)) for j in range(ACCUM)]  # global micro-batches
+    local = [g[dd.rank * batch:(dd.rank + 1) * batch] for g in glob]
+    batches = [(*collate(samples, idx), idx) for idx in local]
+    loss, _ = accumulate_gradients(model, dd, batches, lambda t, i: online(t), 3, contextlib.nullcontext())
+    return {n: p.grad.clone() for n, p in head.named_parameters()}, float(dd.all_sum(loss) / dd.world)
+
+
+def _worker(rank: int, port: int, tmp: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
+                      WORLD_SIZE="2")
+    torch.set_num_threads(1)
+    tmp = Path(tmp)
+    dd = Dist()
+    dd.init("cpu")
+    grads, loss = _gradients(dd, B_LOCAL)
+    torch.save({"grads": grads, "loss": loss}, tmp / f"grads{rank}.pt")
+    # a whole run; rank 1 is handed another output dir, as Hydra's ${now:} can do under torchrun
+    train(_cfg(tmp / "cache", B_LOCAL), tmp / ("ddp" if rank == 0 else "ddp_rank1"), target=_tiny())
+    dd.close()
+
+
+def _tiny():
+    from eaglet.models.llama import ModelArgs, Transformer
+
+    torch.manual_seed(0)
+    return Transformer(ModelArgs(vocab_size=256, dim=128, n_layers=8, n_heads=2, n_kv_heads=1, head_dim=64,
+                                 intermediate_size=256, max_seq_len=512)).eval()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_ddp_two_processes_equal_one_process_on_the_concatenated_batch(tmp_path):
+    for attempt in range(3):  # another process on this machine may take the free port before rank 0 binds it
+        try:
+            mp.spawn(_worker, args=(_free_port(), str(tmp_path)), nprocs=2, join=True)
+            break
+        except mp.ProcessRaisedException as e:
+            if "address already in use" not in str(e).lower() or attempt == 2:
+                raise
+    g0, g1 = (torch.load(tmp_path / f"grads{r}.pt", weights_only=True) for r in range(2))
+    ref, ref_loss = _gradients(Dist(), 2 * B_LOCAL)
+    assert g0["grads"].keys() == ref.keys()
+    for name, g in ref.items():
+        assert torch.equal(g0["grads"][name], g1["grads"][name]), name  # DDP leaves every rank the same gradient
+        assert torch.allclose(g0["grads"][name], g, rtol=1e-4, atol=1e-7), name
+    assert g0["loss"] == pytest.approx(ref_loss, rel=1e-5)
+
+    # the whole loop: 2 processes x batch 2 == 1 process x batch 4 (same global order), rank 0 writes alone
+    one = train(_cfg(tmp_path / "cache", 2 * B_LOCAL), tmp_path / "one", target=_tiny())
+    ddp = json.loads((tmp_path / "ddp" / "metrics.json").read_text())
+    assert ddp["world_size"] == 2 and ddp["finished"]
+    assert not (tmp_path / "ddp_rank1").exists()
+    assert ddp["train/loss"] == pytest.approx(one["train/loss"], rel=1e-4)
+    assert ddp["num_tokens"] == one["num_tokens"]
+    a = load_file(tmp_path / "ddp" / "checkpoints" / "step_00000002" / "model.safetensors")
+    b = load_file(tmp_path / "one" / "checkpoints" / "step_00000002" / "model.safetensors")
+    assert all(torch.allclose(a[k], b[k], rtol=1e-4, atol=1e-6) for k in a)

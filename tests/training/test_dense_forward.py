@@ -1,0 +1,131 @@
+"""models/eagle.py's training forward (`forward_dense`) against the paged inference forward: same outputs on
+the same attention pattern, and the unrolled training-time test (TTT) equals the engine's chain draft."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from eaglet.models.eagle import DenseKV, new_draft_head
+from eaglet.models.kv_cache import ForwardBatch, slots_for
+from eaglet.training.losses import unroll
+
+V = 256
+
+
+def rel_err(a, b) -> float:
+    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
+def make_head(kind, target, **kw):
+    torch.manual_seed(1)
+    head = new_draft_head(kind, target, draft_vocab_size=64 if kind == "eagle3" else None, **kw)
+    with torch.no_grad():  # norms and biases away from their ones/zeros init, so a skipped one shows
+        for name, p in head.named_parameters():
+            if "norm" in name:
+                p.copy_(1 + 0.2 * torch.randn(p.shape))
+            elif name.endswith("bias"):
+                p.copy_(0.2 * torch.randn(p.shape))
+    if kind == "eagle3":
+        head.set_draft_vocab(torch.randperm(V)[:64])
+    return head
+
+
+def pool(head, B, context=64, page_size=4):
+    kv = head.kv_cache(max_reqs=B, max_context=context, page_size=page_size)
+    rows = [kv.alloc_request() for _ in range(B)]
+    for r in rows:
+        kv.reserve(r, context)
+    return kv, kv.req_to_page[rows]
+
+
+def paged(head, kv, pt, tokens, hidden, start, mask=None, step=None, prefix=None):
+    """The inference forward of T new tokens at positions start.. after a cached prefix of `prefix` (= start)
+    tokens; with `mask` [B, T, NK] they attend the NK new keys at positions prefix.. instead of themselves."""
+    B, T = tokens.shape
+    prefix = start if prefix is None else prefix
+    pos = torch.arange(start, start + T)[None].repeat(B, 1)  # [B, T]
+    batch = ForwardBatch(pt, torch.full((B,), prefix, dtype=torch.int32), slots_for(pt, pos, kv.page_size), mask,
+                         max_prefix_len=prefix)
+    return head(tokens, hidden, pos, batch, kv, step=step)
+
+
+CASES = [("eagle1", 1), ("eagle1", 2), ("eagle3", 1)]
+
+
+@pytest.mark.parametrize("kind,layers", CASES)
+@pytest.mark.parametrize("T1,T2", [(7, 5), (1, 1), (16, 3)])
+def test_dense_equals_paged(target, kind, layers, T1, T2):
+    """A causal forward of T1 tokens, then T2 more attending the first T1 (from DenseKV / the paged pool)."""
+    head = make_head(kind, target, num_layers=layers if kind == "eagle1" else None).eval()
+    g = torch.Generator().manual_seed(2)
+    B = 2
+    tokens = torch.randint(0, V, (B, T1 + T2), generator=g)
+    feats = torch.randn(B, T1 + T2, head.feature_size, generator=g)
+    kv, pt = pool(head, B)
+    cache = DenseKV()
+    pos = torch.arange(T1 + T2)[None].repeat(B, 1)
+    causal = torch.ones(T1 + T2, T1 + T2, dtype=torch.bool).tril()  # [T, T]
+    with torch.no_grad():
+        h1, l1 = paged(head, kv, pt, tokens[:, :T1], feats[:, :T1], 0)
+        h2, l2 = paged(head, kv, pt, tokens[:, T1:], feats[:, T1:], T1)
+        d1, m1 = head.forward_dense(tokens[:, :T1], feats[:, :T1], pos[:, :T1], causal[:T1, :T1], cache)
+        d2, m2 = head.forward_dense(tokens[:, T1:], feats[:, T1:], pos[:, T1:], causal[T1:], cache)
+    for a, b in ((d1, h1), (m1, l1), (d2, h2), (m2, l2)):
+        assert a.shape == b.shape
+        assert rel_err(a, b) <= 1e-5
+
+
+@pytest.mark.parametrize("kind", ["eagle1", "eagle3"])
+@pytest.mark.parametrize("steps", [1, 3])
+def test_ttt_unroll_equals_engine_chain(target, kind, steps):
+    """Unrolled step k at row p == the engine drafting a chain from the prefix ending at p: extend over the pairs
+    of rows 0..p, then draft steps 1..k, each at position p+k, fed the previous step's hidden state and the
+    token p+k+1, attending the extend's KV plus the chain's own draft KV (tree mask = its ancestors)."""
+    head = make_head(kind, target).eval()
+    g = torch.Generator().manual_seed(3)
+    B, T = 2, 12
+    tokens = torch.randint(0, V, (B, T), generator=g)
+    feats = torch.randn(B, T, head.feature_size, generator=g)
+    with torch.no_grad():
+        outs = unroll(head, tokens, feats, steps)
+    for p in (0, 4, T - steps - 1):
+        kv, pt = pool(head, B)
+        with torch.no_grad():
+            h, logits = paged(head, kv, pt, tokens[:, 1:p + 2], feats[:, :p + 1], 0)  # extend: pairs (f_q, x_{q+1})
+            h, logits = h[:, -1:], logits[:, -1:]
+            chain = [(h, logits)]
+            for k in range(1, steps):
+                # as EagleEngine._draft_fn with topk 1: prefix = the p+1 extended rows, the step's KV written at
+                # position p+k, new keys p+1..p+k = the chain's draft KV (its ancestors and itself)
+                mask = torch.ones(B, 1, k, dtype=torch.bool)
+                h, logits = paged(head, kv, pt, tokens[:, p + k + 1:p + k + 2], h, p + k, mask=mask, step=k,
+                                  prefix=p + 1)
+                chain.append((h, logits))
+        for k, ((hd, ld), (hp, lp)) in enumerate(zip(outs, chain)):
+            assert rel_err(hd[:, p:p + 1], hp) <= 1e-5, (p, k)
+            assert rel_err(ld[:, p:p + 1], lp) <= 1e-5, (p, k)
+
+
+@pytest.mark.parametrize("kind", ["eagle1", "eagle3"])
+def test_gradients_reach_every_head_parameter_and_no_target_parameter(target, kind):
+    head = make_head(kind, target).train()
+    target.requires_grad_(False)
+    tokens = torch.randint(0, V, (2, 10))
+    feats = torch.randn(2, 10, head.feature_size)
+    outs = unroll(head, tokens, feats, 3)
+    sum(lg.logsumexp(-1).sum() + h.square().sum() for h, lg in outs).backward()
+    for name, prm in head.named_parameters():
+        assert prm.grad is not None and prm.grad.abs().sum() > 0, name
+    assert all(prm.grad is None for prm in target.parameters())
+
+
+def test_dense_rejects_bad_mask(target):
+    head = make_head("eagle1", target)
+    tokens, feats = torch.randint(0, V, (1, 4)), torch.randn(1, 4, head.feature_size)
+    pos = torch.arange(4)[None]
+    with pytest.raises(ValueError, match="attn_mask must be bool"):
+        head.forward_dense(tokens, feats, pos, torch.ones(4, 4))
+    with pytest.raises(NotImplementedError, match="multi_layer"):
+        new_draft_head("multi_layer", target, num_layers=2).forward_dense(tokens, feats, pos,
+                                                                         torch.ones(4, 4, dtype=torch.bool))

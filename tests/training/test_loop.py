@@ -1,0 +1,179 @@
+"""training/loop.py end to end on CPU: the loss falls, an interrupted run resumes bitwise, saved heads load
+(public layouts), offline features equal online ones, the config composes and `python train_draft.py` runs."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+from safetensors import safe_open
+from safetensors.torch import load_file
+
+from eaglet.models.eagle import load_draft_head
+from eaglet.training.features import OfflineFeatures, OnlineFeatures, build_offline_cache, cache_bytes
+from eaglet.training.loop import train
+
+REPO = Path(__file__).resolve().parents[2]
+CONF = REPO / "conf"
+
+
+def log_of(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "train_log.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("kind", ["eagle1", "eagle3"])
+def test_a_few_steps_reduce_the_loss(target, tmp_path, small_cfg, kind):
+    # 8 sequences in one micro-batch: every step sees the same data, so the loss must fall step after step
+    cfg = small_cfg(kind, "data.synthetic.num=8", "train.batch_size=8", "train.steps=12",
+                    "train.optim.lr=3e-3", "train.optim.warmup_steps=1")
+    m = train(cfg, tmp_path / "run", target=target)
+    log = log_of(tmp_path / "run")
+    losses = [r["train/loss"] for r in log]
+    assert len(losses) == 12 and m["finished"]
+    assert losses[-1] < 0.95 * losses[0] and all(b < a for a, b in zip(losses, losses[1:]))
+    assert log[-1]["train/acc_0"] > log[0]["train/acc_0"]
+    steps = 3 if kind == "eagle3" else 1
+    assert {f"train/{n}_{k}" for n in ("acc", "ploss", "expected_accept") for k in range(steps)} <= set(log[-1])
+    assert {"train/lr", "train/tokens_per_s", "train/expected_accept", "train/grad_norm"} <= set(log[-1])
+    assert ("train/vloss_0" in log[-1]) == (kind == "eagle1")
+
+
+def test_interrupted_run_resumes_bitwise(target, tmp_path, small_cfg):
+    over = ("train.steps=5", "train.grad_accum=2", "train.ckpt_every=2", "train.keep_last=0")
+    full = small_cfg("eagle3", *over)
+    train(full, tmp_path / "full", target=target)
+    first = small_cfg("eagle3", *over, "train.stop_at_step=3")  # "killed" after step 3
+    m = train(first, tmp_path / "split", target=target)
+    assert not m["finished"] and not (tmp_path / "split" / "head").exists()
+    assert sorted(p.name for p in (tmp_path / "split" / "checkpoints").iterdir()) == ["step_00000002",
+                                                                                     "step_00000003"]
+    train(small_cfg("eagle3", *over), tmp_path / "split", target=target)  # resume=auto
+    a = load_file(tmp_path / "full" / "checkpoints" / "step_00000005" / "model.safetensors")
+    b = load_file(tmp_path / "split" / "checkpoints" / "step_00000005" / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    sa, sb = (torch.load(p / "checkpoints" / "step_00000005" / "train_state.pt", weights_only=True)
+              for p in (tmp_path / "full", tmp_path / "split"))
+    for pid, st in sa["optimizer"]["state"].items():
+        assert all(torch.equal(st[n], sb["optimizer"]["state"][pid][n]) for n in st)
+    assert sa["scheduler"] == sb["scheduler"]
+    # the logs of the resumed part equal the uninterrupted run's
+    full_log, split_log = log_of(tmp_path / "full"), log_of(tmp_path / "split")
+    assert [r["train/loss"] for r in full_log] == [r["train/loss"] for r in split_log]
+
+
+@pytest.mark.parametrize("kind", ["eagle1", "eagle3"])
+def test_saved_head_loads_in_the_public_layout(target, tmp_path, small_cfg, kind):
+    cfg = small_cfg(kind, "train.steps=2", "train.head.export_dtype=float32", "eval.every=1",
+                    "eval.num_prompts=2", "eval.max_new_tokens=6", "eval.prompt_len=8")
+    m = train(cfg, tmp_path / "run", target=target)
+    head_dir = Path(m["head_dir"])
+    head = load_draft_head(head_dir, target)
+    assert head.KIND == kind
+    names = set(safe_open(str(head_dir / "model.safetensors"), "pt").keys())
+    ck = load_file(tmp_path / "run" / "checkpoints" / "step_00000002" / "model.safetensors")
+    if kind == "eagle3":
+        assert {"fc.weight", "midlayer.self_attn.q_proj.weight", "midlayer.self_attn.k_proj.weight",
+                "midlayer.self_attn.v_proj.weight", "midlayer.self_attn.o_proj.weight", "midlayer.mlp.gate_proj.weight",
+                "midlayer.mlp.up_proj.weight", "midlayer.mlp.down_proj.weight", "midlayer.input_layernorm.weight",
+                "midlayer.hidden_norm.weight", "midlayer.post_attention_layernorm.weight", "norm.weight",
+                "lm_head.weight", "d2t", "t2d"} == names
+        assert head.draft_vocab_size == 64 and int(head.t2d.sum()) == 64
+        cfg_json = json.loads((head_dir / "config.json").read_text())
+        assert cfg_json["architectures"] == ["LlamaForCausalLMEagle3"] and cfg_json["draft_vocab_size"] == 64
+    else:
+        assert {"fc.weight", "fc.bias", "layers.0.self_attn.q_proj.weight", "layers.0.mlp.gate_proj.weight",
+                "layers.0.post_attention_layernorm.weight", "embed_tokens.weight"} <= names
+    # the export equals the last checkpoint (same weights, public names)
+    exported = load_file(head_dir / "model.safetensors")
+    assert all(torch.equal(exported[k], v) for k, v in ck.items())
+    assert len(m["eval_history"]) == 2 and m["eval/tau"] >= 1.0  # step 1 and the end
+    assert json.loads((tmp_path / "run" / "metrics.json").read_text())["steps"] == 2
+
+
+def test_offline_features_equal_online(target, tmp_path):
+    from eaglet.models.eagle import new_draft_head
+
+    head = new_draft_head("eagle3", target)
+    online = OnlineFeatures(target, head)
+    g = torch.Generator().manual_seed(0)
+    seqs = [torch.randint(0, 256, (int(n),), generator=g) for n in torch.randint(5, 30, (7,), generator=g)]
+    for r in range(2):  # two processes' shares (4 and 3 sequences); shard_mb=0: one shard per batch of 2
+        build_offline_cache(tmp_path, seqs, list(range(r, 7, 2)), online, batch_size=2, shard_mb=0, tag=f"r{r}")
+    assert len(list(tmp_path.glob("*.safetensors"))) == 4 and len(list(tmp_path.glob("*.index.json"))) == 2
+    size = sum(p.stat().st_size for p in tmp_path.glob("*.safetensors"))
+    est = cache_bytes([len(s) for s in seqs], head.feature_size, 128, torch.float32)
+    assert est <= size < est + 4 * 4096  # the printed estimate is the payload (headers aside)
+    idx = [5, 0, 3]
+    T = max(len(seqs[i]) for i in idx)
+    tokens = torch.zeros(3, T, dtype=torch.long)
+    for row, i in enumerate(idx):
+        tokens[row, : len(seqs[i])] = seqs[i]
+    f_on, h_on = online(tokens)
+    f_off, h_off = OfflineFeatures(tmp_path, "cpu")(idx, T)
+    for row, i in enumerate(idx):
+        L = len(seqs[i])
+        # equal up to rounding: the cache was computed in batches of other lengths (other GEMM shapes)
+        assert torch.allclose(f_off[row, :L], f_on[row, :L], rtol=1e-5, atol=1e-5)
+        assert torch.allclose(h_off[row, :L], h_on[row, :L], rtol=1e-5, atol=1e-5)
+        assert (f_off[row, L:] == 0).all()
+
+
+def test_offline_mode_trains_like_online(target, tmp_path, small_cfg):
+    on = train(small_cfg("eagle1", "train.steps=2"), tmp_path / "on", target=target)
+    off = train(small_cfg("eagle1", "train.steps=2", "features.mode=offline", "features.shard_mb=0"),
+                tmp_path / "off", target=target)
+    assert (tmp_path / "off" / "features" / "r0.index.json").is_file()
+    assert on["train/loss"] == pytest.approx(off["train/loss"], rel=1e-5)
+
+
+def test_config_composes_every_train_option():
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        for group in ("train/head", "train/optim"):
+            for opt in sorted(p.stem for p in (CONF / group).glob("*.yaml")):
+                cfg = compose("train_draft", overrides=[f"{group}={opt}"])
+                OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
+        cfg = compose("train_draft", overrides=["train/head=eagle1", "logger=none", "target=llama3_8b",
+                                                "target.path=/models/x"])
+        assert cfg.train.head.kind == "eagle1" and cfg.train.optim.name == "adamw" and cfg.tree.name == "eagle2"
+        assert cfg.data.source == "sharegpt" and cfg.features.mode == "online"
+
+
+def test_fsdp_flag_is_explicit(target, tmp_path, small_cfg):
+    with pytest.raises(NotImplementedError, match="FSDP"):
+        train(small_cfg("eagle1", "train.fsdp=true"), tmp_path / "run", target=target)
+
+
+def test_train_draft_cli_three_steps(tmp_path):
+    """`python train_draft.py` on a random tiny registry target: a checkpoint and metrics.json."""
+    run = tmp_path / "run"
+    cmd = [sys.executable, str(REPO / "train_draft.py"), "target=random_llama3_8b", "target.random=tiny_llama",
+           "target.name=tiny", "train/head=eagle1", "data.source=synthetic", "data.regenerate=false",
+           "data.synthetic.num=8", "train.batch_size=2", "train.steps=3", "train.log_every=1", "eval.every=0",
+           "logger=none", "hardware=cpu", f"data.cache_dir={tmp_path / 'cache'}", f"hydra.run.dir={run}"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}  # as torchrun sets it; tiny tensors gain nothing from more
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert (run / "checkpoints" / "step_00000003" / "train_state.pt").is_file()
+    m = json.loads((run / "metrics.json").read_text())
+    assert m["steps"] == 3 and m["finished"] and m["config"]["train"]["head"]["kind"] == "eagle1"
+    assert load_draft_head(run / "head", _tiny_llama()).KIND == "eagle1"
+
+
+def _tiny_llama():
+    from eaglet.spec.run import random_target
+
+    torch.manual_seed(0)  # train() seeds the random target with cfg.seed
+    return random_target("tiny_llama", torch.float32, "cpu")
+
+
+def test_resume_refuses_another_batch_setting(target, tmp_path, small_cfg):
+    train(small_cfg("eagle1", "train.steps=2"), tmp_path / "run", target=target)
+    with pytest.raises(ValueError, match="same batch settings"):
+        train(small_cfg("eagle1", "train.steps=4", "train.batch_size=2"), tmp_path / "run", target=target)

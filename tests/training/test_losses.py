@@ -1,0 +1,104 @@
+"""training/losses.py: the TTT attention mask against a pure-Python reference, the draft vocabulary map,
+the target distribution restricted to it, and the alignment of every per-step statistic."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from eaglet.models.eagle import new_draft_head
+from eaglet.training.data import Sample, draft_vocab
+from eaglet.training.losses import STATS, draft_loss, step_counts, step_terms, target_distribution, ttt_attention_mask
+
+
+def ttt_mask_reference(T: int, k: int) -> list[list[bool]]:
+    """Query i of unrolled step k over keys (step s, row j), s = 0..k: step 0 causally, steps >= 1 only row i."""
+    return [[(j <= i) if s == 0 else (j == i) for s in range(k + 1) for j in range(T)] for i in range(T)]
+
+
+@pytest.mark.parametrize("T", [1, 2, 7, 33])
+@pytest.mark.parametrize("k", [0, 1, 3, 6])
+def test_ttt_mask_equals_reference(T, k):
+    got = ttt_attention_mask(T, k)
+    assert got.dtype == torch.bool and got.shape == (T, (k + 1) * T)
+    assert got.tolist() == ttt_mask_reference(T, k)
+
+
+def test_draft_vocab_is_the_most_frequent_assistant_tokens_and_round_trips(target):
+    V, n = target.args.vocab_size, 16
+    g = torch.Generator().manual_seed(0)
+    samples = []
+    for _ in range(20):
+        ids = torch.randint(0, V, (50,), generator=g)
+        ids[25:40] = torch.randint(200, 210, (15,), generator=g)  # frequent assistant tokens
+        ids[:10] = 7  # frequent, but prompt only: must not count
+        samples.append(Sample(ids, torch.arange(50) >= 25))
+    vocab = draft_vocab(samples, V, n)
+    counts = torch.zeros(V, dtype=torch.long)
+    for s in samples:
+        for t in s.ids[s.mask].tolist():
+            counts[t] += 1
+    ref = sorted(sorted(range(V), key=lambda t: (-counts[t], t))[:n])  # ties by ascending id
+    assert vocab.tolist() == ref
+    assert set(range(200, 210)) <= set(ref) and 7 not in ref
+    head = new_draft_head("eagle3", target, draft_vocab_size=n)
+    head.set_draft_vocab(vocab)
+    assert head.to_target_ids(torch.arange(n)).tolist() == ref  # d2t: draft id -> target id
+    assert head.t2d.nonzero()[:, 0].tolist() == ref  # t2d: target id -> in the draft vocabulary
+    assert int(head.t2d.sum()) == n
+    with pytest.raises(ValueError, match="draft_vocab_size"):
+        draft_vocab(samples, V, V + 1)
+
+
+def test_target_distribution_restricted():
+    g = torch.Generator().manual_seed(1)
+    logits = torch.randn(2, 5, 32, generator=g) * 3
+    vocab = torch.tensor([1, 4, 9, 30])
+    d = target_distribution(logits, vocab)
+    full = logits.softmax(-1)
+    assert torch.allclose(d.probs, full[..., vocab], rtol=1e-5, atol=1e-7)
+    assert torch.allclose(d.labels, full[..., vocab] / full[..., vocab].sum(-1, keepdim=True), rtol=1e-5)
+    assert torch.equal(d.argmax, full.argmax(-1))
+    assert torch.equal(d.in_vocab, torch.isin(d.argmax, vocab))
+    e = target_distribution(logits, None)
+    assert torch.allclose(e.labels, full) and e.in_vocab.all()
+
+
+@pytest.mark.parametrize("kind", ["eagle1", "eagle3"])
+@pytest.mark.parametrize("k", [0, 2])
+def test_step_terms_alignment(target, kind, k):
+    """Draft logits at row p equal to the target's at p+k+1 must score accuracy 1 and acceptance 1 on every
+    counted row (rows p whose token p+k+2 is in the loss mask), and cross-entropy = the target's entropy."""
+    head = new_draft_head(kind, target, draft_vocab_size=None)
+    B, T, V = 2, 10, target.args.vocab_size
+    g = torch.Generator().manual_seed(2)
+    tlogits = torch.randn(B, T, V, generator=g) * 2
+    mask = torch.rand(B, T, generator=g) < 0.6
+    dist = target_distribution(tlogits, None)
+    draft_logits = torch.cat([tlogits[:, k + 1:], torch.zeros(B, k + 1, V)], dim=1)  # row p = target's p+k+1
+    t = step_terms(head, k, torch.zeros(B, T, target.args.dim), draft_logits, dist, mask, None)
+    rows = int(mask[:, k + 2:].sum())
+    assert int(t["rows"]) == rows == int(step_counts(mask, k + 1)[k])
+    assert int(t["correct"]) == rows
+    assert abs(float(t["accept"]) - rows) < 1e-4
+    p = tlogits.softmax(-1)
+    ent = -(p * p.log()).sum(-1)[:, k + 1:T - 1]  # [B, T-k-2] entropy at the target positions
+    assert torch.allclose(t["ploss"], (ent * mask[:, k + 2:]).sum(), rtol=1e-5)
+
+
+def test_draft_loss_normalisation(target):
+    """loss = sum_k w^k ploss_k / norm_k (EAGLE-3); stats sum per step; eagle1's vloss only with v_weight."""
+    head = new_draft_head("eagle3", target, draft_vocab_size=32)
+    head.set_draft_vocab(torch.arange(0, 256, 8))
+    g = torch.Generator().manual_seed(3)
+    B, T = 2, 12
+    tokens = torch.randint(0, 256, (B, T), generator=g)
+    mask = torch.rand(B, T, generator=g) < 0.7
+    feats, hidden = torch.randn(B, T, 3 * 128, generator=g), torch.randn(B, T, 128, generator=g)
+    norm = step_counts(mask, 3)
+    loss, stats = draft_loss(head, tokens, mask, feats, hidden, norm, steps=3, step_weight=0.8)
+    assert stats.shape == (3, len(STATS))
+    assert stats[:, STATS.index("rows")].tolist() == norm.tolist()
+    want = sum(0.8**k * stats[k, STATS.index("ploss")] / norm[k] for k in range(3))
+    assert torch.allclose(loss.detach(), want, rtol=1e-6)
+    assert (stats[:, STATS.index("vloss")] == 0).all()

@@ -1,0 +1,141 @@
+"""Draft-head objectives: EAGLE-1 (feature regression + soft cross-entropy) and EAGLE-3's training-time test.
+
+Alignment (as the heads, models/eagle.py): row p of a draft step takes (hidden at p, token p+1) and its logits
+predict token p+2, whose target distribution is the target's at position p+1 (P_{p+1}, softmax of lm_head of
+the target's final hidden state f_{p+1}). Unrolled step k (the training-time test, TTT) at row p continues the
+chain drafted from the prefix ending at p: it takes (step k-1's hidden at p, token p+k+1) at position p+k, so
+its logits predict token p+k+2 against P_{p+k+1}. Its attention (`ttt_attention_mask`) sees the step-0 keys
+of rows <= p (the accepted prefix the extend cached) and, in steps 1..k, only row p's own keys (its
+ancestors in the chain), exactly what the engine's chain draft sees: tests/training check this against the
+paged inference path. Positions p+k match the engine's (draft step i at seq_len + i - 1) and EAGLE-3's
+training code (`position_ids + lck`).
+
+A row takes part in step k when token p+k+2 is an assistant token (the data's loss mask). Losses are SUMS over
+rows; the loop divides by the number of such rows over the whole optimiser step and all processes, so that
+gradient accumulation and DDP give exactly the gradient of one big batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from eaglet.models.eagle import DenseKV, DraftHead
+
+# Per-step statistics, summed over rows (and later over micro-batches and processes).
+STATS = ("rows", "ploss", "correct", "accept", "vloss")
+
+
+def ttt_attention_mask(T: int, k: int, device=None) -> torch.Tensor:
+    """Attention of unrolled step k over the keys of steps 0..k: [T, (k+1)*T] bool, True = attend.
+    Block 0 (step-0 keys) is causal (key j <= query i); blocks 1..k (the unrolled steps) are the diagonal."""
+    i = torch.arange(T, device=device)
+    causal = i[None, :] <= i[:, None]  # [T, T]
+    diag = (i[None, :] == i[:, None]).repeat(1, k)  # [T, k*T]
+    return torch.cat([causal, diag], dim=1)  # [T, (k+1)*T]
+
+
+def step_counts(loss_mask: torch.Tensor, steps: int) -> torch.Tensor:
+    """Rows that take part in each unrolled step: [steps] float (token p+k+2 is an assistant token)."""
+    return torch.stack([loss_mask[:, k + 2:].sum() for k in range(steps)]).float()  # [steps]
+
+
+def unroll(head: DraftHead, tokens: torch.Tensor, feature: torch.Tensor, steps: int):
+    """Run the head over a whole sequence for `steps` unrolled steps -> [(hidden [B, T, H], logits [B, T, Vd])].
+    tokens [B, T], feature [B, T, F] (the target's, at each row)."""
+    B, T = tokens.shape
+    cache = DenseKV() if steps > 1 else None
+    pos = torch.arange(T, device=tokens.device).expand(B, T)  # [B, T]
+    hidden, outs = feature, []
+    for k in range(steps):
+        inp = F.pad(tokens[:, k + 1:], (0, k + 1))  # [B, T] token p+k+1 (0 past the end: such rows never count)
+        hidden, logits = head.forward_dense(inp, hidden, pos + k, ttt_attention_mask(T, k, tokens.device), cache)
+        outs.append((hidden, logits))
+    return outs
+
+
+@dataclass
+class TargetDist:
+    """The target's next-token distributions at every position, restricted to the draft vocabulary."""
+
+    probs: torch.Tensor  # [B, T, Vd] target probability of each draft token (full-vocabulary softmax)
+    labels: torch.Tensor  # [B, T, Vd] soft labels: `probs` renormalised over the draft vocabulary
+    argmax: torch.Tensor  # [B, T] the target's greedy token (target ids)
+    in_vocab: torch.Tensor  # [B, T] bool: argmax is in the draft vocabulary
+
+
+@torch.no_grad()
+def target_distribution(logits: torch.Tensor, vocab: torch.Tensor | None) -> TargetDist:
+    """logits [B, T, V] of the target -> TargetDist over `vocab` (draft id -> target id [Vd]; None = all)."""
+    logits = logits.float()
+    argmax = logits.argmax(-1)  # [B, T]
+    if vocab is None:
+        probs = torch.softmax(logits, -1)  # [B, T, V]
+        return TargetDist(probs, probs, argmax, torch.ones_like(argmax, dtype=torch.bool))
+    lse = torch.logsumexp(logits, -1, keepdim=True)  # [B, T, 1]
+    sub = logits[..., vocab]  # [B, T, Vd]
+    in_vocab = torch.zeros(logits.shape[-1], dtype=torch.bool, device=logits.device)
+    in_vocab[vocab] = True
+    # EAGLE-3 / SpecForge: the draft learns the target's distribution renormalised over its vocabulary
+    return TargetDist((sub - lse).exp(), torch.softmax(sub, -1), argmax, in_vocab[argmax])
+
+
+def step_terms(head: DraftHead, k: int, hidden: torch.Tensor, logits: torch.Tensor, dist: TargetDist,
+               loss_mask: torch.Tensor, final_hidden: torch.Tensor | None) -> dict[str, torch.Tensor]:
+    """Sums over the rows of unrolled step k: soft cross-entropy `ploss` (with grad), `vloss` (EAGLE-1's SmoothL1
+    to the next target feature, with grad; zero without `final_hidden`), and the statistics (no grad): `rows`,
+    `correct` (draft top-1 == target top-1), `accept` (sum over rows of sum_x min(p(x), q(x)), the acceptance
+    probability of speculative sampling at temperature 1)."""
+    T = loss_mask.shape[1]
+    n = T - k - 2  # rows whose predicted token p+k+2 exists
+    zero = logits.sum() * 0.0
+    if n <= 0:
+        return {name: zero for name in STATS}
+    valid = loss_mask[:, k + 2:].float()  # [B, n]
+    tgt = slice(k + 1, k + 1 + n)  # the target position p+k+1 of rows 0..n-1
+    logq = torch.log_softmax(logits[:, :n].float(), -1)  # [B, n, Vd]
+    ce = -(dist.labels[:, tgt] * logq).sum(-1)  # [B, n]
+    # a target token outside the draft vocabulary cannot be learnt: those rows only count as misses
+    ce = ce * dist.in_vocab[:, tgt]
+    out = {"ploss": (ce * valid).sum()}
+    if final_hidden is not None:
+        v = F.smooth_l1_loss(hidden[:, :n].float(), final_hidden[:, tgt].float(), reduction="none").mean(-1)  # [B, n]
+        out["vloss"] = (v * valid).sum()
+    else:
+        out["vloss"] = zero
+    with torch.no_grad():
+        pred = head.to_target_ids(logits[:, :n].argmax(-1))  # [B, n]
+        out["rows"] = valid.sum()
+        out["correct"] = ((pred == dist.argmax[:, tgt]).float() * valid).sum()
+        accept = torch.minimum(dist.probs[:, tgt], logq.exp()).sum(-1)  # [B, n]
+        out["accept"] = (accept * valid).sum()
+    return out
+
+
+def draft_loss(head: DraftHead, tokens: torch.Tensor, loss_mask: torch.Tensor, feature: torch.Tensor,
+               final_hidden: torch.Tensor, norm: torch.Tensor, *, steps: int, step_weight: float,
+               p_weight: float = 1.0, v_weight: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """One micro-batch: the loss to backpropagate and the per-step statistics [steps, len(STATS)] (sums, no grad).
+
+    loss = sum_k step_weight^k * (p_weight * ploss_k + v_weight * vloss_k) / norm[k], with `norm` [steps] the
+    rows of step k over the whole optimiser step and every process (times 1/world_size, as DDP averages).
+    EAGLE-1: steps=1, p_weight=0.1, v_weight=1 (EAGLE's weights). EAGLE-3: steps=7, step_weight=0.8, p_weight=1,
+    v_weight=0 (no feature regression: its hidden state is its own, not the target's)."""
+    with torch.no_grad():
+        dist = target_distribution(head.target.logits(final_hidden), head_vocab(head))
+    regress = final_hidden if v_weight else None
+    loss, stats = 0.0, []
+    for k, (hidden, logits) in enumerate(unroll(head, tokens, feature, steps)):
+        t = step_terms(head, k, hidden, logits, dist, loss_mask, regress)
+        loss = loss + step_weight**k * (p_weight * t["ploss"] + v_weight * t["vloss"]) / norm[k].clamp(min=1)
+        stats.append(torch.stack([t[name].detach().float() for name in STATS]))
+    return loss, torch.stack(stats)  # scalar, [steps, len(STATS)]
+
+
+def head_vocab(head: DraftHead) -> torch.Tensor | None:
+    """Target ids of the head's draft vocabulary [Vd] (None for a full-vocabulary head)."""
+    if head.draft_vocab_size == head.target.args.vocab_size:
+        return None
+    return head.to_target_ids(torch.arange(head.draft_vocab_size, device=head.device))
