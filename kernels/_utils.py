@@ -8,7 +8,10 @@ import torch
 
 
 def use_triton(*tensors: torch.Tensor) -> bool:
-    """Run the Triton kernel (GPU tensors, or CPU under TRITON_INTERPRET=1) instead of the torch reference."""
+    """Run the Triton kernel (GPU tensors, or CPU under TRITON_INTERPRET=1) instead of the torch reference.
+    The kernels have no backward: when autograd needs one, the (differentiable) reference runs."""
+    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+        return False
     return all(t.is_cuda for t in tensors) or os.environ.get("TRITON_INTERPRET") == "1"
 
 
