@@ -15,16 +15,9 @@ import datetime
 import time
 
 import torch
+from _common import copy_bandwidth
 
 
-def copy_bandwidth(device) -> float:
-    """Measured device-to-device copy bandwidth in bytes/s (bytes read + written)."""
-    import triton
-
-    x = torch.empty(1 << 28, dtype=torch.uint8, device=device)  # 256 MiB
-    y = torch.empty_like(x)
-    ms = triton.testing.do_bench(lambda: y.copy_(x), return_mode="median")
-    return 2 * x.numel() / (ms * 1e-3)
 
 
 def main():

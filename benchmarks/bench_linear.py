@@ -32,6 +32,7 @@ import sys
 import time
 
 import torch
+from _common import bench, copy_bandwidth, fmt, rel_err
 import torch.nn.functional as F
 import triton
 
@@ -61,9 +62,6 @@ EPS = 1e-6
 LAYER_PROJS = ("qkv", "o", "gate_up", "down")
 
 
-def bench(fn) -> float:
-    """Median microseconds, eager (host launch included), cold L2."""
-    return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median") * 1e3
 
 
 def bench_graph(fn, n_copies: int) -> float | None:
@@ -81,16 +79,8 @@ def bench_graph(fn, n_copies: int) -> float | None:
         return None
 
 
-def copy_bandwidth() -> float:
-    """Device-to-device copy bandwidth in bytes/s, counting read + write."""
-    src = torch.randn(2**30 // BYTES, device=DEV, dtype=DTYPE)  # 1 GiB
-    dst = torch.empty_like(src)
-    t = bench(lambda: dst.copy_(src)) * 1e-6
-    return 2 * src.numel() * BYTES / t
 
 
-def rel_err(a, b) -> float:
-    return ((a.double() - b.double()).norm() / b.double().norm()).item()
 
 
 def err_with_residual(out, ref) -> float:
@@ -157,8 +147,6 @@ def tuning_log(M: int) -> str:
     return "; ".join(f"{c.kwargs} w{c.num_warps}s{c.num_stages}: {t}" for c, t in best[:6])
 
 
-def fmt(x, spec=".2f"):
-    return "failed" if x is None else format(x, spec)
 
 
 def table(rows) -> str:
@@ -170,8 +158,8 @@ def table(rows) -> str:
         bw = 100 * r["floor"] / r["g_eaglet"] if r["g_eaglet"] else None
         lines.append(
             f"| {r['model']} | {r['proj']} | {r['M']} | {r['N']} x {r['K']} | {r['bytes'] / 1e6:.2f} "
-            f"| {r['floor']:.2f} | {r['eaglet']:.1f} | {r['unfused']:.1f} | {fmt(r['g_eaglet'])} "
-            f"| {fmt(r['g_unfused'])} | {fmt(gs, '.2f')}x | {fmt(bw, '.0f')} | {r['config']} | {r['err']:.1e} |"
+            f"| {r['floor']:.2f} | {r['eaglet']:.1f} | {r['unfused']:.1f} | {fmt(r['g_eaglet'], '.2f')} "
+            f"| {fmt(r['g_unfused'], '.2f')} | {fmt(gs, '.2f')}x | {fmt(bw, '.0f')} | {r['config']} | {r['err']:.1e} |"
         )
     return "\n".join(lines)
 
@@ -225,7 +213,7 @@ def main() -> None:
                            config=config, eaglet=bench(lambda: fn_eaglet(0)), unfused=bench(lambda: fn_unfused(0)),
                            g_eaglet=bench_graph(fn_eaglet, copies), g_unfused=bench_graph(fn_unfused, copies))
                 rows.append(row)
-                print(f"  {model} {proj} M={M}: eaglet {row['eaglet']:.1f} µs (graph {fmt(row['g_eaglet'])}), "
+                print(f"  {model} {proj} M={M}: eaglet {row['eaglet']:.1f} µs (graph {fmt(row['g_eaglet'], '.2f')}), "
                       f"unfused {row['unfused']:.1f} µs (graph {fmt(row['g_unfused'])}), floor {row['floor']:.2f} µs, "
                       f"err {err:.1e}", flush=True)
             torch.cuda.empty_cache()

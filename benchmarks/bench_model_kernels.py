@@ -22,6 +22,7 @@ import datetime
 import sys
 
 import torch
+from _common import bench, copy_bandwidth, fmt, rel_err
 import triton
 
 from eaglet.kernels.activation import silu_and_mul, silu_and_mul_ref
@@ -40,9 +41,6 @@ GRAPH_REPEATS = 20
 EPS = 1e-6
 
 
-def bench(fn) -> float:
-    """Median microseconds, eager (host launch included), cold L2."""
-    return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median") * 1e3
 
 
 def bench_graph(fn) -> float | None:
@@ -72,16 +70,8 @@ def count_launches(fn) -> int | None:
         return None
 
 
-def copy_bandwidth() -> float:
-    """Device-to-device copy bandwidth in bytes/s, counting read + write."""
-    src = torch.randn(2**30 // BYTES, device=DEV, dtype=DTYPE)  # 1 GiB
-    dst = torch.empty_like(src)
-    t = bench(lambda: dst.copy_(src)) * 1e-6
-    return 2 * src.numel() * BYTES / t
 
 
-def rel_err(a, b) -> float:
-    return ((a.double() - b.double()).norm() / b.double().norm()).item()
 
 
 def cases(model: str, M: int):
@@ -119,8 +109,6 @@ def cases(model: str, M: int):
     yield ("silu_and_mul", lambda: silu_and_mul(gu), lambda: silu_and_mul_ref(gu), 3 * M * I * BYTES, rel_err)
 
 
-def fmt(x, spec=".1f"):
-    return "failed" if x is None else format(x, spec)
 
 
 def table(rows) -> str:

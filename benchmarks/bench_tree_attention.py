@@ -104,7 +104,6 @@ def make_inputs(B: int, L: int, N: int, seed: int = 0):
 
 def dense_kv(k_cache, page_table, L, N):
     """Paged pool -> dense [B, Hkv, L+N, D] in position order."""
-    B = page_table.shape[0]
     pos = torch.arange(L + N, device=DEV)  # [L+N]
     slots = page_table[:, pos // PAGE].long() * PAGE + pos % PAGE  # [B, L+N]
     return k_cache.reshape(-1, HKV, D)[slots].transpose(1, 2).contiguous()  # [B, Hkv, L+N, D]

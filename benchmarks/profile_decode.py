@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 
 import torch
-import triton
 
 from eaglet.models.kv_cache import KVCache
 from eaglet.models.llama import ModelArgs, Transformer
