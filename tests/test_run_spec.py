@@ -70,3 +70,20 @@ def test_transformers_and_tokenizer_work_beside_eaglet():
 def test_tokenizer_chat_template(tokenizer):
     ids = tokenizer.apply_chat_template([{"role": "user", "content": "Hi"}], add_generation_prompt=True, tokenize=False)
     assert "<|im_start|>assistant" in ids
+
+
+def test_divergence_margin_points_at_the_first_difference():
+    import torch
+
+    from eaglet.models.kv_cache import KVCache
+    from eaglet.models.llama import ModelArgs, Transformer
+    from eaglet.spec.autoregressive import AREngine, Request
+    from eaglet.spec.run import divergence_margin
+
+    torch.manual_seed(0)
+    model = Transformer(ModelArgs.from_name("tiny_llama")).eval()
+    r = Request([5, 6, 7], 8)
+    AREngine(model, KVCache.for_model(model.args, max_reqs=1, max_context=32, page_size=4), 1).generate([r])
+    other = r.output_ids[:3] + [(r.output_ids[3] + 1) % 512] + r.output_ids[4:]
+    d = divergence_margin(model, r.prompt_ids, r.output_ids, other)
+    assert d["index"] == 3 and d["top2_gap"] > 0  # greedy picked the top token: a positive gap to the runner-up
