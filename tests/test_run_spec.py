@@ -87,3 +87,25 @@ def test_divergence_margin_points_at_the_first_difference():
     other = r.output_ids[:3] + [(r.output_ids[3] + 1) % 512] + r.output_ids[4:]
     d = divergence_margin(model, r.prompt_ids, r.output_ids, other)
     assert d["index"] == 3 and d["top2_gap"] > 0  # greedy picked the top token: a positive gap to the runner-up
+
+
+def test_bad_run_configs_are_named(tmp_path):
+    import pytest
+    import torch
+    from omegaconf import OmegaConf
+
+    from eaglet.models.eagle import new_draft_head
+    from eaglet.models.llama import ModelArgs, Transformer
+    from eaglet.spec.run import build_head, resolve_hardware
+
+    target = Transformer(ModelArgs.from_name("tiny_llama")).eval()
+    with pytest.raises(ValueError, match="draft.path=<head directory>, or draft.random_init=true"):
+        build_head(OmegaConf.create({"name": "eagle3", "path": None, "random_init": False}), target, torch.float32, "cpu")
+    new_draft_head("eagle1", target, dtype=torch.float32, device="cpu").save_pretrained(tmp_path / "h")
+    with pytest.raises(ValueError, match="holds a eagle1 head; use draft=eagle1"):
+        build_head(OmegaConf.create({"name": "multi_layer", "path": str(tmp_path / "h")}), target, torch.float32, "cpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="hardware=cpu"):
+            resolve_hardware(OmegaConf.create({"device": "cuda", "dtype": "auto"}))
+    with pytest.raises(ValueError, match="hardware.dtype"):
+        resolve_hardware(OmegaConf.create({"device": "cpu", "dtype": "int8"}))
