@@ -33,7 +33,7 @@ def main():
     from eaglet.data.prompts import load_mt_bench
     from eaglet.models.checkpoint import load_checkpoint, load_tokenizer
     from eaglet.models.kv_cache import KVCache
-    from eaglet.models.llama import ModelArgs, Transformer
+    from eaglet.models.llama import ModelArgs, Transformer, set_fused_linear
     from eaglet.spec.autoregressive import AREngine, Request
     from eaglet.spec.run import encode_turns
 
@@ -55,20 +55,25 @@ def main():
         batch_prompts = prompts[:B]
         mean_ctx = sum(len(p) for p in batch_prompts) / B + args.max_new / 2
         floor_s = (weight_bytes + B * mean_ctx * kv_bytes_per_token) / bw  # one decode step
-        for graph in (True, False):
+        # (graphs, fused linear): the fused-projection path is an A/B (benchmarks/NOTES.md)
+        for graph, fused in ((True, False), (True, True), (False, False)):
+            set_fused_linear(fused)
             kv = KVCache.for_model(margs, max_reqs=B, max_context=2048, page_size=16, dtype=dtype, device=dev)
             eng = AREngine(model, kv, B, use_cuda_graph=graph)
-            eng.generate([Request(p, 8) for p in batch_prompts])  # warm-up: autotune, graph capture
+            eng.warmup()  # autotuning and graph capture stay out of the timing
+            eng.generate([Request(p, 8) for p in batch_prompts])
             reqs = [Request(p, args.max_new, rid=i) for i, p in enumerate(batch_prompts)]
             st = eng.generate(reqs)
             decode_tokens = st.new_tokens - len(reqs)  # the first token of each comes from prefill
             decode_s = st.total_s - st.prefill_s
             tps = decode_tokens / decode_s
-            rows.append({"provider": f"eaglet AR ({'CUDA graph' if graph else 'eager'})", "B": B,
+            name = ("CUDA graph" if graph else "eager") + (", fused linear" if fused else "")
+            rows.append({"provider": f"eaglet AR ({name})", "B": B,
                          "tokens/s": tps, "step ms": 1e3 * decode_s / st.decode_steps,
                          "floor ms": 1e3 * floor_s, "floor tokens/s": B / floor_s,
                          "x floor": (decode_s / st.decode_steps) / floor_s})
             print(rows[-1], flush=True)
+        set_fused_linear(False)
         if args.no_hf:
             continue
         import transformers

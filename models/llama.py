@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from eaglet.kernels.activation import silu_and_mul
+from eaglet.kernels.linear import norm_linear, silu_mul_linear
 from eaglet.kernels.rmsnorm import rmsnorm
 from eaglet.kernels.rope import rope_qkv_store
 from eaglet.kernels.tree_attention import tree_attention
@@ -175,10 +176,11 @@ class Attention(nn.Module):
         self.k_norm = RMSNorm(args.head_dim, args.norm_eps) if args.qk_norm else None
         self.norm_eps = args.norm_eps
 
-    def forward(self, x, positions, inv_freq, batch: ForwardBatch, kv: KVCache) -> torch.Tensor:
+    def forward(self, x, positions, inv_freq, batch: ForwardBatch, kv: KVCache, qkv=None) -> torch.Tensor:
+        """x [B, T, H] -> [B, T, H]; `qkv` [B, T, (Hq+2Hkv)*D]: the projection when the caller made it."""
         B, T, _ = x.shape
         Hkv, D = self.n_kv_heads, self.head_dim
-        qkv = self.qkv_proj(x).view(B * T, -1)  # [B*T, (Hq+2Hkv)*D]
+        qkv = (self.qkv_proj(x) if qkv is None else qkv).view(B * T, -1)  # [B*T, (Hq+2Hkv)*D]
         k_cache, v_cache = kv.layer(self.layer_id)  # [pages, page_size, Hkv, D] each
         # q/k norm (Qwen3) + RoPE + the K/V store into the pool, one launch
         q = rope_qkv_store(qkv, positions.reshape(-1), inv_freq, k_cache.view(-1, Hkv, D), v_cache.view(-1, Hkv, D),
@@ -213,6 +215,8 @@ class TransformerBlock(nn.Module):
     def forward(self, x, residual, positions, inv_freq, batch, kv):
         """Pre-norm block with the residual adds fused into the norms (vLLM/SGLang style): takes and
         returns (block output, residual) whose sum is the residual stream; residual=None at layer 0."""
+        if _FUSED_LINEAR:
+            return self._forward_fused_linear(x, residual, positions, inv_freq, batch, kv)
         if residual is None:
             h, residual = self.input_layernorm(x), x
         else:
@@ -220,6 +224,30 @@ class TransformerBlock(nn.Module):
         h = self.self_attn(h, positions, inv_freq, batch, kv)
         h, residual = self.post_attention_layernorm(h, residual)
         return self.mlp(h), residual
+
+    def _forward_fused_linear(self, x, residual, positions, inv_freq, batch, kv):
+        """The same block with each norm fused into the projection after it and SiLU·mul into the
+        down projection (kernels/linear.py: ~90 fewer launches per SmolLM2 step). Same results (the
+        kernels' references are exactly the unfused ops); an A/B pending GPU timing, see
+        benchmarks/NOTES.md: keep the faster path, delete the other."""
+        attn, mlp, ln1, ln2 = self.self_attn, self.mlp, self.input_layernorm, self.post_attention_layernorm
+        if residual is None:
+            qkv, residual = norm_linear(x, ln1.weight, ln1.eps, attn.qkv_proj.weight, attn.qkv_proj.bias), x
+        else:
+            qkv, residual = norm_linear(x, ln1.weight, ln1.eps, attn.qkv_proj.weight, attn.qkv_proj.bias,
+                                        residual=residual)  # [B, T, (Hq+2Hkv)*D], [B, T, H]
+        h = attn(x, positions, inv_freq, batch, kv, qkv=qkv)  # [B, T, H]
+        gu, residual = norm_linear(h, ln2.weight, ln2.eps, mlp.gate_up_proj.weight, residual=residual)  # [B, T, 2I]
+        return silu_mul_linear(gu, mlp.down_proj.weight), residual
+
+
+_FUSED_LINEAR = False
+
+
+def set_fused_linear(enabled: bool) -> None:
+    """Choose the block's projection path (benchmarks/bench_ar.py times both)."""
+    global _FUSED_LINEAR
+    _FUSED_LINEAR = enabled
 
 
 class _Body(nn.Module):

@@ -89,6 +89,10 @@ class Dist:
         return box[0]
 
     def close(self) -> None:
+        """Ranks leave together: a gloo group torn down while a peer is still busy can abort the
+        process ("terminate called without an active exception", seen in the CPU DDP test)."""
+        if self.world > 1 and dist.is_initialized():
+            dist.barrier()
         if self.owned:
             dist.destroy_process_group()
 
