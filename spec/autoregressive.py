@@ -108,7 +108,13 @@ class AREngine:
         self.sampling = sampling
         self.eos_ids = set(eos_ids)
         self.device = model.device
-        self.generator = torch.Generator(device=self.device).manual_seed(seed)
+        # CUDA graphs replay the default generator's philox offsets correctly (it is registered with
+        # every capture); a private generator would not be, so on a GPU the seed goes to the default one
+        if self.device.type == "cpu":
+            self.generator = torch.Generator().manual_seed(seed)
+        else:
+            self.generator = None
+            torch.manual_seed(seed)
         if use_cuda_graph is None:
             use_cuda_graph = self.device.type == "cuda"
         P = kv.pages_per_req
