@@ -9,14 +9,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from eaglet.kernels._utils import is_interpret
 from eaglet.kernels.kv_ops import commit_kv, commit_kv_ref
+from kernel_testing import DEVICE, needs_kernel
 
-CUDA = torch.cuda.is_available()
-DEVICE = "cuda" if CUDA else "cpu"
-needs_kernel = pytest.mark.skipif(
-    not (CUDA or is_interpret()), reason="no GPU: set TRITON_INTERPRET=1 to test the Triton kernel on CPU"
-)
 
 
 def random_paths(B, S, N, gen):

@@ -13,7 +13,6 @@ import torch
 import torch.nn.functional as F
 
 import eaglet.kernels.linear as lin
-from eaglet.kernels._utils import is_interpret
 from eaglet.kernels.activation import silu_and_mul_ref
 from eaglet.kernels.linear import (
     MAX_FAST_M,
@@ -25,18 +24,10 @@ from eaglet.kernels.linear import (
     silu_mul_linear_ref,
 )
 from eaglet.kernels.rmsnorm import rmsnorm_ref
+from kernel_testing import CUDA, DEVICE, gpu_only, needs_kernel, rel_err
 
-CUDA = torch.cuda.is_available()
-DEVICE = "cuda" if CUDA else "cpu"
-needs_kernel = pytest.mark.skipif(
-    not (CUDA or is_interpret()), reason="no GPU: set TRITON_INTERPRET=1 to test the Triton kernel on CPU"
-)
-gpu_only = pytest.mark.skipif(not CUDA, reason="bf16/fp16 and large shapes need a GPU")
 EPS = 1e-6
 
-
-def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
-    return ((out.double() - ref.double()).norm() / ref.double().norm()).item()
 
 
 def randn(*shape, gen, scale=1.0):

@@ -11,20 +11,11 @@ import pytest
 import torch
 
 import eaglet.kernels.rmsnorm as rn
-from eaglet.kernels._utils import is_interpret
 from eaglet.kernels.rmsnorm import rmsnorm, rmsnorm_ref
+from kernel_testing import DEVICE, gpu_only, needs_kernel, rel_err
 
-CUDA = torch.cuda.is_available()
-DEVICE = "cuda" if CUDA else "cpu"
-needs_kernel = pytest.mark.skipif(
-    not (CUDA or is_interpret()), reason="no GPU: set TRITON_INTERPRET=1 to test the Triton kernel on CPU"
-)
-gpu_only = pytest.mark.skipif(not CUDA, reason="bf16/fp16 and large shapes need a GPU")
 EPS = 1e-6
 
-
-def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
-    return ((out.double() - ref.double()).norm() / ref.double().norm()).item()
 
 
 def make(shape, dtype, seed=0, device=DEVICE):

@@ -11,20 +11,11 @@ import pytest
 import torch
 
 import eaglet.kernels.rope as rp
-from eaglet.kernels._utils import is_interpret
 from eaglet.kernels.rope import rope_qkv_store, rope_qkv_store_ref
+from kernel_testing import DEVICE, gpu_only, needs_kernel, rel_err
 
-CUDA = torch.cuda.is_available()
-DEVICE = "cuda" if CUDA else "cpu"
-needs_kernel = pytest.mark.skipif(
-    not (CUDA or is_interpret()), reason="no GPU: set TRITON_INTERPRET=1 to test the Triton kernel on CPU"
-)
-gpu_only = pytest.mark.skipif(not CUDA, reason="bf16/fp16 and large shapes need a GPU")
 MAX_POS = 131072  # angles up to ~1.3e5 rad: exercises the cos/sin range reduction
 
-
-def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
-    return ((out.double() - ref.double()).norm() / ref.double().norm()).item()
 
 
 def inv_freq_for(D: int, theta: float = 1e5) -> torch.Tensor:

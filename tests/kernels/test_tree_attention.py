@@ -13,15 +13,9 @@ import pytest
 import torch
 
 import eaglet.kernels.tree_attention as ta
-from eaglet.kernels._utils import is_interpret
 from eaglet.kernels.tree_attention import tree_attention, tree_attention_ref
+from kernel_testing import CUDA, DEVICE, gpu_only, needs_kernel, rel_err
 
-CUDA = torch.cuda.is_available()
-DEVICE = "cuda" if CUDA else "cpu"
-needs_kernel = pytest.mark.skipif(
-    not (CUDA or is_interpret()), reason="no GPU: set TRITON_INTERPRET=1 to test the Triton kernel on CPU"
-)
-gpu_only = pytest.mark.skipif(not CUDA, reason="bf16/fp16 and large shapes need a GPU")
 
 
 def random_parents(n: int, gen: torch.Generator) -> list[int]:
@@ -58,9 +52,6 @@ def make_inputs(B, N, Hq, Hkv, D, prefix, page_size, dtype, tree, seed=0, device
     ts = [q, k_cache, v_cache, page_table, prefix_lens, tree_mask]
     return [t.to(device) if t is not None else None for t in ts]
 
-
-def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
-    return ((out.double() - ref.double()).norm() / ref.double().norm()).item()
 
 
 def ref64(q, k_cache, v_cache, page_table, prefix_lens, tree_mask, sm_scale=None):

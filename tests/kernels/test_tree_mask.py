@@ -9,7 +9,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from eaglet.kernels._utils import is_interpret
 from eaglet.kernels.tree_mask import (
     DraftTree,
     MaskFormat,
@@ -18,12 +17,8 @@ from eaglet.kernels.tree_mask import (
     num_candidates,
     random_candidates,
 )
+from kernel_testing import DEVICE, needs_kernel
 
-CUDA = torch.cuda.is_available()
-DEVICE = "cuda" if CUDA else "cpu"
-needs_kernel = pytest.mark.skipif(
-    not (CUDA or is_interpret()), reason="no GPU: set TRITON_INTERPRET=1 to test the Triton kernel on CPU"
-)
 
 # (steps S, topk K, num_draft_tokens N)
 SHAPES = [

@@ -17,7 +17,6 @@ import pytest
 import scipy.stats
 import torch
 
-from eaglet.kernels._utils import is_interpret
 from eaglet.kernels.tree_mask import build_tree, random_candidates
 from eaglet.kernels.verify import (
     VerifyResult,
@@ -26,12 +25,8 @@ from eaglet.kernels.verify import (
     verify_sampling,
     verify_sampling_ref,
 )
+from kernel_testing import CUDA, DEVICE, needs_kernel
 
-CUDA = torch.cuda.is_available()
-DEVICE = "cuda" if CUDA else "cpu"
-needs_kernel = pytest.mark.skipif(
-    not (CUDA or is_interpret()), reason="no GPU: set TRITON_INTERPRET=1 to test the Triton kernel on CPU"
-)
 gpu_only = pytest.mark.skipif(not CUDA, reason="full-size chi-square of the kernel needs a GPU")
 
 # (steps S, topk K, num_draft_tokens N)
