@@ -5,6 +5,9 @@
 #   ar         benchmarks/bench_ar.py (needs the SmolLM2 GGUF and MT-bench; see benchmarks/offline_gpu_env.sh)
 #   kernels    tree attention, tree/verify and model-kernel benchmarks
 #   ablation   the overlap ablation on random Llama-3.1-8B weights, then its report
+#   train      regenerate ShareGPT answers with SmolLM2, train its EAGLE-3 head, evaluate it (MT-bench B=1/8,
+#              HumanEval, held-out ShareGPT); results packed into OUT/train.tgz (needs the ShareGPT subset
+#              in .asset4, see offline_gpu_env.sh)
 # Results go to OUT (default $OUT, else ./gpu_out); tables are printed last.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -26,5 +29,24 @@ case $stage in
       | grep -E "stream plan|tau|Error" | tee "$out/ablation.log"
     python -m eaglet.experiments.report /tmp/ablate_overlap --out "$out/ablate_overlap"
     cat "$out/ablate_overlap/overlap.md" ;;
+  train)
+    T=/tmp/train; head=$T/run/head; deadline=$((SECONDS + ${BUDGET_S:-560}))
+    left() { echo $((deadline - SECONDS > 1 ? deadline - SECONDS : 1)); }
+    python train_draft.py hydra.run.dir=$T/run logger=none data.path="$SHAREGPT" data.limit=5000 \
+      data.max_turns=1 data.regen.max_new_tokens=512 data.regen.batch_size=128 data.cache_dir=$T/regen \
+      train.steps=${TRAIN_STEPS:-2400} train.time_limit_s=${TRAIN_S:-240} eval.every=800 eval.num_prompts=16 \
+      train.progress=false 2>&1 | grep -v Warning | tail -25
+    spec() {  # name, overrides...
+      local name=$1; shift
+      timeout "$(left)" python run_spec.py draft=eagle3 draft.path=$head logger=none print_answers=1 \
+        hydra.run.dir=$T/eval/$name "$@" 2>&1 | grep -E "^\[eaglet\]|^---|^>>>|Error" | tail -8
+    }
+    spec mt_bench_b1 tree=eagle2 data=mt_bench data.max_turns=1 gen.batch_size=1
+    spec mt_bench_b8 tree=eagle2 data=mt_bench data.max_turns=1 gen.batch_size=8
+    spec humaneval_b8 tree=eagle2 data=humaneval gen.batch_size=8 gen.compare_ar=false
+    spec sharegpt_b8 tree=eagle2 data=sharegpt data.path="$SHAREGPT" gen.batch_size=8 gen.compare_ar=false
+    spec mt_bench_b1_wide tree=eagle2_wide data=mt_bench data.max_turns=1 gen.batch_size=1
+    tar czf "$out/train.tgz" -C $T --exclude=wandb --exclude=checkpoints --exclude=regen run eval
+    ls -la "$out" ;;
   *) echo "unknown stage $stage" >&2; exit 2 ;;
 esac

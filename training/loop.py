@@ -433,6 +433,7 @@ def train(cfg: DictConfig, output_dir: str | Path, target: Transformer | None = 
     tokens_total = int(state["tokens_seen"]) if state is not None else 0
     step, last_saved = start_step, start_step if ckpt is not None else -1
     stop_at = tc.stop_at_step if tc.get("stop_at_step") is not None else tc.steps
+    time_limit = tc.get("time_limit_s")
     bar = tqdm(total=tc.steps, initial=start_step, disable=not (dd.main and tc.progress), dynamic_ncols=True)
 
     def paused(fn):
@@ -506,6 +507,9 @@ def train(cfg: DictConfig, output_dir: str | Path, target: Transformer | None = 
                 checkpoint(step)
             if ec.every > 0 and step % ec.every == 0 and step < tc.steps:
                 run_eval(step)
+            if time_limit is not None and dd.broadcast(time.perf_counter() - t_start > time_limit):
+                say(f"[eaglet] train.time_limit_s={time_limit} reached at step {step}: stopping (resumable)")
+                break
     except KeyboardInterrupt:
         if step != last_saved:  # the last finished step, so that resume continues from here
             checkpoint(step, sync=False)  # no barrier: the other processes may be gone
@@ -516,11 +520,11 @@ def train(cfg: DictConfig, output_dir: str | Path, target: Transformer | None = 
         checkpoint(step)
 
     # ---- the end: export, final evaluation, metrics ----------------------------------------------------
+    # an unfinished run (stop_at_step, time_limit_s) exports too, so that its head can be evaluated;
+    # metrics.json says finished=false, and a resumed run exports again at its end
     finished = step >= tc.steps
-    head_dir = None
-    if finished and dd.main:
-        head_dir = head.save_pretrained(run_dir / "head", dtype=EXPORT_DTYPES[hc.export_dtype])
-    if finished and ec.every > 0:
+    head_dir = head.save_pretrained(run_dir / "head", dtype=EXPORT_DTYPES[hc.export_dtype]) if dd.main else None
+    if ec.every > 0:
         run_eval(step)
     train_s = time.perf_counter() - t_start
     metrics = {

@@ -51,7 +51,7 @@ def test_interrupted_run_resumes_bitwise(target, tmp_path, small_cfg):
     train(full, tmp_path / "full", target=target)
     first = small_cfg("eagle3", *over, "train.stop_at_step=3")  # "killed" after step 3
     m = train(first, tmp_path / "split", target=target)
-    assert not m["finished"] and not (tmp_path / "split" / "head").exists()
+    assert not m["finished"] and m["steps"] == 3 and Path(m["head_dir"]).is_dir()  # exported for evaluation
     assert sorted(p.name for p in (tmp_path / "split" / "checkpoints").iterdir()) == ["step_00000002",
                                                                                      "step_00000003"]
     train(small_cfg("eagle3", *over), tmp_path / "split", target=target)  # resume=auto
@@ -177,3 +177,12 @@ def test_resume_refuses_another_batch_setting(target, tmp_path, small_cfg):
     train(small_cfg("eagle1", "train.steps=2"), tmp_path / "run", target=target)
     with pytest.raises(ValueError, match="same batch settings"):
         train(small_cfg("eagle1", "train.steps=4", "train.batch_size=2"), tmp_path / "run", target=target)
+
+
+def test_time_limit_stops_resumably(target, tmp_path, small_cfg):
+    # a limit already spent when the first step ends: the run stops after it, checkpointed, head exported
+    m = train(small_cfg("eagle3", "train.steps=5", "train.time_limit_s=0"), tmp_path / "run", target=target)
+    assert m["steps"] == 1 and not m["finished"] and Path(m["head_dir"]).is_dir()
+    assert [p.name for p in (tmp_path / "run" / "checkpoints").iterdir()] == ["step_00000001"]
+    m = train(small_cfg("eagle3", "train.steps=5"), tmp_path / "run", target=target)  # resume=auto
+    assert m["steps"] == 5 and m["finished"]
