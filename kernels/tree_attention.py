@@ -20,7 +20,8 @@ The Triton path (flash-decoding with GQA packing):
     writes its normalised partial output and log2-sum-exp; `_merge_kernel` combines them;
   * num_splits is sized on the host from `max_prefix_len` (never from device values), so a
     call is CUDA-graph capturable. Warm it up once before capture: the first call of each
-    shape class autotunes (EAGLET_AUTOTUNE=0 takes the default config instead).
+    shape class (row tile, mask, split or not, chunk length) autotunes (EAGLET_AUTOTUNE=0
+    takes the default config instead).
 A row whose allowed key set is empty (impossible for a tree: a node sees itself) gives 0 here
 and NaN in the reference.
 """
@@ -41,7 +42,8 @@ SUPPORTED_HEAD_DIMS = (64, 128)
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _LOG2E = 1.4426950408889634
 # Split plan (`_plan`), tuned on an H200 (benchmarks/results/tree_attention_h200.md, sweep):
-# Splits are multiples of the largest BLOCK_N, so split boundaries fall on tile boundaries.
+# Chunks are powers of two, at least this long (so split boundaries fall on tile boundaries
+# and the chunk length, an autotune key, takes few values).
 _CHUNK_ALIGN = 128
 # Up to one program per SM, chunks may be this short (B=1, L=4k, N=16: 11 splits of 384
 # keys ran in 23 µs against 27 µs for 7 of 640).
@@ -50,8 +52,12 @@ _MIN_CHUNK = 256
 # fp32 values per KV head against chunk * D bf16 K and V values read; chunk >= 8 * rows keeps
 # that under 25% of the K/V bytes.
 _CHUNK_PER_ROW = 8
-# The merge combines up to 64 splits in one pass.
-_MAX_SPLITS = 64
+# Target split count cap: B=1, L=64k, N=16 ran 91 µs with 33 splits of 2048 keys and 110 µs
+# with 57 of 1152 (more partial-output traffic and merge work for the same K/V bytes).
+_MAX_SPLITS = 32
+# The merge combines up to this many splits in one pass (rounding the chunk to a power of
+# two can raise the count above _MAX_SPLITS).
+_MERGE_SPLITS = 64
 # Largest row tile: 128 rows x D fp32 accumulator is 64 registers/thread at 8 warps.
 _MAX_BLOCK_M = 128
 # Resident programs per SM worth filling: several 4-warp 64-row programs (their K/V streams
@@ -204,7 +210,10 @@ def _attend(
 
 @triton.autotune(
     configs=autotune_configs(_fwd_configs()),
-    key=["HEAD_DIM", "BLOCK_M", "HAS_MASK", "SPLIT"],
+    # chunk (a power of two) is in the key: the best key tile depends on how many tiles a
+    # program walks (the first run keyed without it tuned BLOCK_N=32 on B=1, L=1k, 384-key
+    # chunks and reused it for 2048-key chunks).
+    key=["HEAD_DIM", "BLOCK_M", "HAS_MASK", "SPLIT", "chunk"],
     prune_configs_by={"early_config_prune": _prune_fwd_configs},
     do_bench=_bench_config,
 )
@@ -217,7 +226,6 @@ def _fwd_kernel(
     PL,
     MASK,
     O,
-    LSE,
     qk_scale,
     chunk,
     num_splits,
@@ -245,8 +253,9 @@ def _fwd_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
-    """Grid (row tiles, splits, B * Hkv). O is out [B, N, Hq, D] when not SPLIT, else the partial
-    outputs [B, Hkv, S, N, G, D] fp32 with LSE [B, Hkv, S, N, G] (both contiguous, launcher-made)."""
+    """Grid (row tiles, splits, B * Hkv). O is out [B, N, Hq, D] when not SPLIT, else the launcher's
+    fp32 workspace: partial outputs [B, Hkv, S, N, G, D] followed by their LSEs [B, Hkv, S, N, G]
+    (one allocation: each torch.empty is host time on the eager path)."""
     pid_m = tl.program_id(0)  # row tiles fastest: tiles sharing a K/V chunk run together (L2 reuse)
     split = tl.program_id(1)
     pid_bh = tl.program_id(2)
@@ -297,6 +306,7 @@ def _fwd_kernel(
         store_ok = row_ok & (lo < row_end)  # [BLOCK_M]
         part_row = ((pid_bh * num_splits + split) * N + tok) * GROUP + grp  # [BLOCK_M] row of [B, Hkv, S, N, G]
         tl.store(O + part_row[:, None] * HEAD_DIM + offs_d[None, :], o, mask=store_ok[:, None])
+        LSE = O + tl.num_programs(2) * num_splits * N * GROUP * HEAD_DIM  # after all partial outputs
         lse = tl.where(l_i > 0, m_i + tl.math.log2(l_safe), float("-inf"))  # [BLOCK_M] log2-sum-exp2
         tl.store(LSE + part_row, lse, mask=store_ok)
     else:
@@ -306,8 +316,7 @@ def _fwd_kernel(
 
 @triton.jit
 def _merge_kernel(
-    O_PART,
-    LSE,
+    WS,
     PL,
     OUT,
     chunk,
@@ -320,9 +329,11 @@ def _merge_kernel(
     HAS_MASK: tl.constexpr,
     BLOCK_S: tl.constexpr,
 ):
-    """One packed row: out = sum_s 2^(lse_s - m) o_s / sum_s 2^(lse_s - m) over the splits it used."""
+    """One packed row: out = sum_s 2^(lse_s - m) o_s / sum_s 2^(lse_s - m) over the splits it used.
+    WS: the forward's workspace (partial outputs, then LSEs)."""
     row = tl.program_id(0)
     pid_bh = tl.program_id(1)
+    LSE = WS + tl.num_programs(1) * num_splits * N * GROUP * HEAD_DIM
     b = pid_bh // Hkv
     kvh = pid_bh % Hkv
     tok = row // GROUP
@@ -345,7 +356,7 @@ def _merge_kernel(
         ok = offs_s < n_valid
         part_rows = row0 + offs_s * split_stride  # [BLOCK_S]
         lse = tl.load(LSE + part_rows, mask=ok, other=float("-inf"))  # [BLOCK_S]
-        o = tl.load(O_PART + part_rows[:, None] * HEAD_DIM + offs_d[None, :], mask=ok[:, None], other=0.0)  # [BLOCK_S, D]
+        o = tl.load(WS + part_rows[:, None] * HEAD_DIM + offs_d[None, :], mask=ok[:, None], other=0.0)  # [BLOCK_S, D]
         m_new = tl.maximum(m, tl.max(lse, 0))
         w = tl.math.exp2(lse - m_new)  # [BLOCK_S]
         alpha = tl.math.exp2(m - m_new)
@@ -365,12 +376,12 @@ def _num_sms(device_index: int) -> int:
 @functools.lru_cache(maxsize=1024)
 def _plan(B: int, N: int, Hq: int, Hkv: int, kv_max: int, num_sms: int) -> tuple[int, int, int, int]:
     """Host-side grid plan -> (BLOCK_M, row tiles, num_splits, chunk). kv_max is a host upper
-    bound on prefix + N, so the plan never reads device values (graph-capturable). Cached:
-    it runs on every call.
+    bound on prefix + N, so the plan never reads device values (graph-capturable).
 
     Packed rows per KV head: N * G. Splits: first fill one wave of SMs with chunks of at least
-    _MIN_CHUNK keys; more splits (up to the resident programs per SM) only with chunks of at
-    least _CHUNK_PER_ROW * rows keys. Chunks are aligned to _CHUNK_ALIGN."""
+    _MIN_CHUNK keys; more splits (up to the resident programs per SM, at most _MAX_SPLITS)
+    only with chunks of at least _CHUNK_PER_ROW * rows keys. The chunk is then rounded to the
+    nearest power of two (>= _CHUNK_ALIGN); unsplit calls get the power of two >= kv_max."""
     rows = N * (Hq // Hkv)
     block_m = min(_MAX_BLOCK_M, max(16, triton.next_power_of_2(rows)))
     m_tiles = _cdiv(rows, block_m)
@@ -379,7 +390,12 @@ def _plan(B: int, N: int, Hq: int, Hkv: int, kv_max: int, num_sms: int) -> tuple
     one_wave = min(num_sms // base, kv_max // _MIN_CHUNK)
     more = min(resident * num_sms // base, kv_max // max(1, _CHUNK_PER_ROW * rows))
     splits = max(1, min(max(one_wave, more), _MAX_SPLITS))
-    chunk = _cdiv(_cdiv(kv_max, splits), _CHUNK_ALIGN) * _CHUNK_ALIGN
+    if splits == 1:
+        return block_m, m_tiles, 1, max(_CHUNK_ALIGN, triton.next_power_of_2(kv_max))
+    target = kv_max / splits
+    chunk = max(_CHUNK_ALIGN, triton.next_power_of_2(math.ceil(target / 1.5)))  # nearest power of two (log scale)
+    while _cdiv(kv_max, chunk) > _MERGE_SPLITS:
+        chunk *= 2
     return block_m, m_tiles, _cdiv(kv_max, chunk), chunk
 
 
@@ -392,42 +408,83 @@ def _empty(shape: tuple, dtype: torch.dtype, device: torch.device) -> torch.Tens
     return torch.empty(shape, dtype=dtype, device=device)
 
 
-def _validate(q, k_cache, v_cache, page_table, prefix_lens, tree_mask, sm_scale, max_prefix_len) -> None:
-    """Raise ValueError naming the argument. Messages are built only on failure (this runs on
-    every call, and eager f-strings would cost more than the kernel for short prefixes)."""
+def _meta(t: torch.Tensor | None) -> tuple | None:
+    """What `_prepare` needs of a tensor: shape, strides, dtype, device (hashable)."""
+    return None if t is None else (t.shape, t.stride(), t.dtype, t.device)
+
+
+@functools.lru_cache(maxsize=512)
+def _prepare(q, k, v, pt, pl, mask, sm_scale, max_prefix_len, interpret: bool) -> tuple:
+    """Validate one call's metadata (`_meta` tuples) and build its launch recipe. Cached, so a
+    repeated shape costs one dict lookup: the eager path's host time is what a short call
+    costs (an H200 run measured 175 µs eager against 21.5 µs from a CUDA graph at B=1, L=1k).
+    Raises ValueError naming the argument. Returns None when an input needs .contiguous() first."""
 
     def need(cond: bool, msg) -> None:
         if not cond:
             raise ValueError(msg())
 
-    need(q.dim() == 4, lambda: f"q must be [B, N, Hq, D], got shape {tuple(q.shape)}")
-    need(k_cache.dim() == 4, lambda: f"k_cache must be [num_pages, page_size, Hkv, D], got shape {tuple(k_cache.shape)}")
-    need(v_cache.shape == k_cache.shape, lambda: f"v_cache shape {tuple(v_cache.shape)} must equal k_cache shape {tuple(k_cache.shape)}")
-    B, N, Hq, D = q.shape
-    Hkv, Dk = k_cache.shape[2], k_cache.shape[3]
-    need(q.dtype in SUPPORTED_DTYPES, lambda: f"q dtype {q.dtype} unsupported: use one of {SUPPORTED_DTYPES}")
-    need(k_cache.dtype == q.dtype, lambda: f"k_cache dtype {k_cache.dtype} must equal q dtype {q.dtype}")
-    need(v_cache.dtype == q.dtype, lambda: f"v_cache dtype {v_cache.dtype} must equal q dtype {q.dtype}")
+    (q_shape, q_stride, q_dtype, q_dev), (k_shape, k_stride, k_dtype, _), (v_shape, v_stride, v_dtype, _) = q, k, v
+    need(len(q_shape) == 4, lambda: f"q must be [B, N, Hq, D], got shape {tuple(q_shape)}")
+    need(len(k_shape) == 4, lambda: f"k_cache must be [num_pages, page_size, Hkv, D], got shape {tuple(k_shape)}")
+    need(v_shape == k_shape, lambda: f"v_cache shape {tuple(v_shape)} must equal k_cache shape {tuple(k_shape)}")
+    B, N, Hq, D = q_shape
+    page_size, Hkv, Dk = k_shape[1], k_shape[2], k_shape[3]
+    need(q_dtype in SUPPORTED_DTYPES, lambda: f"q dtype {q_dtype} unsupported: use one of {SUPPORTED_DTYPES}")
+    need(k_dtype == q_dtype, lambda: f"k_cache dtype {k_dtype} must equal q dtype {q_dtype}")
+    need(v_dtype == q_dtype, lambda: f"v_cache dtype {v_dtype} must equal q dtype {q_dtype}")
     need(D in SUPPORTED_HEAD_DIMS, lambda: f"head_dim D={D} (q.shape[3]) unsupported: use one of {SUPPORTED_HEAD_DIMS}")
     need(Dk == D, lambda: f"k_cache head_dim {Dk} must equal q head_dim {D}")
     need(Hkv > 0 and Hq % Hkv == 0, lambda: f"q heads Hq={Hq} must be a multiple of k_cache heads Hkv={Hkv}")
-    need(N > 0 and B > 0, lambda: f"q must have B > 0 and N > 0 tokens, got shape {tuple(q.shape)}")
-    need(page_table.dim() == 2 and page_table.shape[0] == B, lambda: f"page_table must be [B={B}, P], got shape {tuple(page_table.shape)}")
-    need(page_table.dtype == torch.int32, lambda: f"page_table dtype must be torch.int32, got {page_table.dtype}")
-    need(prefix_lens.shape == (B,), lambda: f"prefix_lens must be [B={B}], got shape {tuple(prefix_lens.shape)}")
-    need(prefix_lens.dtype == torch.int32, lambda: f"prefix_lens dtype must be torch.int32, got {prefix_lens.dtype}")
-    if tree_mask is not None:
-        need(tree_mask.dim() == 3 and tree_mask.shape[:2] == (B, N) and tree_mask.shape[2] > 0,
-             lambda: f"tree_mask must be [B={B}, N={N}, NK>0], got shape {tuple(tree_mask.shape)}")
-        need(tree_mask.dtype == torch.bool, lambda: f"tree_mask dtype must be torch.bool, got {tree_mask.dtype}")
-    for name, t in (("k_cache", k_cache), ("v_cache", v_cache), ("page_table", page_table), ("prefix_lens", prefix_lens), ("tree_mask", tree_mask)):
-        need(t is None or t.device == q.device, lambda: f"{name} is on {t.device} but q is on {q.device}: put all inputs on one device")
-    need(k_cache.stride(-1) == 1 and v_cache.stride(-1) == 1, lambda: "k_cache and v_cache need a contiguous last (head_dim) axis")
+    need(N > 0 and B > 0, lambda: f"q must have B > 0 and N > 0 tokens, got shape {tuple(q_shape)}")
+    need(len(pt[0]) == 2 and pt[0][0] == B, lambda: f"page_table must be [B={B}, P], got shape {tuple(pt[0])}")
+    need(pt[2] == torch.int32, lambda: f"page_table dtype must be torch.int32, got {pt[2]}")
+    need(pl[0] == (B,), lambda: f"prefix_lens must be [B={B}], got shape {tuple(pl[0])}")
+    need(pl[2] == torch.int32, lambda: f"prefix_lens dtype must be torch.int32, got {pl[2]}")
+    if mask is not None:
+        need(len(mask[0]) == 3 and mask[0][:2] == (B, N) and mask[0][2] > 0,
+             lambda: f"tree_mask must be [B={B}, N={N}, NK>0], got shape {tuple(mask[0])}")
+        need(mask[2] == torch.bool, lambda: f"tree_mask dtype must be torch.bool, got {mask[2]}")
+    for name, m in (("k_cache", k), ("v_cache", v), ("page_table", pt), ("prefix_lens", pl), ("tree_mask", mask)):
+        need(m is None or m[3] == q_dev, lambda: f"{name} is on {m[3]} but q is on {q_dev}: put all inputs on one device")
+    need(k_stride[-1] == 1 and v_stride[-1] == 1, lambda: "k_cache and v_cache need a contiguous last (head_dim) axis")
     need(sm_scale is None or sm_scale > 0, lambda: f"sm_scale must be positive or None, got {sm_scale}")
     need(
         max_prefix_len is None or (isinstance(max_prefix_len, int) and max_prefix_len >= 0),
         lambda: f"max_prefix_len must be a host int >= 0 or None, got {max_prefix_len!r}",
     )
+    # The kernels need a unit stride on q's, page_table's and the mask's last axis and a dense prefix_lens.
+    if q_stride[-1] != 1 or pt[1][-1] != 1 or (B > 1 and pl[1][0] != 1) or (mask is not None and mask[1][-1] != 1):
+        return None
+
+    group = Hq // Hkv
+    scale = sm_scale if sm_scale is not None else 1.0 / math.sqrt(D)
+    NK = N if mask is None else mask[0][2]  # new keys (after the prefix)
+    kv_max = (pt[0][1] * page_size) if max_prefix_len is None else (max_prefix_len + NK)
+    # Interpreter: few SMs, still splits. (A CPU call without it takes the reference; the plan is unused.)
+    num_sms = _num_sms(q_dev.index) if q_dev.type == "cuda" and not interpret else 8
+    block_m, m_tiles, num_splits, chunk = _plan(B, N, Hq, Hkv, kv_max, num_sms)
+    split = num_splits > 1
+    # fp32 inputs use exact fp32 dots (tf32 would miss 1e-4); the interpreter's bf16 is wrong, so upcast there.
+    dot_dtype = tl.float32 if (q_dtype == torch.float32 or interpret) else (
+        tl.bfloat16 if q_dtype == torch.bfloat16 else tl.float16
+    )
+    fwd_args = (
+        scale * _LOG2E, chunk, num_splits, N, NK, Hkv, *q_stride[:3], *k_stride[:3], *v_stride[:3], pt[1][0],
+        *(mask[1][:2] if mask is not None else (0, 0)),
+    )  # fmt: skip
+    fwd_kw = dict(GROUP=group, HEAD_DIM=D, PAGE_SIZE=page_size, HAS_MASK=mask is not None, SPLIT=split,
+                  DOT_DTYPE=dot_dtype, BLOCK_M=block_m)  # fmt: skip
+    ws_numel = B * Hkv * num_splits * N * group * (D + 1) if split else 0  # partial outputs + LSEs
+    merge = None
+    if split:
+        merge = (
+            (N * group, B * Hkv), (chunk, num_splits, N, NK, Hkv),
+            # All splits in one pass (a serial pass per block of splits costs µs of latency).
+            dict(GROUP=group, HEAD_DIM=D, HAS_MASK=mask is not None, BLOCK_S=triton.next_power_of_2(num_splits),
+                 num_warps=4 if num_splits <= 32 else 8),
+        )  # fmt: skip
+    return (m_tiles, num_splits, B * Hkv), fwd_args, fwd_kw, ws_numel, merge
 
 
 def tree_attention(
@@ -447,56 +504,28 @@ def tree_attention(
     max_prefix_len: host upper bound on prefix_lens that sizes the split grid (None: the page
     table's capacity; a tight bound avoids empty splits). Returns out [B, N, Hq, D] (q's dtype).
     """
-    _validate(q, k_cache, v_cache, page_table, prefix_lens, tree_mask, sm_scale, max_prefix_len)
+    interpret = is_interpret()
+    recipe = _prepare(
+        _meta(q), _meta(k_cache), _meta(v_cache), _meta(page_table), _meta(prefix_lens), _meta(tree_mask),
+        sm_scale, max_prefix_len, interpret,
+    )  # fmt: skip
     if not use_triton(q, k_cache, v_cache, page_table, prefix_lens):
         return tree_attention_ref(q, k_cache, v_cache, page_table, prefix_lens, tree_mask, sm_scale)
-
-    B, N, Hq, D = q.shape
-    page_size, Hkv = k_cache.shape[1], k_cache.shape[2]
-    group = Hq // Hkv
-    q = q if q.stride(-1) == 1 else q.contiguous()
-    page_table = page_table if page_table.stride(-1) == 1 else page_table.contiguous()
-    prefix_lens = prefix_lens.contiguous()
-    scale = sm_scale if sm_scale is not None else 1.0 / math.sqrt(D)
-    NK = N if tree_mask is None else tree_mask.shape[2]  # new keys (after the prefix)
-    kv_max = (page_table.shape[1] * page_size) if max_prefix_len is None else (max_prefix_len + NK)
-    num_sms = 8 if is_interpret() else _num_sms(q.device.index)  # interpreter: few SMs, still splits
-    block_m, m_tiles, num_splits, chunk = _plan(B, N, Hq, Hkv, kv_max, num_sms)
-    split = num_splits > 1
-    # fp32 inputs use exact fp32 dots (tf32 would miss 1e-4); the interpreter's bf16 is wrong, so upcast there.
-    dot_dtype = tl.float32 if (q.dtype == torch.float32 or is_interpret()) else (
-        tl.bfloat16 if q.dtype == torch.bfloat16 else tl.float16
-    )
-    has_mask = tree_mask is not None
-    # bool -> uint8 view (same bytes); the kernel needs a contiguous last axis. page_table is a dummy when causal.
-    mask = tree_mask.contiguous().view(torch.uint8) if has_mask else page_table
-
-    out = _empty((B, N, Hq, D), q.dtype, q.device)  # [B, N, Hq, D]
-    if split:
-        o_part = _empty((B, Hkv, num_splits, N, group, D), torch.float32, q.device)  # [B, Hkv, S, N, G, D]
-        lse = _empty((B, Hkv, num_splits, N, group), torch.float32, q.device)  # [B, Hkv, S, N, G]
-    else:
-        o_part, lse = out, out  # written directly; LSE unused
-    mask_strides = (mask.stride(0), mask.stride(1)) if has_mask else (0, 0)
+    if recipe is None:  # rare: a strided input, copied once here
+        return tree_attention(
+            q.contiguous(), k_cache, v_cache, page_table.contiguous(), prefix_lens.contiguous(),
+            None if tree_mask is None else tree_mask.contiguous(), sm_scale, max_prefix_len,
+        )  # fmt: skip
+    grid, fwd_args, fwd_kw, ws_numel, merge = recipe
+    # bool -> uint8 view (same bytes). page_table is a dummy when causal.
+    mask = tree_mask.view(torch.uint8) if tree_mask is not None else page_table
+    out = _empty(q.shape, q.dtype, q.device)  # [B, N, Hq, D]
+    ws = _empty((ws_numel,), torch.float32, q.device) if merge else out  # partial outputs + LSEs when split
 
     # Triton launches on the current device: switch only when q lives elsewhere (cheap common path).
     on_other_gpu = q.is_cuda and q.device.index != torch.cuda.current_device()
     with torch.cuda.device(q.device) if on_other_gpu else contextlib.nullcontext():
-        _fwd_kernel[(m_tiles, num_splits, B * Hkv)](
-            q, k_cache, v_cache, page_table, prefix_lens, mask, o_part, lse,
-            scale * _LOG2E, chunk, num_splits, N, NK, Hkv,
-            q.stride(0), q.stride(1), q.stride(2),
-            k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-            v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-            page_table.stride(0), *mask_strides,
-            GROUP=group, HEAD_DIM=D, PAGE_SIZE=page_size, HAS_MASK=has_mask, SPLIT=split,
-            DOT_DTYPE=dot_dtype, BLOCK_M=block_m,
-        )  # fmt: skip
-        if split:
-            _merge_kernel[(N * group, B * Hkv)](
-                o_part, lse, prefix_lens, out, chunk, num_splits, N, NK, Hkv,
-                GROUP=group, HEAD_DIM=D, HAS_MASK=has_mask,
-                # All splits in one pass (a serial pass per block of splits costs µs of latency).
-                BLOCK_S=triton.next_power_of_2(num_splits), num_warps=4 if num_splits <= 32 else 8,
-            )  # fmt: skip
+        _fwd_kernel[grid](q, k_cache, v_cache, page_table, prefix_lens, mask, ws, *fwd_args, **fwd_kw)
+        if merge:
+            _merge_kernel[merge[0]](ws, prefix_lens, out, *merge[1], **merge[2])
     return out

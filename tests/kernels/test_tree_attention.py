@@ -142,17 +142,19 @@ def test_sm_scale_and_noncontiguous_q():
 
 
 def test_grid_plan():
-    """Host-side plan: splits cover the bound, chunks aligned and long enough, a full grid needs no split."""
-    for B, N, Hq, Hkv, kv_max, sms in [(1, 16, 32, 8, 65552, 132), (1, 16, 32, 8, 1040, 132), (8, 64, 32, 8, 16448, 132), (1, 1, 1, 1, 10, 132), (1, 37, 4, 2, 4130, 8)]:
+    """Host-side plan: splits cover the bound, chunks are powers of two (an autotune key) and long
+    enough, a full grid needs no split."""
+    for B, N, Hq, Hkv, kv_max, sms in [(1, 16, 32, 8, 65552, 132), (1, 16, 32, 8, 1040, 132), (8, 64, 32, 8, 16448, 132), (1, 1, 1, 1, 10, 132), (1, 37, 4, 2, 4130, 8), (1, 64, 32, 8, 4160, 132)]:
         block_m, m_tiles, splits, chunk = ta._plan(B, N, Hq, Hkv, kv_max, sms)
         rows = N * Hq // Hkv
         assert 16 <= block_m <= 128 and (m_tiles - 1) * block_m < rows <= m_tiles * block_m
-        assert chunk % ta._CHUNK_ALIGN == 0 and 1 <= splits <= ta._MAX_SPLITS
+        assert chunk >= ta._CHUNK_ALIGN and chunk & (chunk - 1) == 0 and 1 <= splits <= ta._MERGE_SPLITS
         assert (splits - 1) * chunk < kv_max <= splits * chunk
-        assert splits == 1 or chunk >= ta._MIN_CHUNK
+        assert splits == 1 or chunk >= ta._MIN_CHUNK // 2  # rounded to the nearest power of two
         programs = B * Hkv * m_tiles * splits
-        assert splits == 1 or programs <= sms or chunk >= ta._CHUNK_PER_ROW * rows  # past one wave: long chunks
-    assert ta._plan(1, 16, 32, 8, 65552, 132)[2] >= 16  # one request, 8 KV heads: many splits
+        # past one wave: long chunks (up to the power-of-two rounding)
+        assert splits == 1 or programs <= 2 * sms or 2 * chunk >= ta._CHUNK_PER_ROW * rows
+    assert ta._plan(1, 16, 32, 8, 65552, 132)[2:] == (33, 2048)  # one request, 8 KV heads: many splits
     assert ta._plan(64, 64, 32, 8, 65552, 132)[2] == 1  # the grid is already full
     assert ta._plan(8, 64, 32, 8, 4160, 132)[2] == 1  # 128 heavy 128-row programs: one per SM already
 
