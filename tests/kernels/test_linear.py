@@ -288,11 +288,12 @@ def test_rows_do_not_depend_on_m_gpu(dtype):
     """tl.dot variant: a row's result is the same bits for any 2 <= M <= 64 (both M buckets)."""
     t = make(MAX_FAST_M, 576, 960, dtype, seed=9)
     gu = make_gu(MAX_FAST_M, 768, dtype, seed=9)  # [64, 1536]
+    w_down = make(1, 768, 960, dtype, seed=10)["w"]  # [960, 768]: the down projection 768 -> 960
     full = linear(t["x"], t["w"], t["b"])  # [64, N], BLOCK_M = 32
-    full_silu = silu_mul_linear(gu, t["w"][:, :768].contiguous())  # [64, N]
+    full_silu = silu_mul_linear(gu, w_down)  # [64, N]
     for m in (2, 16, 17, 37):
         assert torch.equal(linear(t["x"][:m], t["w"], t["b"]), full[:m]), m
-        assert torch.equal(silu_mul_linear(gu[:m], t["w"][:, :768].contiguous()), full_silu[:m]), m
+        assert torch.equal(silu_mul_linear(gu[:m], w_down), full_silu[:m]), m
 
 
 @gpu_only
