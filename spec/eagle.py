@@ -251,7 +251,9 @@ class EagleEngine:
         order = torch.where(on_path, torch.arange(N, device=pred.device), N).sort(dim=1).values[:, : S + 1]  # [B, S+1]
         length = torch.minimum(want, on_path.sum(-1))  # [B]
         index = torch.where(torch.arange(S + 1, device=pred.device) < length[:, None], order, -1)  # [B, S+1]
-        last = index.gather(1, (length - 1)[:, None])  # [B, 1]
+        # a row without a tree (bucket padding, the zero inputs of a graph's warm-up run) has length 0: it
+        # reads node 0, never index -1 (a device-side assert on the GPU, seen at B=1 on random Llama-3.1-8B)
+        last = torch.where(length[:, None] > 0, order.gather(1, (length - 1).clamp(min=0)[:, None]), 0)  # [B, 1]
         return VerifyResult(index, length.int(), pred.gather(1, last)[:, 0])
 
     @torch.inference_mode()

@@ -9,7 +9,7 @@ from eaglet.models.eagle import new_draft_head
 from eaglet.models.kv_cache import KVCache
 from eaglet.models.llama import ModelArgs, Transformer
 from eaglet.spec.autoregressive import AREngine, Request
-from eaglet.spec.eagle import EagleEngine, TreeSpec
+from eaglet.spec.eagle import EagleEngine, SimulatedAcceptance, TreeSpec
 
 TREES = {"chain": TreeSpec(4, 1, 5), "eagle2": TreeSpec(4, 3, 8)}
 ARGS = ModelArgs(family="llama", vocab_size=256, dim=128, n_layers=8, n_heads=2, n_kv_heads=1, head_dim=64,
@@ -47,11 +47,11 @@ def oracle_like(kind, target, num_layers=None):
     return head
 
 
-def ar_outputs(target, prompts, max_new):
+def ar_outputs(target, prompts, max_new, use_cuda_graph=None):
     kv = KVCache.for_model(target.args, max_reqs=len(prompts), max_context=256, page_size=8, dtype=target.dtype,
                            device=target.device)
     reqs = [Request(p, max_new, rid=i) for i, p in enumerate(prompts)]
-    AREngine(target, kv, len(prompts)).generate(reqs)
+    AREngine(target, kv, len(prompts), use_cuda_graph=use_cuda_graph).generate(reqs)
     return [r.output_ids for r in reqs]
 
 
@@ -182,3 +182,19 @@ def test_prompt_longer_than_context_is_named(target):
                       max_batch=1, max_context=32, page_size=8)
     with pytest.raises(ValueError, match="prompt has 40 tokens but the context is 32"):
         eng.generate([Request([1] * 40, 4)])
+
+
+def test_simulated_acceptance_tolerates_rows_without_a_tree(target):
+    """Bucket padding and a graph's warm-up run give rows whose tree mask is empty: they accept nothing and
+    read node 0 (an index of -1 was a device-side assert on an H200)."""
+    head = new_draft_head("eagle1", target, dtype=torch.float32, device="cpu")
+    tree = TreeSpec(3, 1, 4)
+    eng = EagleEngine(target, head, tree, max_batch=2, max_context=64,
+                      simulate=SimulatedAcceptance.from_tau(2.5, tree.steps))
+    pred = torch.arange(8).view(2, 4)  # [B, N]
+    mask = torch.zeros(2, 4, 4, dtype=torch.bool)  # [B, N, N]; row 1 has no tree
+    mask[0] = torch.tril(torch.ones(4, 4, dtype=torch.bool))  # row 0: a chain
+    res = eng._simulated_accept(pred, mask)
+    assert res.accept_len[1] == 0 and (res.accept_index[1] == -1).all() and res.bonus[1] == pred[1, 0]
+    n = int(res.accept_len[0])
+    assert 1 <= n <= 4 and res.accept_index[0, :n].tolist() == list(range(n)) and res.bonus[0] == pred[0, n - 1]
