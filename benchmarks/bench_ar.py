@@ -55,8 +55,10 @@ def main():
         batch_prompts = prompts[:B]
         mean_ctx = sum(len(p) for p in batch_prompts) / B + args.max_new / 2
         floor_s = (weight_bytes + B * mean_ctx * kv_bytes_per_token) / bw  # one decode step
-        # (graphs, fused linear): the fused-projection path is an A/B (benchmarks/NOTES.md)
-        for graph, fused in ((True, False), (True, True), (False, False)):
+        # (graphs, fused projections up to this many tokens): the default (fused at 1 token) against
+        # cuBLAS projections at every size, the measurement behind models/llama.py's threshold
+        default = set_fused_linear(0)
+        for graph, fused in ((True, 0), (True, default), (False, default)):
             set_fused_linear(fused)
             kv = KVCache.for_model(margs, max_reqs=B, max_context=2048, page_size=16, dtype=dtype, device=dev)
             eng = AREngine(model, kv, B, use_cuda_graph=graph)
@@ -67,13 +69,14 @@ def main():
             decode_tokens = st.new_tokens - len(reqs)  # the first token of each comes from prefill
             decode_s = st.total_s - st.prefill_s
             tps = decode_tokens / decode_s
-            name = ("CUDA graph" if graph else "eager") + (", fused linear" if fused else "")
+            name = ("CUDA graph" if graph else "eager") + (f", fused projections at <= {fused} tokens" if fused
+                                                            else ", cuBLAS projections")
             rows.append({"provider": f"eaglet AR ({name})", "B": B,
                          "tokens/s": tps, "step ms": 1e3 * decode_s / st.decode_steps,
                          "floor ms": 1e3 * floor_s, "floor tokens/s": B / floor_s,
                          "x floor": (decode_s / st.decode_steps) / floor_s})
             print(rows[-1], flush=True)
-        set_fused_linear(False)
+        set_fused_linear(default)
         if args.no_hf:
             continue
         import transformers

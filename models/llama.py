@@ -215,7 +215,7 @@ class TransformerBlock(nn.Module):
     def forward(self, x, residual, positions, inv_freq, batch, kv):
         """Pre-norm block with the residual adds fused into the norms (vLLM/SGLang style): takes and
         returns (block output, residual) whose sum is the residual stream; residual=None at layer 0."""
-        if _FUSED_LINEAR:
+        if x.numel() <= _FUSED_LINEAR_MAX_TOKENS * x.shape[-1]:
             return self._forward_fused_linear(x, residual, positions, inv_freq, batch, kv)
         if residual is None:
             h, residual = self.input_layernorm(x), x
@@ -227,9 +227,8 @@ class TransformerBlock(nn.Module):
 
     def _forward_fused_linear(self, x, residual, positions, inv_freq, batch, kv):
         """The same block with each norm fused into the projection after it and SiLU·mul into the
-        down projection (kernels/linear.py: ~90 fewer launches per SmolLM2 step). Same results (the
-        kernels' references are exactly the unfused ops); an A/B pending GPU timing, see
-        benchmarks/NOTES.md: keep the faster path, delete the other."""
+        down projection (kernels/linear.py: ~90 fewer launches per SmolLM2 step). Same results on
+        CPU (the kernels' references are exactly the unfused ops)."""
         attn, mlp, ln1, ln2 = self.self_attn, self.mlp, self.input_layernorm, self.post_attention_layernorm
         if residual is None:
             qkv, residual = norm_linear(x, ln1.weight, ln1.eps, attn.qkv_proj.weight, attn.qkv_proj.bias), x
@@ -241,13 +240,20 @@ class TransformerBlock(nn.Module):
         return silu_mul_linear(gu, mlp.down_proj.weight), residual
 
 
-_FUSED_LINEAR = False
+# Token counts up to which a block runs the fused projections (kernels/linear.py) instead of the rmsnorm
+# kernel + cuBLAS. SmolLM2 decode on an H200 (benchmarks/results/ar_h200.md, CUDA graphs): 1 token per
+# step 1.187 -> 0.936 ms fused (842 -> 1,068 tokens/s); 8 tokens 1.204 -> 1.621 ms, so cuBLAS above 1.
+_FUSED_LINEAR_MAX_TOKENS = 1
 
 
-def set_fused_linear(enabled: bool) -> None:
-    """Choose the block's projection path (benchmarks/bench_ar.py times both)."""
-    global _FUSED_LINEAR
-    _FUSED_LINEAR = enabled
+def set_fused_linear(max_tokens: int) -> int:
+    """Run the fused projections for blocks of at most `max_tokens` tokens (0: never); returns the previous
+    setting (benchmarks/bench_ar.py times both paths)."""
+    global _FUSED_LINEAR_MAX_TOKENS
+    if max_tokens < 0:
+        raise ValueError(f"max_tokens must be >= 0, got {max_tokens}")
+    old, _FUSED_LINEAR_MAX_TOKENS = _FUSED_LINEAR_MAX_TOKENS, max_tokens
+    return old
 
 
 class _Body(nn.Module):

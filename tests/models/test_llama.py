@@ -172,16 +172,19 @@ def test_registry_configs_build():
 
 @pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])
 def test_fused_linear_path_equals_the_unfused_one(family):
-    """The A/B path (norm fused into the projection, SiLU·mul into the down projection) computes
-    the same block: exactly on CPU, where both run the kernels' references."""
+    """The fused path (norm fused into the projection, SiLU·mul into the down projection; the default
+    at one token) computes the same block: exactly on CPU, where both run the kernels' references."""
     import eaglet.models.llama as llama
 
     model = to_eaglet(tiny_hf(family))
     ids = torch.randint(0, 256, (1, 29), generator=torch.Generator().manual_seed(5))
-    plain = full_forward(model, ids)
-    llama.set_fused_linear(True)
+    old = llama.set_fused_linear(0)
     try:
+        plain = full_forward(model, ids)
+        llama.set_fused_linear(64)
         fused = full_forward(model, ids)
     finally:
-        llama.set_fused_linear(False)
-    assert torch.equal(fused, plain)
+        llama.set_fused_linear(old)
+    assert old == 1 and torch.equal(fused, plain)
+    with pytest.raises(ValueError, match="max_tokens"):
+        llama.set_fused_linear(-1)
