@@ -35,7 +35,7 @@ case $stage in
     python train_draft.py hydra.run.dir=$T/run logger=none data.path="$SHAREGPT" data.limit=5000 \
       data.max_turns=1 data.regen.max_new_tokens=512 data.regen.batch_size=128 data.cache_dir=$T/regen \
       train.steps=${TRAIN_STEPS:-2400} train.time_limit_s=${TRAIN_S:-240} eval.every=800 eval.num_prompts=16 \
-      train.progress=false 2>&1 | grep -v Warning | tail -25
+      train.progress=false train.profile_steps=3 2>&1 | grep -v Warning | tail -60
     spec() {  # name, overrides...
       local name=$1; shift
       timeout "$(left)" python run_spec.py draft=eagle3 draft.path=$head logger=none print_answers=1 \
@@ -46,7 +46,9 @@ case $stage in
     spec humaneval_b8 tree=eagle2 data=humaneval gen.batch_size=8 gen.compare_ar=false
     spec sharegpt_b8 tree=eagle2 data=sharegpt data.path="$SHAREGPT" gen.batch_size=8 gen.compare_ar=false
     spec mt_bench_b1_wide tree=eagle2_wide data=mt_bench data.max_turns=1 gen.batch_size=1
-    tar czf "$out/train.tgz" -C $T --exclude=wandb --exclude=checkpoints --exclude=regen run eval
+    # the regenerated answers come back too (a later run skips regeneration with data.cache_dir)
+    tar czf "$out/train.tgz" -C $T --exclude=wandb --exclude=checkpoints --exclude=trace.json run eval regen
+    gzip -c $T/run/trace.json > "$out/train_trace.json.gz"
     ls -la "$out" ;;
   *) echo "unknown stage $stage" >&2; exit 2 ;;
 esac

@@ -189,18 +189,25 @@ def run(cfg: DictConfig, output_dir: str | Path) -> dict:
 
 @contextlib.contextmanager
 def trace_steps(n: int, output_dir):
-    """Yields a per-step callback; with n > 0, a PyTorch profiler Chrome trace of n decode steps
-    (after 2 skipped and 1 warm-up step) is written to <output_dir>/trace.json, for looking at the
-    streams side by side (chrome://tracing or Perfetto)."""
+    """Yields a per-step callback; with n > 0, a PyTorch profiler Chrome trace of n steps (decode or
+    training steps, after 2 skipped and 1 warm-up step) is written to <output_dir>/trace.json, for looking
+    at the streams side by side (chrome://tracing or Perfetto), and the ops taking the most time are printed."""
     if n <= 0:
         yield None
         return
     from torch.profiler import ProfilerActivity, profile, schedule
 
     path = Path(output_dir) / "trace.json"
-    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    gpu = torch.cuda.is_available()
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if gpu else [])
+
+    def ready(p):
+        p.export_chrome_trace(str(path))
+        key = "self_device_time_total" if gpu else "self_cpu_time_total"
+        print(p.key_averages().table(sort_by=key, row_limit=20), flush=True)
+
     with profile(activities=acts, schedule=schedule(wait=2, warmup=1, active=n, repeat=1),
-                 on_trace_ready=lambda p: p.export_chrome_trace(str(path))) as prof:
+                 on_trace_ready=ready) as prof:
         yield prof.step
     print(f"[eaglet] profiler trace: {path}", flush=True)
 

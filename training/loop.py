@@ -332,7 +332,7 @@ def evaluate_tau(target: Transformer, head: DraftHead, tree_cfg, prompts: list[l
 def train(cfg: DictConfig, output_dir: str | Path, target: Transformer | None = None, tokenizer=None) -> dict:
     """Train a draft head as `cfg` (conf/train_draft.yaml) says; returns the metrics written to metrics.json.
     `target`/`tokenizer` replace cfg.target (an already loaded model; tests pass tiny ones)."""
-    from eaglet.spec.run import resolve_hardware
+    from eaglet.spec.run import resolve_hardware, trace_steps
 
     tc, hc, oc, ec = cfg.train, cfg.train.head, cfg.train.optim, cfg.eval
     if tc.get("fsdp"):
@@ -435,6 +435,8 @@ def train(cfg: DictConfig, output_dir: str | Path, target: Transformer | None = 
     stop_at = tc.stop_at_step if tc.get("stop_at_step") is not None else tc.steps
     time_limit = tc.get("time_limit_s")
     bar = tqdm(total=tc.steps, initial=start_step, disable=not (dd.main and tc.progress), dynamic_ncols=True)
+    tracing = contextlib.ExitStack()  # train.profile_steps: a Chrome trace of a few steps (rank 0)
+    on_step = tracing.enter_context(trace_steps((tc.get("profile_steps") or 0) if dd.main else 0, run_dir))
 
     def paused(fn):
         """Run fn with its time kept out of train/tokens_per_s (the device drained first)."""
@@ -484,6 +486,8 @@ def train(cfg: DictConfig, output_dir: str | Path, target: Transformer | None = 
             win_loss += loss_sum
             win_steps += 1
             bar.update(1)
+            if on_step is not None:
+                on_step()
 
             if step % tc.log_every == 0 or step == tc.steps:
                 w = dd.all_sum(window.clone())
@@ -515,6 +519,7 @@ def train(cfg: DictConfig, output_dir: str | Path, target: Transformer | None = 
             checkpoint(step, sync=False)  # no barrier: the other processes may be gone
         raise
     finally:
+        tracing.close()
         bar.close()
     if step != last_saved:
         checkpoint(step)

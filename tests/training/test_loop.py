@@ -186,3 +186,10 @@ def test_time_limit_stops_resumably(target, tmp_path, small_cfg):
     assert [p.name for p in (tmp_path / "run" / "checkpoints").iterdir()] == ["step_00000001"]
     m = train(small_cfg("eagle3", "train.steps=5"), tmp_path / "run", target=target)  # resume=auto
     assert m["steps"] == 5 and m["finished"]
+
+
+def test_profile_steps_write_a_trace(target, tmp_path, small_cfg, capsys):
+    train(small_cfg("eagle3", "train.steps=5", "train.profile_steps=1"), tmp_path / "run", target=target)
+    trace = json.loads((tmp_path / "run" / "trace.json").read_text())
+    assert any(e.get("name", "").startswith("aten::") for e in trace["traceEvents"])
+    assert "Self CPU" in capsys.readouterr().out  # the top-ops table
