@@ -105,6 +105,8 @@ def run(cfg: DictConfig, output_dir: str | Path) -> dict:
     else:
         prompts = load_prompts(cfg.data.name, limit=cfg.data.limit, path=cfg.data.path,
                                max_turns=cfg.data.max_turns, split=cfg.data.split)
+        if cfg.data.get("skip_too_long"):
+            prompts = fitting_prompts(prompts, tokenizer, cfg.gen.chat_template, max_context - cfg.gen.max_new_tokens)
     config = OmegaConf.to_container(cfg, resolve=True)
     env = environment(device)
     resolved = {"stream_plan": plan.name, "stream_plan_reason": plan.reason}
@@ -210,6 +212,18 @@ def trace_steps(n: int, output_dir):
                  on_trace_ready=ready) as prof:
         yield prof.step
     print(f"[eaglet] profiler trace: {path}", flush=True)
+
+
+def fitting_prompts(prompts: list, tokenizer, chat_template: bool, budget: int) -> list:
+    """The prompts whose first turn leaves room for the answer (`budget` = context - max_new_tokens tokens);
+    says how many were skipped. Datasets of real conversations (ShareGPT) hold prompts of tens of thousands of
+    tokens, and a prompt longer than the context is otherwise an error."""
+    kept = [p for p in prompts
+            if len(encode_turns(tokenizer, [{"role": "user", "content": p.turns[0]}], chat_template)) <= budget]
+    if len(kept) < len(prompts):
+        print(f"[eaglet] data.skip_too_long: skipped {len(prompts) - len(kept)} of {len(prompts)} prompts whose "
+              f"first turn exceeds {budget} tokens (gen.max_context - gen.max_new_tokens)", flush=True)
+    return kept
 
 
 @functools.lru_cache(maxsize=1)

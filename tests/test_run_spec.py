@@ -109,3 +109,18 @@ def test_bad_run_configs_are_named(tmp_path):
             resolve_hardware(OmegaConf.create({"device": "cuda", "dtype": "auto"}))
     with pytest.raises(ValueError, match="hardware.dtype"):
         resolve_hardware(OmegaConf.create({"device": "cpu", "dtype": "int8"}))
+
+
+def test_skip_too_long_keeps_prompts_that_fit(capsys):
+    """data.skip_too_long (on for ShareGPT, whose prompts reach 27k tokens): prompts whose first turn leaves
+    no room for the answer are skipped, and the run says how many."""
+    from eaglet.data.prompts import Prompt
+    from eaglet.models.checkpoint import load_tokenizer
+    from eaglet.spec.run import fitting_prompts, target_path
+    from omegaconf import OmegaConf
+
+    tok = load_tokenizer(target_path(OmegaConf.load(REPO / "conf" / "target" / "smollm2_135m.yaml")))
+    short, long = Prompt("s", ["What is the capital of France?"], {}), Prompt("l", ["word " * 3000], {})
+    assert fitting_prompts([long, short], tok, True, 1000) == [short]
+    assert "skipped 1 of 2 prompts" in capsys.readouterr().out
+    assert fitting_prompts([short], tok, True, 1000) == [short] and capsys.readouterr().out == ""
