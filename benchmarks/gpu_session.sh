@@ -17,12 +17,16 @@ mkdir -p "$out"
 source benchmarks/offline_gpu_env.sh
 case $stage in
   tests)
-    python -m pytest -q -p no:cacheprovider tests/kernels tests/spec 2>&1 | tee "$out/tests.log" | tail -25 ;;
+    # one line per test as it ends, so a call cut short still says what passed; default kernel configs
+    # (EAGLET_AUTOTUNE=0): tuning every test shape costs minutes of compilation
+    EAGLET_AUTOTUNE=0 python -m pytest -v -rf -p no:cacheprovider tests/kernels tests/spec 2>&1 | tee "$out/tests.log" \
+      | grep -E "PASSED|FAILED|ERROR|passed|failed|^E " | tail -60 ;;
   ar)
     python benchmarks/bench_ar.py --batch 1 8 --max-new 256 --hf-max-new 32 --out "$out/ar_h200.md" ;;
   kernels)
     python benchmarks/bench_tree_attention.py --md "$out/tree_attention_h200.md" 2>&1 | tail -30
     python benchmarks/bench_model_kernels.py --md "$out/model_kernels_h200.md" 2>&1 | tail -30
+    python benchmarks/bench_linear.py --ms 1,2,4,8 --md "$out/linear_h200.md" 2>&1 | tail -30
     python benchmarks/bench_tree_verify.py --out "$out/tree_verify_h200.md" 2>&1 | tail -15 ;;
   ablation)
     python run_spec.py +experiment=ablate_overlap logger=none hydra.sweep.dir=/tmp/ablate_overlap 2>&1 \
