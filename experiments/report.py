@@ -2,12 +2,15 @@
 
     python -m eaglet.experiments.report multirun/ablate_overlap --out experiments/results/ablate_overlap
 
-Reads every metrics.json under the given folders and writes into --out:
-  runs.md                   one row per run: target, draft, tree, plan, batch, tau, tokens/s, speedup over AR
-  overlap.md                per (target, tree, batch): each stream plan's step time split by phase, the
-                            share of plan time hidden, and the speedup over `serial` in the same sweep
+Reads every metrics.json under the given folders and writes into --out what the runs support:
+  runs.md                   one row per run: target, draft, data, tree, plan, batch, tau, tokens/s, speedup over AR
+  overlap.md                per (target, tree, batch) with several stream plans: each plan's step time split by
+                            phase, the share of plan time hidden, and the speedup over `serial` in the same sweep
   step_time_by_phase.png    stacked step time per plan (draft, exposed plan, verify, accept, extend)
   speedup_vs_serial.png     speedup of each overlap plan over serial, by batch size
+  trees.md                  per (target, draft, data, batch) with several tree shapes: tau, per-depth acceptance,
+  tau_vs_tree_size.png      step time and tokens/s of each shape; tau against verified tokens per (steps, topk)
+  speedup_vs_batch.png      speedup over autoregressive decoding against batch size, per (draft, tree, data)
   accept_hist.png           accept-length histograms of the runs with real acceptance
 """
 
@@ -45,13 +48,16 @@ def tree_name(m: dict) -> str:
 
 
 def runs_table(runs: list[dict]) -> str:
-    lines = ["| run | target | draft | tree | plan | B | tau | tokens/s | decode tokens/s | speedup vs AR |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| run | target | draft | data | tree | plan | B | tau | tokens/s | decode tokens/s | speedup vs AR "
+             "| identical to AR |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for m in sorted(runs, key=lambda m: m["run"]):
         tau = f"{m['tau']:.2f}" if "tau" in m else "-"
         sp = f"{m['speedup_vs_ar']:.2f}" if "speedup_vs_ar" in m else "-"
-        lines.append(f"| {m['run']} | {m['target']} | {m['draft']} | {tree_name(m)} | {m.get('stream_plan', '-')} "
-                     f"| {m['batch_size']} | {tau} | {m['tokens_per_s']:.1f} | {m['decode_tokens_per_s']:.1f} | {sp} |")
+        same = f"{100 * m['ar_identical_fraction']:.0f}%" if "ar_identical_fraction" in m else "-"
+        lines.append(f"| {m['run']} | {m['target']} | {m['draft']} | {m.get('data', '-')} | {tree_name(m)} "
+                     f"| {m.get('stream_plan', '-')} | {m['batch_size']} | {tau} | {m['tokens_per_s']:.1f} "
+                     f"| {m['decode_tokens_per_s']:.1f} | {sp} | {same} |")
     return "\n".join(lines) + "\n"
 
 
@@ -66,7 +72,86 @@ def overlap_groups(runs: list[dict]) -> dict[tuple, dict[str, dict]]:
     for m in runs:
         if "step_ms" in m and m.get("stream_plan"):
             groups[(m["target"], tree_name(m), m["batch_size"])][configured_plan(m)] = m
-    return dict(sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2])))
+    return dict(sorted(((k, v) for k, v in groups.items() if len(v) > 1), key=lambda kv: kv[0]))
+
+
+def tree_groups(runs: list[dict]) -> dict[tuple, list[dict]]:
+    """(target, draft, data, batch) -> runs of different tree shapes with real acceptance, in shape order;
+    only groups that hold more than one shape (a tree sweep)."""
+    groups: dict[tuple, dict[tuple, dict]] = defaultdict(dict)
+    for m in runs:
+        t = m.get("tree")
+        if "tau" in m and t and not t.get("simulate"):
+            groups[(m["target"], m["draft"], m.get("data", "-"), m["batch_size"])][
+                (t["steps"], t["topk"], t["num_draft_tokens"])] = m
+    return {k: [v[shape] for shape in sorted(v)] for k, v in sorted(groups.items()) if len(v) > 1}
+
+
+def trees_table(groups: dict[tuple, list[dict]]) -> str:
+    lines = ["| target | draft | data | B | steps | topk | verified tokens | tau | accept rate by depth | step ms "
+             "| decode tokens/s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for (target, draft, data, B), ms in groups.items():
+        for m in ms:
+            t = m["tree"]
+            depth = " / ".join(f"{r:.2f}" for r in m.get("accept_rate_depth", []))
+            lines.append(f"| {target} | {draft} | {data} | {B} | {t['steps']} | {t['topk']} | {t['num_draft_tokens']} "
+                         f"| {m['tau']:.2f} | {depth} | {m['step_ms']:.3f} | {m['decode_tokens_per_s']:.1f} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot_tau_vs_tree_size(groups: dict[tuple, list[dict]], path: Path) -> None:
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, len(groups), figsize=(4.5 * len(groups), 4), squeeze=False)
+    for ax, (key, ms) in zip(axes[0], groups.items()):
+        lines: dict[tuple, list[tuple[int, float]]] = defaultdict(list)
+        for m in ms:
+            t = m["tree"]
+            lines[(t["steps"], t["topk"])].append((t["num_draft_tokens"], m["tau"]))
+        for (steps, topk), pts in sorted(lines.items()):
+            ax.plot([n for n, _ in pts], [tau for _, tau in pts], marker="o", label=f"steps {steps}, topk {topk}")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("verified tokens per step (root included)")
+        ax.set_ylabel("tau (tokens per verify step)")
+        ax.set_title(f"{key[0]}, {key[1]}, {key[2]}, B={key[3]}", fontsize=8)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def batch_series(runs: list[dict]) -> dict[tuple, list[tuple[int, float]]]:
+    """(target, draft, tree, data) -> [(batch, speedup over AR)] for runs measured against AR, when a
+    series has more than one batch size."""
+    series: dict[tuple, dict[int, float]] = defaultdict(dict)
+    for m in runs:
+        if "speedup_vs_ar" in m:
+            series[(m["target"], m["draft"], tree_name(m), m.get("data", "-"))][m["batch_size"]] = m["speedup_vs_ar"]
+    return {k: sorted(v.items()) for k, v in sorted(series.items()) if len(v) > 1}
+
+
+def plot_speedup_vs_batch(series: dict[tuple, list[tuple[int, float]]], path: Path) -> None:
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for (target, draft, tree, data), pts in series.items():
+        ax.plot([b for b, _ in pts], [s for _, s in pts], marker="o", label=f"{draft} | {tree} | {data}")
+    ax.axhline(1.0, color="grey", lw=0.8, label="autoregressive")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("batch size")
+    ax.set_ylabel("decode speedup over autoregressive (same run)")
+    ax.legend(fontsize=6)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
 
 
 def overlap_table(groups: dict[tuple, dict[str, dict]]) -> str:
@@ -86,11 +171,7 @@ def overlap_table(groups: dict[tuple, dict[str, dict]]) -> str:
 
 
 def plot_step_time(groups: dict[tuple, dict[str, dict]], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = _pyplot()
     keys = list(groups)
     fig, axes = plt.subplots(1, len(keys), figsize=(3.2 * len(keys), 4), squeeze=False, sharey=False)
     colors = dict(zip(PHASES, ("#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3")))
@@ -112,11 +193,7 @@ def plot_step_time(groups: dict[tuple, dict[str, dict]], path: Path) -> None:
 
 
 def plot_speedup(groups: dict[tuple, dict[str, dict]], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = _pyplot()
     series: dict[tuple, list[tuple[int, float]]] = defaultdict(list)
     for (target, tree, B), plans in groups.items():
         if "serial" not in plans:
@@ -142,11 +219,7 @@ def plot_accept_hist(runs: list[dict], path: Path) -> bool:
     real = [m for m in runs if m.get("accept_hist") and not (m.get("tree") or {}).get("simulate")]
     if not real:
         return False
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
     for m in real:
         hist = m["accept_hist"]
@@ -176,6 +249,17 @@ def build(roots: list[str | Path], out: str | Path) -> list[Path]:
         plot_step_time(groups, out / "step_time_by_phase.png")
         plot_speedup(groups, out / "speedup_vs_serial.png")
         written += [out / "overlap.md", out / "step_time_by_phase.png", out / "speedup_vs_serial.png"]
+    trees = tree_groups(runs)
+    if trees:
+        log(f"tree sweep: {sum(map(len, trees.values()))} runs in {len(trees)} groups")
+        (out / "trees.md").write_text(trees_table(trees))
+        plot_tau_vs_tree_size(trees, out / "tau_vs_tree_size.png")
+        written += [out / "trees.md", out / "tau_vs_tree_size.png"]
+    series = batch_series(runs)
+    if series:
+        log(f"speedup vs batch: {len(series)} series")
+        plot_speedup_vs_batch(series, out / "speedup_vs_batch.png")
+        written.append(out / "speedup_vs_batch.png")
     if plot_accept_hist(runs, out / "accept_hist.png"):
         written.append(out / "accept_hist.png")
     for p in written:

@@ -24,3 +24,27 @@ def test_overlap_table_compares_each_plan_with_serial(tmp_path):
     rows = [r for r in (tmp_path / "overlap.md").read_text().splitlines()[2:]]
     assert len(rows) == 4
     assert all(r.split("|")[-2].strip() == "1.000" for r in rows if "| serial |" in r)
+
+
+def test_report_rebuilds_the_tree_sweep_and_head_comparison(tmp_path):
+    written = build([SAMPLES / "sweep_tree_cpu", SAMPLES / "compare_heads_cpu"], tmp_path)
+    names = {p.name for p in written}
+    assert {"runs.md", "trees.md", "tau_vs_tree_size.png", "speedup_vs_batch.png"} <= names
+    assert "overlap.md" not in names  # one plan per (target, tree, batch): nothing to compare
+    for table in ("runs.md", "trees.md"):
+        assert (tmp_path / table).read_text() == (SAMPLES / "spec_experiments_cpu_report" / table).read_text()
+    trees = (tmp_path / "trees.md").read_text().splitlines()[2:]
+    # one row per swept shape, in (steps, topk, tokens) order
+    assert [tuple(r.split("|")[5:8]) for r in trees] == [(" 3 ", " 4 ", " 8 "), (" 3 ", " 4 ", " 16 "),
+                                                         (" 5 ", " 4 ", " 8 "), (" 5 ", " 4 ", " 16 ")]
+    for png in ("tau_vs_tree_size.png", "speedup_vs_batch.png"):
+        assert (tmp_path / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_batch_series_needs_two_batch_sizes():
+    from eaglet.experiments.report import batch_series
+
+    run = {"target": "t", "draft": "eagle3", "tree": None, "data": "mt_bench", "batch_size": 1, "speedup_vs_ar": 2.0}
+    assert batch_series([run]) == {}
+    assert batch_series([run, {**run, "batch_size": 8, "speedup_vs_ar": 1.5}]) == {
+        ("t", "eagle3", "-", "mt_bench"): [(1, 2.0), (8, 1.5)]}
