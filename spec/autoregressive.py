@@ -46,6 +46,22 @@ def check_request(r: Request, context: int) -> None:
     r.max_new_tokens = min(r.max_new_tokens, context - len(r.prompt_ids))
 
 
+def admit(waiting: deque, n_active: int, max_batch: int, min_admit: int) -> list[Request]:
+    """The waiting requests to prefill now: as many as fit, but while others decode only once `min_admit` rows
+    are free (or all that wait fit). Continuous batching that admitted every freed row alone ran one eager
+    prefill per finished request: 3.6 of 8.4 s of an H200 MT-bench run at B=8 went to prefills, against
+    ~1 ms per graph-replayed decode step."""
+    free = max_batch - n_active
+    if not waiting or free <= 0 or (n_active and free < min(min_admit, len(waiting))):
+        return []
+    return [waiting.popleft() for _ in range(min(len(waiting), free))]
+
+
+def default_min_admit(max_batch: int) -> int:
+    """A quarter of the batch: prefills of several prompts, decode rows idle only briefly."""
+    return max(1, max_batch // 4)
+
+
 def emit(r: Request, tokens: list[int], eos_ids: set[int], on_token) -> None:
     """Append tokens to a request until it finishes (EOS or budget); later ones are dropped."""
     for t in tokens:
@@ -103,8 +119,10 @@ class _HostCopy:
 
 class AREngine:
     def __init__(self, model: Transformer, kv: KVCache, max_batch: int, sampling: SamplingParams = SamplingParams(),
-                 eos_ids: Sequence[int] = (), use_cuda_graph: bool | None = None, seed: int = 0):
+                 eos_ids: Sequence[int] = (), use_cuda_graph: bool | None = None, seed: int = 0,
+                 min_admit: int | None = None):
         self.model, self.kv, self.max_batch = model, kv, max_batch
+        self.min_admit = default_min_admit(max_batch) if min_admit is None else min_admit  # see `admit`
         self.sampling = sampling
         self.eos_ids = set(eos_ids)
         self.device = model.device
@@ -182,8 +200,8 @@ class AREngine:
         positions = torch.empty(0, dtype=torch.long, device=self.device)  # [B] its position
         inflight: deque[_HostCopy] = deque()
         while waiting or active or inflight:
-            if waiting and len(active) < self.max_batch:
-                new = [waiting.popleft() for _ in range(min(len(waiting), self.max_batch - len(active)))]
+            new = admit(waiting, len(active), self.max_batch, self.min_admit)
+            if new:
                 for r in new:
                     r.row = self.kv.alloc_request()
                     self.kv.reserve(r.row, len(r.prompt_ids) + 1)

@@ -32,7 +32,7 @@ from eaglet.kernels.tree_mask import build_tree, num_candidates
 from eaglet.kernels.verify import VerifyResult, verify_greedy, verify_sampling
 from eaglet.models.kv_cache import ForwardBatch, KVCache, slots_for
 from eaglet.models.llama import Transformer
-from eaglet.spec.autoregressive import Request, _HostCopy, check_request, emit, pad_prompts
+from eaglet.spec.autoregressive import Request, _HostCopy, admit, check_request, default_min_admit, emit, pad_prompts
 from eaglet.spec.cuda_graph import GraphRunner
 from eaglet.spec.sampling import SamplingParams, probs_from_logits, sample
 from eaglet.spec.stream_plan import ResolvedPlan, StreamPlan
@@ -124,8 +124,10 @@ class EagleEngine:
     def __init__(self, target: Transformer, head, tree: TreeSpec, *, max_batch: int, max_context: int,
                  page_size: int = 16, num_pages: int | None = None, sampling: SamplingParams = SamplingParams(),
                  eos_ids: Sequence[int] = (), use_cuda_graph: bool | None = None, time_phases: bool = True,
-                 simulate: SimulatedAcceptance | None = None, stream_plan: StreamPlan | None = None):
+                 simulate: SimulatedAcceptance | None = None, stream_plan: StreamPlan | None = None,
+                 min_admit: int | None = None):
         tree.validate(head.draft_vocab_size)
+        self.min_admit = default_min_admit(max_batch) if min_admit is None else min_admit  # see `admit`
         if simulate is not None and len(simulate.accept_probs) != tree.steps + 1:
             raise ValueError(f"simulated acceptance needs {tree.steps + 1} probabilities (lengths 1..steps+1), "
                              f"got {len(simulate.accept_probs)}")
@@ -371,8 +373,8 @@ class EagleEngine:
         inflight: deque[tuple[_HostCopy, bool]] = deque()
         S = self.tree.steps
         while waiting or active or inflight:
-            if waiting and len(active) < self.max_batch:
-                new = [waiting.popleft() for _ in range(min(len(waiting), self.max_batch - len(active)))]
+            new = admit(waiting, len(active), self.max_batch, self.min_admit)
+            if new:
                 for r in new:
                     r.row = self.kv_t.alloc_request()
                     if self.kv_d.alloc_request() != r.row:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections import deque
+
 import pytest
 import torch
 
 from eaglet.models.kv_cache import KVCache, KVPoolExhausted
 from eaglet.models.llama import ModelArgs, Transformer
-from eaglet.spec.autoregressive import AREngine, Request
+from eaglet.spec.autoregressive import AREngine, Request, admit
 from eaglet.spec.sampling import SamplingParams, probs_from_logits, sample
 
 
@@ -84,3 +86,37 @@ def test_smollm2_knows_the_capital_of_france(smollm2, tokenizer):
     text = tokenizer.decode(r.output_ids, skip_special_tokens=True)
     assert "Paris" in text, text
     assert r.finish_reason == "eos"
+
+
+def test_admission_waits_for_a_batch_of_free_rows():
+    w = deque(range(10))
+    assert admit(w, 0, 8, 2) == list(range(8))  # nothing runs: fill every row
+    assert admit(w, 7, 8, 2) == [] and len(w) == 2  # one free row while others decode: wait
+    assert admit(w, 6, 8, 2) == [8, 9]  # two free rows: prefill both
+    assert admit(deque([5]), 7, 8, 2) == [5]  # all that wait fit: no reason to wait
+    assert admit(deque([5]), 8, 8, 1) == []  # no free row
+
+
+def test_batched_admission_prefills_less_and_decodes_the_same(tiny, monkeypatch):
+    prompts = [[3 + i, 7, 11 + i][: 1 + i % 3] for i in range(12)]
+    free = generate(tiny, prompts, 12, batch=1)  # one request at a time: the reference
+    eos = free[0].output_ids[2]  # requests end at different steps, so rows free up one by one
+    calls = []
+    real = AREngine._prefill
+
+    def counting(self, reqs):
+        calls[-1].append(len(reqs))
+        return real(self, reqs)
+
+    monkeypatch.setattr(AREngine, "_prefill", counting)
+    for min_admit in (1, 4):  # every freed row alone (plain continuous batching), then groups of 4
+        calls.append([])
+        kv = KVCache.for_model(tiny.args, max_reqs=8, max_context=96, page_size=8)
+        reqs = [Request(p, 12, rid=i) for i, p in enumerate(prompts)]
+        AREngine(tiny, kv, 8, eos_ids=(eos,), min_admit=min_admit).generate(reqs)
+        for f, r in zip(free, reqs):
+            cut = f.output_ids.index(eos) + 1 if eos in f.output_ids else len(f.output_ids)
+            assert r.output_ids == f.output_ids[:cut]
+    one_by_one, grouped = calls
+    assert sum(one_by_one) == sum(grouped) == 12 and one_by_one[0] == grouped[0] == 8
+    assert grouped == [8, 4] and len(one_by_one) > 2
