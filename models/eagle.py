@@ -47,6 +47,7 @@ from __future__ import annotations
 import json
 import re
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -154,19 +155,44 @@ def split_fused_names(sd: dict[str, torch.Tensor], args: ModelArgs) -> dict[str,
 
 
 class DenseKV:
-    """K/V of earlier `forward_dense` calls, per KV layer, with their autograd history: EAGLE-3's training-time
-    test attends over the keys of every unrolled step so far (the training twin of the paged pool)."""
+    """K/V of earlier `forward_dense` calls, per KV layer and call, with their autograd history: EAGLE-3's
+    training-time test attends over the keys of every unrolled step so far (the training twin of the paged pool)."""
 
     def __init__(self):
-        self.k: dict[int, torch.Tensor] = {}
-        self.v: dict[int, torch.Tensor] = {}
+        self.k: dict[int, list[torch.Tensor]] = {}
+        self.v: dict[int, list[torch.Tensor]] = {}
 
-    def extend(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Append k/v [B, Hkv, T, D] to layer's keys -> all keys and values [B, Hkv, L, D]."""
-        if layer in self.k:
-            k, v = torch.cat([self.k[layer], k], dim=2), torch.cat([self.v[layer], v], dim=2)
-        self.k[layer], self.v[layer] = k, v
-        return k, v
+    def extend(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Append this call's k/v [B, Hkv, T, D] to layer's -> the keys and values of every call so far, in order."""
+        self.k.setdefault(layer, []).append(k)
+        self.v.setdefault(layer, []).append(v)
+        return self.k[layer], self.v[layer]
+
+
+@dataclass(frozen=True)
+class TTTPattern:
+    """`forward_dense`'s attention for unrolled step `step` of the training-time test, computed without its
+    dense mask: causal over the step-0 keys (the first call's, kept in the DenseKV), and each query's own
+    position in the keys of steps 1..step. `training.losses.ttt_attention_mask` is the same pattern as a
+    [T, (step+1)*T] mask; SDPA over that mask costs (step+1)*T^2 scores per step (28*T^2 over 7 steps, and the
+    fp32 score matrices of a long batch filled 23.7 GB of an H200), this T^2 + step*T."""
+
+    step: int
+
+
+def _ttt_attention(q: torch.Tensor, ks: list[torch.Tensor], vs: list[torch.Tensor], scale: float) -> torch.Tensor:
+    """TTTPattern attention. q [B, Hq, T, D]; ks, vs: step 0..k keys/values [B, Hq, T, D] each -> [B, Hq, T, D]."""
+    if len(ks) == 1:
+        return F.scaled_dot_product_attention(q, ks[0], vs[0], is_causal=True)  # [B, Hq, T, D]
+    T = q.shape[2]
+    causal = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()  # [T, T]
+    s0 = (q @ ks[0].transpose(-1, -2)).float().masked_fill(~causal, float("-inf"))  # [B, Hq, T, T]
+    diag = torch.stack([(q.float() * kj.float()).sum(-1) for kj in ks[1:]], dim=-1)  # [B, Hq, T, k]
+    p = torch.softmax(torch.cat([s0, diag], dim=-1) * scale, dim=-1)  # [B, Hq, T, T + k]
+    o = p[..., :T].to(vs[0].dtype) @ vs[0]  # [B, Hq, T, D]
+    for j, vj in enumerate(vs[1:]):
+        o = o + p[..., T + j, None].to(vj.dtype) * vj
+    return o
 
 
 def _attention_dense(attn: Attention, a, positions, inv_freq, mask, cache: DenseKV | None) -> torch.Tensor:
@@ -187,11 +213,19 @@ def _attention_dense(attn: Attention, a, positions, inv_freq, mask, cache: Dense
 
     q, k = rope(q, Hq), rope(k, Hkv)  # [B, Hq, T, D], [B, Hkv, T, D]
     v = v.reshape(B, T, Hkv, D).transpose(1, 2)  # [B, Hkv, T, D]
-    if cache is not None:
-        k, v = cache.extend(attn.layer_id, k, v)  # [B, Hkv, L, D] each
-    k, v = k.repeat_interleave(Hq // Hkv, dim=1), v.repeat_interleave(Hq // Hkv, dim=1)  # [B, Hq, L, D] each
-    m = mask if mask.dim() == 2 else mask[:, None]  # [T, L] or [B, 1, T, L]
-    o = F.scaled_dot_product_attention(q, k, v, attn_mask=m)  # [B, Hq, T, D]
+    ks, vs = cache.extend(attn.layer_id, k, v) if cache is not None else ([k], [v])  # per call [B, Hkv, T_i, D]
+
+    def heads(t):  # [B, Hkv, L, D] -> [B, Hq, L, D]
+        return t.repeat_interleave(Hq // Hkv, dim=1)
+
+    if isinstance(mask, TTTPattern):
+        if len(ks) != mask.step + 1:
+            raise ValueError(f"TTTPattern(step={mask.step}) needs the keys of steps 0..{mask.step} in the DenseKV, "
+                             f"it holds {len(ks)} calls")
+        o = _ttt_attention(q, [heads(t) for t in ks], [heads(t) for t in vs], D**-0.5)  # [B, Hq, T, D]
+    else:
+        m = mask if mask.dim() == 2 else mask[:, None]  # [T, L] or [B, 1, T, L]
+        o = F.scaled_dot_product_attention(q, heads(torch.cat(ks, 2)), heads(torch.cat(vs, 2)), attn_mask=m)
     return attn.o_proj(o.transpose(1, 2).reshape(B, T, Hq * D))
 
 
@@ -367,12 +401,16 @@ class DraftHead(nn.Module):
         return self._forward(tokens, hidden.to(self.dtype), positions, batch, kv, step)
 
     def forward_dense(self, tokens: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
-                      attn_mask: torch.Tensor, cache: DenseKV | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                      attn_mask: torch.Tensor | TTTPattern, cache: DenseKV | None = None
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
         """The training forward: `forward`'s inputs and outputs, attention computed densely over `attn_mask`
         [T, L] or [B, T, L] bool (True = attend; the first L-T columns are the keys already in `cache`, the last
-        T this call's own), no KV pool, differentiable on every device. With `cache`, this call's K/V are appended
-        to it for the next call (EAGLE-3's unrolled training-time test). Equals `forward` on the same pattern."""
+        T this call's own) or the training-time test's pattern (`TTTPattern`), no KV pool, differentiable on
+        every device. With `cache`, this call's K/V are appended to it for the next call (EAGLE-3's unrolled
+        training-time test). Equals `forward` on the same pattern."""
         self._check_inputs(tokens, hidden, positions)
+        if isinstance(attn_mask, TTTPattern):
+            return self._forward_dense(tokens, hidden.to(self.dtype), positions, attn_mask, cache)
         if attn_mask.dtype != torch.bool or attn_mask.shape[-2] != tokens.shape[1]:
             raise ValueError(f"attn_mask must be bool [T, L] or [B, T, L] with T={tokens.shape[1]}, got "
                              f"{attn_mask.dtype} {tuple(attn_mask.shape)}")

@@ -4,7 +4,8 @@ Alignment (as the heads, models/eagle.py): row p of a draft step takes (hidden a
 predict token p+2, whose target distribution is the target's at position p+1 (P_{p+1}, softmax of lm_head of
 the target's final hidden state f_{p+1}). Unrolled step k (the training-time test, TTT) at row p continues the
 chain drafted from the prefix ending at p: it takes (step k-1's hidden at p, token p+k+1) at position p+k, so
-its logits predict token p+k+2 against P_{p+k+1}. Its attention (`ttt_attention_mask`) sees the step-0 keys
+its logits predict token p+k+2 against P_{p+k+1}. Its attention (`TTTPattern`; `ttt_attention_mask` is its dense
+form, the reference the tests check it against) sees the step-0 keys
 of rows <= p (the accepted prefix the extend cached) and, in steps 1..k, only row p's own keys (its
 ancestors in the chain), exactly what the engine's chain draft sees: tests/training check this against the
 paged inference path. Positions p+k match the engine's (draft step i at seq_len + i - 1) and EAGLE-3's
@@ -22,7 +23,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from eaglet.models.eagle import DenseKV, DraftHead
+from eaglet.models.eagle import DenseKV, DraftHead, TTTPattern
 
 # Per-step statistics, summed over rows (and later over micro-batches and processes).
 STATS = ("rows", "ploss", "correct", "accept", "vloss")
@@ -30,7 +31,8 @@ STATS = ("rows", "ploss", "correct", "accept", "vloss")
 
 def ttt_attention_mask(T: int, k: int, device=None) -> torch.Tensor:
     """Attention of unrolled step k over the keys of steps 0..k: [T, (k+1)*T] bool, True = attend.
-    Block 0 (step-0 keys) is causal (key j <= query i); blocks 1..k (the unrolled steps) are the diagonal."""
+    Block 0 (step-0 keys) is causal (key j <= query i); blocks 1..k (the unrolled steps) are the diagonal.
+    The dense form of `TTTPattern(k)`, which training uses; tests check one against the other."""
     i = torch.arange(T, device=device)
     causal = i[None, :] <= i[:, None]  # [T, T]
     diag = (i[None, :] == i[:, None]).repeat(1, k)  # [T, k*T]
@@ -51,7 +53,7 @@ def unroll(head: DraftHead, tokens: torch.Tensor, feature: torch.Tensor, steps: 
     hidden, outs = feature, []
     for k in range(steps):
         inp = F.pad(tokens[:, k + 1:], (0, k + 1))  # [B, T] token p+k+1 (0 past the end: such rows never count)
-        hidden, logits = head.forward_dense(inp, hidden, pos + k, ttt_attention_mask(T, k, tokens.device), cache)
+        hidden, logits = head.forward_dense(inp, hidden, pos + k, TTTPattern(k), cache)
         outs.append((hidden, logits))
     return outs
 

@@ -129,3 +129,40 @@ def test_dense_rejects_bad_mask(target):
     with pytest.raises(NotImplementedError, match="multi_layer"):
         new_draft_head("multi_layer", target, num_layers=2).forward_dense(tokens, feats, pos,
                                                                          torch.ones(4, 4, dtype=torch.bool))
+
+
+@pytest.mark.parametrize("T", [1, 9])
+def test_ttt_pattern_equals_its_dense_mask_with_gradients(target, T):
+    """Training runs TTTPattern (T^2 + k*T scores per step); SDPA over `ttt_attention_mask` ((k+1)*T^2) is its
+    reference: same outputs and same gradients over 4 unrolled steps."""
+    from eaglet.models.eagle import TTTPattern
+    from eaglet.training.losses import ttt_attention_mask
+
+    head = make_head("eagle3", target)
+    g = torch.Generator().manual_seed(3)
+    tokens = torch.randint(0, V, (2, T + 4), generator=g)
+    feats = torch.randn(2, T, head.feature_size, generator=g)
+    pos = torch.arange(T)[None].repeat(2, 1)
+
+    def run(pattern: bool):
+        cache, hidden, loss = DenseKV(), feats, 0.0
+        for k in range(4):
+            mask = TTTPattern(k) if pattern else ttt_attention_mask(T, k)
+            hidden, logits = head.forward_dense(tokens[:, k:k + T], hidden, pos + k, mask, cache)
+            loss = loss + (logits * torch.linspace(-1, 1, logits.shape[-1])).sum() + hidden.square().sum()
+        head.zero_grad(set_to_none=True)
+        loss.backward()
+        return loss.detach(), [p.grad.clone() for p in head.parameters() if p.grad is not None]
+
+    (l_pat, g_pat), (l_mask, g_mask) = run(True), run(False)
+    assert rel_err(l_pat, l_mask) < 1e-5 and len(g_pat) == len(g_mask) > 0
+    assert max(rel_err(a, b) for a, b in zip(g_pat, g_mask)) < 1e-4
+
+
+def test_ttt_pattern_needs_the_earlier_steps(target):
+    from eaglet.models.eagle import TTTPattern
+
+    head = make_head("eagle3", target)
+    tokens, feats = torch.zeros(1, 4, dtype=torch.long), torch.zeros(1, 4, head.feature_size)
+    with pytest.raises(ValueError, match="TTTPattern\\(step=2\\) needs the keys of steps 0..2"):
+        head.forward_dense(tokens, feats, torch.arange(4)[None], TTTPattern(2), DenseKV())
