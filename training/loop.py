@@ -133,8 +133,11 @@ def accumulate_gradients(model: nn.Module, dd: Dist, batches, features, steps: i
     for j, (tokens, mask, idx) in enumerate(batches):
         tokens, mask = tokens.to(device), mask.to(device)
         feature, final_hidden = features(tokens, idx)  # [B, T, F], [B, T, H]
-        sync = j == len(batches) - 1 or not isinstance(model, nn.parallel.DistributedDataParallel)
-        with (contextlib.nullcontext() if sync else model.no_sync()), autocast:
+        last = j == len(batches) - 1
+        ddp = isinstance(model, nn.parallel.DistributedDataParallel)
+        if hasattr(model, "set_requires_gradient_sync"):  # FSDP: reduce-scatter once, at the last micro-batch
+            model.set_requires_gradient_sync(last)
+        with (model.no_sync() if ddp and not last else contextlib.nullcontext()), autocast:
             loss, stats = model(tokens, mask, feature, final_hidden, norm)
         loss.backward()
         loss_sum += loss.detach()
@@ -236,14 +239,59 @@ def resolve_resume(resume, run_dir: Path) -> Path | None:
     return found[-1]
 
 
-def load_checkpoint(path: Path, head: DraftHead, opt, sched) -> dict:
+def load_checkpoint(path: Path, head: DraftHead) -> dict:
+    """Load the head's weights (before any FSDP sharding) -> the saved training state (optimiser, scheduler,
+    RNG, data position), restored by `restore_training_state` once the optimiser exists."""
     saved = load_draft_head(path, head.target, dtype=torch.float32, device=head.device)
     head.load_state_dict(saved.state_dict())
-    state = torch.load(path / "train_state.pt", map_location="cpu", weights_only=True)
-    opt.load_state_dict(state["optimizer"])
+    return torch.load(path / "train_state.pt", map_location="cpu", weights_only=True)
+
+
+def restore_training_state(state: dict, model: nn.Module, opt, sched, fsdp: bool) -> None:
+    if fsdp:  # saved whole (FQN keys): every process loads it and keeps its shard
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+        set_optimizer_state_dict(model, opt, state["optimizer"], options=StateDictOptions(full_state_dict=True))
+    else:
+        opt.load_state_dict(state["optimizer"])
     sched.load_state_dict(state["scheduler"])
     set_rng_state(state["rng"])
-    return state
+
+
+def shard(objective: nn.Module, device: torch.device) -> nn.Module:
+    """FSDP2 over the head's parameters (ZeRO-3: weights, gradients and AdamW states split across the
+    processes; whole only inside the forward and backward). The target is a plain attribute of the head,
+    so it stays whole and unsharded on every process."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    return fully_shard(objective, mesh=init_device_mesh(device.type, (dist.get_world_size(),)))
+
+
+def gathered(model: nn.Module, head: DraftHead, fsdp: bool, main: bool) -> DraftHead | None:
+    """The head with whole weights on rank 0 (None elsewhere): the head itself, or under FSDP a twin filled
+    from the gathered state (a collective every process must join)."""
+    if not fsdp:
+        return head if main else None
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    sd = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if not main:
+        return None
+    with torch.device(head.target.device):
+        twin = type(head)(head.config, head.target)
+    twin.load_state_dict({k.removeprefix("head."): v for k, v in sd.items()})
+    return twin
+
+
+def optimizer_state(model: nn.Module, opt, fsdp: bool) -> dict:
+    """What a checkpoint stores of the optimiser: its state dict, or under FSDP the whole one with FQN keys
+    (gathered: a collective every process must join)."""
+    if not fsdp:
+        return opt.state_dict()
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+    return get_optimizer_state_dict(model, opt, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -335,12 +383,13 @@ def train(cfg: DictConfig, output_dir: str | Path, target: Transformer | None = 
     from eaglet.spec.run import resolve_hardware, trace_steps
 
     tc, hc, oc, ec = cfg.train, cfg.train.head, cfg.train.optim, cfg.eval
-    if tc.get("fsdp"):
-        raise NotImplementedError("train.fsdp=true: FSDP sharding of the head is not implemented; EAGLE heads (one "
-                                  "layer, < 1B parameters even for 70B targets) train with DDP (train.fsdp=false)")
+    fsdp = bool(tc.get("fsdp"))
     if hc.ttt_length < 1:
         raise ValueError(f"train.head.ttt_length={hc.ttt_length} must be >= 1")
     dd = Dist()
+    if fsdp and dd.world == 1:
+        raise ValueError("train.fsdp=true shards the head across the processes of a torchrun job, and this is one "
+                         "process: start it with torchrun --nproc-per-node N (N >= 2), or set train.fsdp=false")
     device, dtype = resolve_hardware(cfg.hardware)
     if device.type == "cuda" and dd.world > 1:
         device = torch.device("cuda", dd.local_rank)
@@ -370,18 +419,26 @@ def train(cfg: DictConfig, output_dir: str | Path, target: Transformer | None = 
     torch.manual_seed(cfg.seed)
     head = build_head(hc, target, samples, device)
     objective = DraftObjective(head, hc)
+
+    # ---- resume (the weights before sharding, the optimiser's state once it exists) ---------------------
+    start_step, position, state = 0, 0, None  # position: global micro-batches consumed (the data position)
+    ckpt = resolve_resume(tc.resume, run_dir)
+    if ckpt is not None:
+        state = load_checkpoint(ckpt, head)
+        if bool(state.get("fsdp", False)) != fsdp:
+            raise ValueError(f"{ckpt}: saved with train.fsdp={bool(state.get('fsdp', False))}, this run has "
+                             f"train.fsdp={fsdp}: the optimiser states are stored differently; resume with the same "
+                             f"setting")
     model: nn.Module = objective
-    if dd.world > 1:
+    if fsdp:
+        model = shard(objective, device)
+    elif dd.world > 1:
         # the buffers (EAGLE-3's d2t/t2d) are equal on every process (same data, same vocabulary)
         model = nn.parallel.DistributedDataParallel(objective, device_ids=[device.index] if device.type == "cuda"
                                                     else None)
     opt, sched = make_optimizer(head, oc, tc.steps)
-
-    # ---- resume ---------------------------------------------------------------------------------------
-    start_step, position, state = 0, 0, None  # position: global micro-batches consumed (the data position)
-    ckpt = resolve_resume(tc.resume, run_dir)
-    if ckpt is not None:
-        state = load_checkpoint(ckpt, head, opt, sched)
+    if state is not None:
+        restore_training_state(state, model, opt, sched, fsdp)
         start_step, position = int(state["step"]), int(state["micro_position"])
         if state["global_batch"] != tc.batch_size * dd.world or state["grad_accum"] != tc.grad_accum:
             raise ValueError(f"{ckpt}: saved with global batch {state['global_batch']} x accumulation "
@@ -452,9 +509,10 @@ def train(cfg: DictConfig, output_dir: str | Path, target: Transformer | None = 
     @paused
     def checkpoint(at: int, sync: bool = True) -> None:
         nonlocal last_saved
+        whole, opt_state = gathered(model, head, fsdp, dd.main), optimizer_state(model, opt, fsdp)
         if dd.main:
-            save_checkpoint(run_dir, at, head, {
-                "step": at, "micro_position": position, "optimizer": opt.state_dict(),
+            save_checkpoint(run_dir, at, whole, {
+                "step": at, "micro_position": position, "optimizer": opt_state, "fsdp": fsdp,
                 "scheduler": sched.state_dict(), "rng": rng_state(), "global_batch": tc.batch_size * dd.world,
                 "grad_accum": tc.grad_accum, "tokens_seen": tokens_total}, tc.keep_last)
         last_saved = at
@@ -463,8 +521,9 @@ def train(cfg: DictConfig, output_dir: str | Path, target: Transformer | None = 
 
     @paused
     def run_eval(at: int) -> None:
+        whole = gathered(model, head, fsdp, dd.main)
         if dd.main and prompts:
-            r = evaluate_tau(target, head, cfg.tree, prompts, ec.max_new_tokens, ec.batch_size, eos)
+            r = evaluate_tau(target, whole, cfg.tree, prompts, ec.max_new_tokens, ec.batch_size, eos)
             evals.append({"step": at, **r})
             tracker.log({"eval/tau": r["tau"]}, step=at)
             bar.write(f"[eaglet] step {at}: eval/tau {r['tau']:.3f} on {len(prompts)} held-out prompts")
@@ -479,6 +538,8 @@ def train(cfg: DictConfig, output_dir: str | Path, target: Transformer | None = 
             window += stats
             win_tokens += sum(len(samples[i].ids) for idx in local for i in idx)
             grad_norm = torch.nn.utils.clip_grad_norm_(head.parameters(), oc.grad_clip or math.inf)  # pre-clip norm
+            if hasattr(grad_norm, "full_tensor"):  # FSDP: a DTensor over the shards
+                grad_norm = grad_norm.full_tensor()
             opt.step()
             sched.step()
             opt.zero_grad(set_to_none=True)
@@ -515,7 +576,9 @@ def train(cfg: DictConfig, output_dir: str | Path, target: Transformer | None = 
                 say(f"[eaglet] train.time_limit_s={time_limit} reached at step {step}: stopping (resumable)")
                 break
     except KeyboardInterrupt:
-        if step != last_saved:  # the last finished step, so that resume continues from here
+        # the last finished step, so that resume continues from here; not under FSDP, whose gather needs every
+        # process, and the others may be gone (resume then starts from the last periodic checkpoint)
+        if step != last_saved and not fsdp:
             checkpoint(step, sync=False)  # no barrier: the other processes may be gone
         raise
     finally:
@@ -528,7 +591,8 @@ def train(cfg: DictConfig, output_dir: str | Path, target: Transformer | None = 
     # an unfinished run (stop_at_step, time_limit_s) exports too, so that its head can be evaluated;
     # metrics.json says finished=false, and a resumed run exports again at its end
     finished = step >= tc.steps
-    head_dir = head.save_pretrained(run_dir / "head", dtype=EXPORT_DTYPES[hc.export_dtype]) if dd.main else None
+    whole = gathered(model, head, fsdp, dd.main)
+    head_dir = whole.save_pretrained(run_dir / "head", dtype=EXPORT_DTYPES[hc.export_dtype]) if dd.main else None
     if ec.every > 0:
         run_eval(step)
     train_s = time.perf_counter() - t_start

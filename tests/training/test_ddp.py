@@ -1,6 +1,7 @@
-"""DDP on CPU (gloo, two processes started like torchrun: RANK/WORLD_SIZE/MASTER_* environment variables):
-the averaged gradients equal one process's on the concatenated batch (accumulation included), and a whole
-`train()` run matches a one-process run with the same global batch while only rank 0 writes."""
+"""DDP and FSDP on CPU (gloo, two processes started like torchrun: RANK/WORLD_SIZE/MASTER_* environment
+variables): the averaged gradients equal one process's on the concatenated batch (accumulation included), a
+whole `train()` run matches a one-process run with the same global batch while only rank 0 writes, and an FSDP
+run interrupted and resumed ends where an uninterrupted one does."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ CONF = Path(__file__).resolve().parents[2] / "conf"
 B_LOCAL, ACCUM = 2, 2  # per process; the one-process reference takes 2 * B_LOCAL
 
 
-def _cfg(run_cache: Path, batch: int):
+def _cfg(run_cache: Path, batch: int, *extra: str):
     from hydra import compose, initialize_config_dir
 
     over = ["train/head=eagle3", "train.head.draft_vocab_size=64", "train.head.ttt_length=2", "data.source=synthetic",
@@ -32,7 +33,8 @@ def _cfg(run_cache: Path, batch: int):
             "train.log_every=1", "train.ckpt_every=0", "train.progress=false", "eval.every=0", "logger=none",
             "hardware=cpu", "train.optim.warmup_steps=1", "train.optim.lr=1e-3"]
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        return compose("train_draft", overrides=over)
+        merged = dict(o.split("=", 1) for o in [*over, *extra])  # extra overrides replace the defaults above
+        return compose("train_draft", overrides=[f"{k}={v}" for k, v in merged.items()])
 
 
 def _gradients(dd: Dist, batch: int) -> tuple[dict[str, torch.Tensor], float]:
@@ -109,3 +111,43 @@ def test_ddp_two_processes_equal_one_process_on_the_concatenated_batch(tmp_path)
     a = load_file(tmp_path / "ddp" / "checkpoints" / "step_00000002" / "model.safetensors")
     b = load_file(tmp_path / "one" / "checkpoints" / "step_00000002" / "model.safetensors")
     assert all(torch.allclose(a[k], b[k], rtol=1e-4, atol=1e-6) for k in a)
+
+
+def _fsdp_worker(rank: int, port: int, tmp: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
+                      WORLD_SIZE="2")
+    torch.set_num_threads(1)
+    tmp = Path(tmp)
+    dd = Dist()
+    dd.init("cpu")
+    fsdp = ("train.fsdp=true", "train.steps=3", "train.ckpt_every=1", "train.keep_last=0", "eval.every=0")
+    train(_cfg(tmp / "cache", B_LOCAL, *fsdp), tmp / "full", target=_tiny())
+    train(_cfg(tmp / "cache", B_LOCAL, *fsdp, "train.stop_at_step=2"), tmp / "split", target=_tiny())
+    train(_cfg(tmp / "cache", B_LOCAL, *fsdp), tmp / "split", target=_tiny())  # resume=auto from step 2
+    dd.close()
+
+
+def test_fsdp_run_resumes_exactly_and_matches_one_process(tmp_path):
+    for attempt in range(3):
+        try:
+            mp.spawn(_fsdp_worker, args=(_free_port(), str(tmp_path)), nprocs=2, join=True)
+            break
+        except mp.ProcessRaisedException as e:
+            if "address already in use" not in str(e).lower() or attempt == 2:
+                raise
+    full, split = (json.loads((tmp_path / d / "metrics.json").read_text()) for d in ("full", "split"))
+    assert full["finished"] and split["finished"] and full["world_size"] == 2
+    last = "checkpoints/step_00000003/model.safetensors"
+    a, b = load_file(tmp_path / "full" / last), load_file(tmp_path / "split" / last)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)  # sharded optimiser state resumed
+    # the exported head loads as a plain one, and sharded training took the same steps as one process
+    one = train(_cfg(tmp_path / "cache", 2 * B_LOCAL, "train.steps=3"), tmp_path / "one", target=_tiny())
+    c = load_file(tmp_path / "one" / "checkpoints" / "step_00000003" / "model.safetensors")
+    assert all(torch.allclose(a[k], c[k], rtol=1e-4, atol=1e-6) for k in a)
+    assert full["train/loss"] == pytest.approx(one["train/loss"], rel=1e-4)
+    from eaglet.models.eagle import load_draft_head
+
+    assert load_draft_head(tmp_path / "full" / "head", _tiny()).KIND == "eagle3"
+    exported = load_file(tmp_path / "full" / "head" / "model.safetensors")  # bf16, the public layout
+    assert exported.keys() == a.keys()
+    assert all(torch.allclose(exported[k].float(), a[k].float(), rtol=1e-2, atol=1e-2) for k in a)

@@ -145,8 +145,8 @@ def test_config_composes_every_train_option():
         assert cfg.data.source == "sharegpt" and cfg.features.mode == "online"
 
 
-def test_fsdp_flag_is_explicit(target, tmp_path, small_cfg):
-    with pytest.raises(NotImplementedError, match="FSDP"):
+def test_fsdp_needs_several_processes(target, tmp_path, small_cfg):
+    with pytest.raises(ValueError, match="torchrun --nproc-per-node"):
         train(small_cfg("eagle1", "train.fsdp=true"), tmp_path / "run", target=target)
 
 
