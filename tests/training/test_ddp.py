@@ -57,13 +57,28 @@ def _gradients(dd: Dist, batch: int) -> tuple[dict[str, torch.Tensor], float]:
     return {n: p.grad.clone() for n, p in head.named_parameters()}, float(dd.all_sum(loss) / dd.world)
 
 
-def _worker(rank: int, port: int, tmp: str) -> None:
+def _join(rank: int, port: int) -> Dist:
+    """This process as rank `rank` of a 2-process gloo job, from torchrun's environment variables."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
                       WORLD_SIZE="2")
     torch.set_num_threads(1)
-    tmp = Path(tmp)
     dd = Dist()
     dd.init("cpu")
+    return dd
+
+
+def _spawn(worker, tmp: Path) -> None:
+    for attempt in range(3):  # another process on this machine may take the free port before rank 0 binds it
+        try:
+            mp.spawn(worker, args=(_free_port(), str(tmp)), nprocs=2, join=True)
+            return
+        except mp.ProcessRaisedException as e:
+            if "address already in use" not in str(e).lower() or attempt == 2:
+                raise
+
+
+def _worker(rank: int, port: int, tmp: str) -> None:
+    dd, tmp = _join(rank, port), Path(tmp)
     grads, loss = _gradients(dd, B_LOCAL)
     torch.save({"grads": grads, "loss": loss}, tmp / f"grads{rank}.pt")
     # a whole run; rank 1 is handed another output dir, as Hydra's ${now:} can do under torchrun
@@ -86,13 +101,7 @@ def _free_port() -> int:
 
 
 def test_ddp_two_processes_equal_one_process_on_the_concatenated_batch(tmp_path):
-    for attempt in range(3):  # another process on this machine may take the free port before rank 0 binds it
-        try:
-            mp.spawn(_worker, args=(_free_port(), str(tmp_path)), nprocs=2, join=True)
-            break
-        except mp.ProcessRaisedException as e:
-            if "address already in use" not in str(e).lower() or attempt == 2:
-                raise
+    _spawn(_worker, tmp_path)
     g0, g1 = (torch.load(tmp_path / f"grads{r}.pt", weights_only=True) for r in range(2))
     ref, ref_loss = _gradients(Dist(), 2 * B_LOCAL)
     assert g0["grads"].keys() == ref.keys()
@@ -114,12 +123,7 @@ def test_ddp_two_processes_equal_one_process_on_the_concatenated_batch(tmp_path)
 
 
 def _fsdp_worker(rank: int, port: int, tmp: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
-                      WORLD_SIZE="2")
-    torch.set_num_threads(1)
-    tmp = Path(tmp)
-    dd = Dist()
-    dd.init("cpu")
+    dd, tmp = _join(rank, port), Path(tmp)
     fsdp = ("train.fsdp=true", "train.steps=3", "train.ckpt_every=1", "train.keep_last=0", "eval.every=0")
     train(_cfg(tmp / "cache", B_LOCAL, *fsdp), tmp / "full", target=_tiny())
     train(_cfg(tmp / "cache", B_LOCAL, *fsdp, "train.stop_at_step=2"), tmp / "split", target=_tiny())
@@ -128,13 +132,7 @@ def _fsdp_worker(rank: int, port: int, tmp: str) -> None:
 
 
 def test_fsdp_run_resumes_exactly_and_matches_one_process(tmp_path):
-    for attempt in range(3):
-        try:
-            mp.spawn(_fsdp_worker, args=(_free_port(), str(tmp_path)), nprocs=2, join=True)
-            break
-        except mp.ProcessRaisedException as e:
-            if "address already in use" not in str(e).lower() or attempt == 2:
-                raise
+    _spawn(_fsdp_worker, tmp_path)
     full, split = (json.loads((tmp_path / d / "metrics.json").read_text()) for d in ("full", "split"))
     assert full["finished"] and split["finished"] and full["world_size"] == 2
     last = "checkpoints/step_00000003/model.safetensors"
