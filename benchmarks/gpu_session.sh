@@ -6,8 +6,8 @@
 #   kernels    tree attention, tree/verify and model-kernel benchmarks
 #   ablation   the overlap ablation on random Llama-3.1-8B weights, then its report
 #   train      regenerate ShareGPT answers with SmolLM2, train its EAGLE-3 head, evaluate it (MT-bench B=1/8,
-#              HumanEval, held-out ShareGPT); results packed into OUT/train.tgz (needs the ShareGPT subset
-#              in .asset4, see offline_gpu_env.sh)
+#              HumanEval, held-out ShareGPT); results packed into OUT/train.tgz.* parts (needs the ShareGPT
+#              subset in .asset4, see offline_gpu_env.sh)
 # Results go to OUT (default $OUT, else ./gpu_out); tables are printed last.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -50,9 +50,10 @@ case $stage in
     spec humaneval_b8 tree=eagle2 data=humaneval gen.batch_size=8 gen.compare_ar=false
     spec sharegpt_b8 tree=eagle2 data=sharegpt data.path="$SHAREGPT" gen.batch_size=8 gen.compare_ar=false
     spec mt_bench_b1_wide tree=eagle2_wide data=mt_bench data.max_turns=1 gen.batch_size=1
-    # the regenerated answers come back too (a later run skips regeneration with data.cache_dir)
-    tar czf "$out/train.tgz" -C $T --exclude=wandb --exclude=checkpoints --exclude=trace.json run eval regen
-    gzip -c $T/run/trace.json > "$out/train_trace.json.gz"
+    # the regenerated answers come back too (a later run skips regeneration with data.cache_dir); in 15 MB
+    # parts, as a device call returns files of at most 16 MiB (cat train.tgz.* | tar xz to unpack)
+    tar cz -C $T --exclude=wandb --exclude=checkpoints --exclude=trace.json run eval regen | split -b 15M - "$out/train.tgz."
+    gzip -c $T/run/trace.json | split -b 15M - "$out/train_trace.json.gz."
     ls -la "$out" ;;
   *) echo "unknown stage $stage" >&2; exit 2 ;;
 esac
