@@ -36,13 +36,17 @@ case $stage in
   train)
     T=/tmp/train; head=$T/run/head; deadline=$((SECONDS + ${BUDGET_S:-560}))
     left() { echo $((deadline - SECONDS > 1 ? deadline - SECONDS : 1)); }
-    python train_draft.py hydra.run.dir=$T/run logger=none data.path="$SHAREGPT" data.limit=5000 \
+    # the GGUF once as an HF directory (the same weights): a load then takes ~2 s instead of the 20-25 s the
+    # H200 box spent per run on GGUF dequantisation and tokenizer conversion, six runs in this stage
+    smol=$KEEP/smollm2_hf
+    [[ -f $smol/model.safetensors ]] || python -m eaglet.models.checkpoint convert "$gguf" "$smol" --dtype float32
+    python train_draft.py hydra.run.dir=$T/run logger=none target.path="$smol" data.path="$SHAREGPT" data.limit=5000 \
       data.max_turns=1 data.regen.max_new_tokens=512 data.regen.batch_size=128 data.cache_dir=$T/regen \
       train.steps=${TRAIN_STEPS:-2400} train.time_limit_s=${TRAIN_S:-240} eval.every=800 eval.num_prompts=16 \
       train.progress=false train.profile_steps=3 2>&1 | grep -v Warning | tail -60
     spec() {  # name, overrides...
       local name=$1; shift
-      timeout "$(left)" python run_spec.py draft=eagle3 draft.path=$head logger=none print_answers=1 \
+      timeout "$(left)" python run_spec.py draft=eagle3 draft.path=$head target.path="$smol" logger=none print_answers=1 \
         hydra.run.dir=$T/eval/$name "$@" 2>&1 | grep -E "^\[eaglet\]|^---|^>>>|Error" | tail -8
     }
     spec mt_bench_b1 tree=eagle2 data=mt_bench data.max_turns=1 gen.batch_size=1
