@@ -131,14 +131,20 @@ def batch_series(runs: list[dict]) -> dict[tuple, list[tuple[int, float]]]:
 
 
 def plot_speedup_vs_batch(series: dict[tuple, list[tuple[int, float]]], path: Path) -> None:
+    lines = [(f"{draft} | {tree} | {data}", pts) for (target, draft, tree, data), pts in series.items()]
+    plot_vs_batch(lines, "autoregressive", "decode speedup over autoregressive (same run)", path)
+
+
+def plot_vs_batch(lines: list[tuple[str, list[tuple[int, float]]]], baseline: str, ylabel: str, path: Path) -> None:
+    """One line per (label, [(batch size, speedup)]), over a grey line at 1 for the baseline."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
-    for (target, draft, tree, data), pts in series.items():
-        ax.plot([b for b, _ in pts], [s for _, s in pts], marker="o", label=f"{draft} | {tree} | {data}")
-    ax.axhline(1.0, color="grey", lw=0.8, label="autoregressive")
+    for label, pts in lines:
+        ax.plot([b for b, _ in pts], [s for _, s in pts], marker="o", label=label)
+    ax.axhline(1.0, color="grey", lw=0.8, label=baseline)
     ax.set_xscale("log", base=2)
     ax.set_xlabel("batch size")
-    ax.set_ylabel("decode speedup over autoregressive (same run)")
+    ax.set_ylabel(ylabel)
     ax.legend(fontsize=6)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -193,7 +199,6 @@ def plot_step_time(groups: dict[tuple, dict[str, dict]], path: Path) -> None:
 
 
 def plot_speedup(groups: dict[tuple, dict[str, dict]], path: Path) -> None:
-    plt = _pyplot()
     series: dict[tuple, list[tuple[int, float]]] = defaultdict(list)
     for (target, tree, B), plans in groups.items():
         if "serial" not in plans:
@@ -201,18 +206,8 @@ def plot_speedup(groups: dict[tuple, dict[str, dict]], path: Path) -> None:
         for plan, m in plans.items():
             if plan != "serial":
                 series[(target, tree, plan)].append((B, plans["serial"]["step_ms"] / m["step_ms"]))
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for (target, tree, plan), pts in sorted(series.items()):
-        pts.sort()
-        ax.plot([b for b, _ in pts], [s for _, s in pts], marker="o", label=f"{plan} | {tree}")
-    ax.axhline(1.0, color="grey", lw=0.8, label="serial")
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("batch size")
-    ax.set_ylabel("step-time speedup over serial")
-    ax.legend(fontsize=6)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    lines = [(f"{plan} | {tree}", sorted(pts)) for (target, tree, plan), pts in sorted(series.items())]
+    plot_vs_batch(lines, "serial", "step-time speedup over serial", path)
 
 
 def plot_accept_hist(runs: list[dict], path: Path) -> bool:
