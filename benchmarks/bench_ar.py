@@ -15,7 +15,6 @@ import datetime
 import time
 
 import torch
-from _common import copy_bandwidth
 
 
 
@@ -30,6 +29,7 @@ def main():
     args = ap.parse_args()
 
     from eaglet.data.assets import asset_path
+    from eaglet.kernels._utils import copy_bandwidth
     from eaglet.data.prompts import load_mt_bench
     from eaglet.models.checkpoint import load_checkpoint, load_tokenizer
     from eaglet.models.kv_cache import KVCache
@@ -45,7 +45,7 @@ def main():
     tok = load_tokenizer(path)
     prompts = [encode_turns(tok, [{"role": "user", "content": p.turns[0]}], True) for p in load_mt_bench()]
     bw = copy_bandwidth(dev)
-    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())  # tied matrix counted once
+    weight_bytes = model.weight_read_bytes()
     kv_bytes_per_token = 2 * margs.n_layers * margs.n_kv_heads * margs.head_dim * 2
     print(f"device={torch.cuda.get_device_name()} copy bandwidth={bw / 1e12:.2f} TB/s weights={weight_bytes / 1e6:.1f} MB",
           flush=True)

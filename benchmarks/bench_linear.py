@@ -32,11 +32,12 @@ import sys
 import time
 
 import torch
-from _common import bench, copy_bandwidth, fmt, rel_err
+from _common import bench, fmt, rel_err
 import torch.nn.functional as F
 import triton
 
 import eaglet.kernels.linear as lin
+from eaglet.kernels._utils import copy_bandwidth
 from eaglet.kernels.activation import silu_and_mul
 from eaglet.kernels.linear import (
     linear,

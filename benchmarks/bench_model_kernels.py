@@ -22,9 +22,10 @@ import datetime
 import sys
 
 import torch
-from _common import bench, copy_bandwidth, fmt, rel_err
+from _common import bench, fmt, rel_err
 import triton
 
+from eaglet.kernels._utils import copy_bandwidth
 from eaglet.kernels.activation import silu_and_mul, silu_and_mul_ref
 from eaglet.kernels.rmsnorm import rmsnorm, rmsnorm_ref
 from eaglet.kernels.rope import rope_qkv_store, rope_qkv_store_ref

@@ -5,13 +5,14 @@
 #   ar         benchmarks/bench_ar.py (needs the SmolLM2 GGUF and MT-bench; see benchmarks/offline_gpu_env.sh)
 #   kernels    tree attention, tree/verify and model-kernel benchmarks
 #   ablation   the overlap ablation on random Llama-3.1-8B weights, then its report
-#   train      regenerate ShareGPT answers with SmolLM2, train its EAGLE-3 head, evaluate it (MT-bench B=1/8,
-#              HumanEval, held-out ShareGPT); results packed into OUT/train.tgz.* parts (needs the ShareGPT
-#              subset in .asset4, see offline_gpu_env.sh)
+#   train      regenerate ShareGPT answers with SmolLM2, measure training tokens/s on one GPU and all (DDP), train
+#              its EAGLE-3 head; results packed into OUT/train.tgz.* parts (needs the ShareGPT subset in .asset4,
+#              see offline_gpu_env.sh)
+#   experiments after train: an EAGLE-1 head, then compare_heads, datasets and sweep_tree on the trained heads
 # Results go to OUT (default $OUT, else ./gpu_out); tables are printed last.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-stage=${1:?stage: tests | ar | kernels | ablation}
+stage=${1:?stage: tests | ar | kernels | ablation | train | experiments}
 out=${2:-${OUT:-gpu_out}}
 mkdir -p "$out"
 source benchmarks/offline_gpu_env.sh
@@ -29,35 +30,95 @@ case $stage in
     python benchmarks/bench_linear.py --ms 1,2,4,8 --md "$out/linear_h200.md" 2>&1 | tail -30
     python benchmarks/bench_tree_verify.py --out "$out/tree_verify_h200.md" 2>&1 | tail -15 ;;
   ablation)
-    python run_spec.py +experiment=ablate_overlap logger=none hydra.sweep.dir=/tmp/ablate_overlap 2>&1 \
-      | grep -E "stream plan|tau|Error" | tee "$out/ablation.log"
+    # ABLATION_S: a time limit for the sweep (the report then covers the runs that finished)
+    timeout "${ABLATION_S:-3600}" python run_spec.py +experiment=ablate_overlap logger=none \
+      hydra.sweep.dir=/tmp/ablate_overlap 2>&1 | grep -E "stream plan|tau|Error" | tee "$out/ablation.log"
     python -m eaglet.experiments.report /tmp/ablate_overlap --out "$out/ablate_overlap"
+    tar cz -C /tmp --exclude=wandb --exclude=trace.json --exclude=outputs.jsonl ablate_overlap > "$out/ablate_runs.tgz"
     cat "$out/ablate_overlap/overlap.md" ;;
   train)
-    T=/tmp/train; head=$T/run/head; deadline=$((SECONDS + ${BUDGET_S:-560}))
+    # regeneration on every GPU, a DDP and a one-GPU throughput probe (the same 30 steps each), then the EAGLE-3
+    # head trained on every GPU for what is left of BUDGET_S, its LR schedule sized to fit; full logs in $T/*.log
+    T=/tmp/train; mkdir -p $T; deadline=$((SECONDS + ${BUDGET_S:-560})); ngpu=$(nvidia-smi -L | wc -l)
     left() { echo $((deadline - SECONDS > 1 ? deadline - SECONDS : 1)); }
     # the GGUF once as an HF directory (the same weights): a load then takes ~2 s instead of the 20-25 s the
-    # H200 box spent per run on GGUF dequantisation and tokenizer conversion, six runs in this stage
+    # H200 box spent per run on GGUF dequantisation and tokenizer conversion
     smol=$KEEP/smollm2_hf
     [[ -f $smol/model.safetensors ]] || python -m eaglet.models.checkpoint convert "$gguf" "$smol" --dtype float32
-    python train_draft.py hydra.run.dir=$T/run logger=none target.path="$smol" data.path="$SHAREGPT" data.limit=5000 \
-      data.max_turns=1 data.regen.max_new_tokens=512 data.regen.batch_size=128 data.cache_dir=$T/regen \
-      train.steps=${TRAIN_STEPS:-2400} train.time_limit_s=${TRAIN_S:-240} eval.every=800 eval.num_prompts=16 \
-      train.progress=false train.profile_steps=3 2>&1 | grep -v Warning | tail -60
-    spec() {  # name, overrides...
-      local name=$1; shift
-      timeout "$(left)" python run_spec.py draft=eagle3 draft.path=$head target.path="$smol" logger=none print_answers=1 \
-        hydra.run.dir=$T/eval/$name "$@" 2>&1 | grep -E "^\[eaglet\]|^---|^>>>|Error" | tail -8
+    common=(logger=none target.path="$smol" data.path="$SHAREGPT" data.max_turns=1 data.regen.max_new_tokens=512
+            data.regen.batch_size=128 data.cache_dir=$T/regen train.progress=false train.optim.lr=${LR:-3e-4}
+            eval.num_prompts=16 ${TRAIN_ARGS:-})  # TRAIN_ARGS: more overrides (e.g. a small CPU dry run)
+    launch() {  # nproc, run dir, overrides...
+      local n=$1 dir=$2; shift 2
+      timeout "$(left)" torchrun --standalone --nproc-per-node "$n" train_draft.py hydra.run.dir="$dir" \
+        "${common[@]}" "$@" 2>&1 | tee "$dir.log" | grep -E "^\[eaglet\]|Error|error" | tail -12
     }
-    spec mt_bench_b1 tree=eagle2 data=mt_bench data.max_turns=1 gen.batch_size=1
-    spec mt_bench_b8 tree=eagle2 data=mt_bench data.max_turns=1 gen.batch_size=8
-    spec humaneval_b8 tree=eagle2 data=humaneval gen.batch_size=8 gen.compare_ar=false
-    spec sharegpt_b8 tree=eagle2 data=sharegpt data.path="$SHAREGPT" gen.batch_size=8 gen.compare_ar=false
-    spec mt_bench_b1_wide tree=eagle2_wide data=mt_bench data.max_turns=1 gen.batch_size=1
+    rate() {  # mean tokens/s of a run's log windows after the first (compilation and warm-up)
+      python - "$1/train_log.jsonl" <<'PY'
+import json, sys
+w = [json.loads(l)["train/tokens_per_s"] for l in open(sys.argv[1])][1:]
+print(round(sum(w) / len(w)))
+PY
+    }
+    probe=(train.steps=4000 train.stop_at_step=${PROBE_STEPS:-30} eval.every=0 train.ckpt_every=0)
+    launch "$ngpu" $T/probe_ddp "${probe[@]}"  # the regeneration happens here, split over the GPUs
+    CUDA_VISIBLE_DEVICES=0 launch 1 $T/probe_1gpu "${probe[@]}"
+    r1=$(rate $T/probe_1gpu); rn=$(rate $T/probe_ddp)
+    [[ -n $rn ]] || { echo "[gpu_session] the DDP probe failed: training on one GPU"; ngpu=1; rn=$r1; }
+    echo "[gpu_session] training tokens/s: 1 GPU $r1, $ngpu GPUs (DDP) $rn = $(python -c "print(f'{$rn/$r1:.2f}')")x"
+    # optimiser steps that fit the time left (minus loading, evaluations and export): the cosine decay ends on time
+    steps=$(python -c "import json; m=json.load(open('$T/probe_1gpu/metrics.json'))
+print(int(($(left) - 60) * $rn / (m['num_tokens'] / m['num_sequences'] * 8 * $ngpu)))")
+    echo "[gpu_session] EAGLE-3: $steps steps on $ngpu GPUs"
+    launch "$ngpu" $T/eagle3 train.steps=$steps eval.every=$((steps / 2)) train.ckpt_every=$((steps / 2)) \
+      train.profile_steps=3 train.time_limit_s=$(($(left) - 15))
+    mkdir -p $T/heads && cp -r $T/eagle3/head $T/heads/smollm2_135m_eagle3
     # the regenerated answers come back too (a later run skips regeneration with data.cache_dir); in 15 MB
     # parts, as a device call returns files of at most 16 MiB (cat train.tgz.* | tar xz to unpack)
-    tar cz -C $T --exclude=wandb --exclude=checkpoints --exclude=trace.json run eval regen | split -b 15M - "$out/train.tgz."
-    gzip -c $T/run/trace.json | split -b 15M - "$out/train_trace.json.gz."
+    tar cz -C $T --exclude=wandb --exclude=checkpoints --exclude=trace.json --exclude=.hydra --exclude='*/head' \
+      probe_ddp probe_1gpu eagle3 $(cd $T && ls ./*.log) heads regen | split -b 15M - "$out/train.tgz."
+    [[ -f $T/eagle3/trace.json ]] && gzip -c $T/eagle3/trace.json | split -b 15M - "$out/train_trace.json.gz."
     ls -la "$out" ;;
+  experiments)
+    # after `train` on the same machine (its heads, regenerated data and throughput probe in /tmp/train): GPU 1
+    # trains an EAGLE-1 head for EAGLE1_S seconds, then the head comparison and the tree sweep are split over the
+    # GPUs; each sweep's runs land in one folder, reported into OUT/<experiment>/ and packed into OUT/runs.tgz
+    T=/tmp/train X=/tmp/exp smol=$KEEP/smollm2_hf heads=/tmp/train/heads; mkdir -p $X
+    common=(logger=none target.path="$smol" print_answers=0 ${EXP_ARGS:-})  # EXP_ARGS: as TRAIN_ARGS
+    eagle3=draft.path=$heads/smollm2_135m_eagle3
+    spec() {  # log name, sweep dir, overrides... (one Hydra multirun)
+      local name=$1 dir=$2; shift 2
+      python run_spec.py -m "${common[@]}" hydra.sweep.dir="$dir" "$@" > "$X/$name.log" 2>&1 || tail -5 "$X/$name.log"
+      grep -E "^\[eaglet\] [0-9]+ tokens|Error" "$X/$name.log" | sed "s/^/[$name] /"
+    }
+    e1=${EAGLE1_S:-150}
+    (
+      export CUDA_VISIBLE_DEVICES=1
+      steps=$(python -c "import json; m=json.load(open('$T/probe_1gpu/metrics.json'))
+w = [json.loads(l)['train/tokens_per_s'] for l in open('$T/probe_1gpu/train_log.jsonl')][1:]
+print(int(($e1 - 40) * 2 * sum(w) / len(w) / (m['num_tokens'] / m['num_sequences'] * 8)))")  # ~2x EAGLE-3's rate
+      python train_draft.py hydra.run.dir=$T/eagle1 train/head=eagle1 logger=none target.path="$smol" \
+        data.path="$SHAREGPT" data.max_turns=1 data.regen.max_new_tokens=512 data.regen.batch_size=128 \
+        data.cache_dir=$T/regen train.progress=false train.optim.lr=${LR:-3e-4} eval.num_prompts=16 \
+        train.steps=$steps train.time_limit_s=$e1 ${TRAIN_ARGS:-} > $T/eagle1.log 2>&1
+      grep "^\[eaglet\]" $T/eagle1.log | tail -3 | sed "s/^/[eagle1] /"
+      cp -r $T/eagle1/head $heads/smollm2_135m_eagle1
+      spec compare_heads_e1 $X/compare_heads +experiment=compare_heads heads_dir=$heads draft=eagle1 gen.batch_size=1,8
+      spec sweep_tree_7 $X/sweep_tree +experiment=sweep_tree $eagle3 tree.steps=7
+      spec datasets_sharegpt $X/datasets +experiment=datasets $eagle3 data=sharegpt data.path="$SHAREGPT"
+    ) &
+    (
+      export CUDA_VISIBLE_DEVICES=0
+      spec compare_heads $X/compare_heads +experiment=compare_heads heads_dir=$heads draft=none,eagle3 gen.batch_size=1,8
+      spec datasets $X/datasets +experiment=datasets $eagle3 data=mt_bench,humaneval
+      spec sweep_tree_35 $X/sweep_tree +experiment=sweep_tree $eagle3 tree.steps=3,5
+    )
+    wait
+    for e in compare_heads datasets sweep_tree; do
+      python -m eaglet.experiments.report $X/$e --out "$out/$e" | tail -1
+    done
+    tar cz -C /tmp --exclude=wandb --exclude=trace.json exp train/eagle1.log train/eagle1/train_log.jsonl \
+      train/eagle1/metrics.json train/heads/smollm2_135m_eagle1 > "$out/runs.tgz"
+    cat "$out"/compare_heads/runs.md "$out"/datasets/runs.md ;;
   *) echo "unknown stage $stage" >&2; exit 2 ;;
 esac

@@ -162,17 +162,19 @@ def _pyplot():
 
 def overlap_table(groups: dict[tuple, dict[str, dict]]) -> str:
     lines = ["| target | tree | B | plan | step ms | draft | plan | plan exposed | verify | accept | extend "
-             "| plan hidden | speedup vs serial |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| plan hidden | speedup vs serial | verify / weight-read floor | step / floor |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for (target, tree, B), plans in groups.items():
         base = plans.get("serial")
         for plan in sorted(plans, key=PLAN_ORDER.index):
             m = plans[plan]
             sp = f"{base['step_ms'] / m['step_ms']:.3f}" if base else "-"
             ran = plan if m["stream_plan"] == plan else f"{plan} (ran as {m['stream_plan']})"
+            floor = m.get("weight_read_floor_ms")  # GPU runs only
+            vs_floor = (f"{m['verify_ms'] / floor:.2f}x | {m['step_ms'] / floor:.2f}x" if floor else "- | -")
             lines.append(f"| {target} | {tree} | {B} | {ran} | {m['step_ms']:.3f} | {m['draft_ms']:.3f} "
                          f"| {m['plan_ms']:.3f} | {m['plan_wait_ms']:.3f} | {m['verify_ms']:.3f} | {m['accept_ms']:.3f} "
-                         f"| {m['extend_ms']:.3f} | {100 * m['plan_hidden_fraction']:.0f}% | {sp} |")
+                         f"| {m['extend_ms']:.3f} | {100 * m['plan_hidden_fraction']:.0f}% | {sp} | {vs_floor} |")
     return "\n".join(lines) + "\n"
 
 

@@ -309,6 +309,15 @@ class Transformer(nn.Module):
     def dtype(self) -> torch.dtype:
         return self.lm_head.weight.dtype
 
+    def weight_read_bytes(self) -> int:
+        """Weight bytes one decode step reads: every matrix once, the LM head included, but not an untied
+        embedding table (a step gathers only its tokens' rows)."""
+        total = sum(p.numel() * p.element_size() for p in self.parameters())  # a tied matrix counts once
+        if not self.args.tie_embeddings:
+            emb = self.model.embed_tokens.weight
+            total -= emb.numel() * emb.element_size()
+        return total
+
     def forward(
         self,
         tokens: torch.Tensor,

@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from eaglet.kernels._utils import copy_bandwidth
 from eaglet.models.kv_cache import KVCache
 from eaglet.models.llama import Transformer
 from eaglet.spec.autoregressive import AREngine, Request
@@ -176,6 +177,9 @@ def run(cfg: DictConfig, output_dir: str | Path) -> dict:
         "temperature": cfg.gen.temperature,
         "dtype": str(dtype).removeprefix("torch."),
         "cuda_graph": graphs,
+        # what a step's verify cannot beat: the target's weights read once (bytes / measured copy bandwidth)
+        "weight_read_floor_ms": 1e3 * model.weight_read_bytes() / copy_bandwidth(device) if device.type == "cuda"
+        else None,
         **resolved,
         "tree": OmegaConf.to_container(cfg.tree) if cfg.draft.name != "none" else None,
         **env,

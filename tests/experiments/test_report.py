@@ -23,7 +23,7 @@ def test_overlap_table_compares_each_plan_with_serial(tmp_path):
     build([SAMPLES / "ablate_overlap_cpu"], tmp_path)
     rows = [r for r in (tmp_path / "overlap.md").read_text().splitlines()[2:]]
     assert len(rows) == 4
-    assert all(r.split("|")[-2].strip() == "1.000" for r in rows if "| serial |" in r)
+    assert all(r.split("|")[13].strip() == "1.000" for r in rows if "| serial |" in r)  # speedup vs serial
 
 
 def test_report_rebuilds_the_tree_sweep_and_head_comparison(tmp_path):
