@@ -55,6 +55,7 @@ import torch.nn.functional as F
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from eaglet.kernels.activation import silu_and_mul_ref
 from eaglet.kernels.rmsnorm import rmsnorm_ref
@@ -180,10 +181,17 @@ class TTTPattern:
     step: int
 
 
+# SDPA backends of the causal step-0 attention, cuDNN left out: it builds an execution plan per new shape, and
+# training batches come in every length; an H200 profile of EAGLE-3 training spent 50 ms of host time per
+# cuDNN call there (5x the step's device time), flash attention needs no plan
+_CAUSAL_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+
+
 def _ttt_attention(q: torch.Tensor, ks: list[torch.Tensor], vs: list[torch.Tensor], scale: float) -> torch.Tensor:
     """TTTPattern attention. q [B, Hq, T, D]; ks, vs: step 0..k keys/values [B, Hq, T, D] each -> [B, Hq, T, D]."""
     if len(ks) == 1:
-        return F.scaled_dot_product_attention(q, ks[0], vs[0], is_causal=True)  # [B, Hq, T, D]
+        with sdpa_kernel(_CAUSAL_BACKENDS):
+            return F.scaled_dot_product_attention(q, ks[0], vs[0], is_causal=True)  # [B, Hq, T, D]
     T = q.shape[2]
     causal = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()  # [T, T]
     s0 = (q @ ks[0].transpose(-1, -2)).float().masked_fill(~causal, float("-inf"))  # [B, Hq, T, T]

@@ -86,7 +86,9 @@ def test_int32_indices_and_paged_cache():
 @needs_kernel
 @pytest.mark.parametrize("norm", [False, True], ids=["no-qk-norm", "qk-norm"])
 def test_duplicate_slots_one_writer_wins(norm):
-    """Padding rows share dummy slot 0: each shared slot holds one of its writers' rows, untouched slots keep their junk."""
+    """Padding rows share dummy slot 0: each shared slot holds one of its writers' k rows and one of its writers' v
+    rows (with q/k norm, k and v of one slot can come from different writers: seen on an H200; padding is junk
+    either way), untouched slots keep their junk."""
     slots = [0, 0, 4, 0, 4, 2, 0, 7]
     M, S = len(slots), 10
     args, heads = make(M, 9, 3, 64, torch.float32, norm=norm, slots=slots, spare=S - M, seed=2)
@@ -102,10 +104,8 @@ def test_duplicate_slots_one_writer_wins(norm):
         if not writers:
             assert torch.equal(k_cache[s], args["k_cache"][s]) and torch.equal(v_cache[s], args["v_cache"][s])
             continue
-        winners = [m for m in writers if torch.equal(v_cache[s], v_rows[m])]
-        assert winners, f"slot {s} holds none of its writers' v rows {writers}"
-        # k and v of one slot come from one row (one program writes both).
-        assert any(rel_err(k_cache[s], k_rows[m]) < 1e-5 for m in winners)
+        assert any(torch.equal(v_cache[s], v_rows[m]) for m in writers), f"slot {s}: none of {writers}' v rows"
+        assert any(rel_err(k_cache[s], k_rows[m]) < 1e-5 for m in writers), f"slot {s}: none of {writers}' k rows"
 
 
 @needs_kernel

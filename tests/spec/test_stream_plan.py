@@ -118,9 +118,11 @@ def run_plan(plan, sleep=0, sanitizer=False, graphs=True, max_new=24):
     # torch turns CSAN on when the variable exists at all (even "0"): absent unless sanitizing. CSAN also
     # takes a graph capture's launches for eager ones (false races on the static buffers, seen on an H200),
     # so sanitized runs decode without graphs, the AR reference included.
-    env = {k: v for k, v in os.environ.items() if k != "TORCH_CUDA_SANITIZER"}
+    env = {k: v for k, v in os.environ.items() if k not in ("TORCH_CUDA_SANITIZER", "EAGLET_KERNELS")}
     if sanitizer:
-        env["TORCH_CUDA_SANITIZER"] = "1"
+        # CSAN sees ATen ops only: the torch references stand in for the Triton kernels (the unsafe plan's race
+        # is on seq_lens, which the KV commit kernel writes; with Triton, CSAN reported nothing on an H200)
+        env.update(TORCH_CUDA_SANITIZER="1", EAGLET_KERNELS="torch")
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, env=env)
 
 
