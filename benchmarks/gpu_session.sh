@@ -37,17 +37,23 @@ case $stage in
     tar cz -C /tmp --exclude=wandb --exclude=trace.json --exclude=outputs.jsonl ablate_overlap > "$out/ablate_runs.tgz"
     cat "$out/ablate_overlap/overlap.md" ;;
   train)
-    # regeneration on every GPU, a DDP and a one-GPU throughput probe (the same 30 steps each), then the EAGLE-3
-    # head trained on every GPU for what is left of BUDGET_S, its LR schedule sized to fit; full logs in $T/*.log
-    T=/tmp/train; mkdir -p $T; deadline=$((SECONDS + ${BUDGET_S:-560})); ngpu=$(nvidia-smi -L | wc -l)
+    # regeneration on every GPU (REGEN_CACHE: a folder of an earlier run's data.cache_dir files, which skips it), a
+    # one-GPU and a DDP throughput probe (40 steps each), the EAGLE-3 head trained on every GPU for what is left of
+    # BUDGET_S minus EVAL_S (its LR schedule sized to fit), then it decodes MT-bench at B=1 and 8 against AR and
+    # HumanEval and held-out ShareGPT at B=8; full logs in $T/*.log, results packed into OUT/train.tgz.* parts
+    T=/tmp/train; mkdir -p $T/regen; deadline=$((SECONDS + ${BUDGET_S:-560})); ngpu=$(nvidia-smi -L | wc -l)
     left() { echo $((deadline - SECONDS > 1 ? deadline - SECONDS : 1)); }
+    [[ -n ${REGEN_CACHE:-} ]] && cp -r "$REGEN_CACHE"/. $T/regen/
+    # torchrun's default of one OpenMP thread per process slowed the host side of each step (host-bound here)
+    export OMP_NUM_THREADS=${OMP_NUM_THREADS:-8}
     # the GGUF once as an HF directory (the same weights): a load then takes ~2 s instead of the 20-25 s the
     # H200 box spent per run on GGUF dequantisation and tokenizer conversion
     smol=$KEEP/smollm2_hf
     [[ -f $smol/model.safetensors ]] || python -m eaglet.models.checkpoint convert "$gguf" "$smol" --dtype float32
+    bs=${BATCH:-16}
     common=(logger=none target.path="$smol" data.path="$SHAREGPT" data.max_turns=1 data.regen.max_new_tokens=512
             data.regen.batch_size=128 data.cache_dir=$T/regen train.progress=false train.optim.lr=${LR:-3e-4}
-            eval.num_prompts=16 ${TRAIN_ARGS:-})  # TRAIN_ARGS: more overrides (e.g. a small CPU dry run)
+            train.batch_size=$bs eval.num_prompts=16 ${TRAIN_ARGS:-})  # TRAIN_ARGS: more overrides (a CPU dry run)
     launch() {  # nproc, run dir, overrides...
       local n=$1 dir=$2; shift 2
       timeout "$(left)" torchrun --standalone --nproc-per-node "$n" train_draft.py hydra.run.dir="$dir" \
@@ -60,23 +66,33 @@ w = [json.loads(l)["train/tokens_per_s"] for l in open(sys.argv[1])][1:]
 print(round(sum(w) / len(w)))
 PY
     }
-    probe=(train.steps=4000 train.stop_at_step=${PROBE_STEPS:-30} eval.every=0 train.ckpt_every=0)
+    probe=(train.steps=4000 train.stop_at_step=${PROBE_STEPS:-40} eval.every=0 train.ckpt_every=0)
     launch "$ngpu" $T/probe_ddp "${probe[@]}"  # the regeneration happens here, split over the GPUs
     CUDA_VISIBLE_DEVICES=0 launch 1 $T/probe_1gpu "${probe[@]}"
     r1=$(rate $T/probe_1gpu); rn=$(rate $T/probe_ddp)
     [[ -n $rn ]] || { echo "[gpu_session] the DDP probe failed: training on one GPU"; ngpu=1; rn=$r1; }
     echo "[gpu_session] training tokens/s: 1 GPU $r1, $ngpu GPUs (DDP) $rn = $(python -c "print(f'{$rn/$r1:.2f}')")x"
-    # optimiser steps that fit the time left (minus loading, evaluations and export): the cosine decay ends on time
+    # optimiser steps that fit the time left (minus loading, evaluations, export): the cosine decay ends on time
+    ev=${EVAL_S:-100}
     steps=$(python -c "import json; m=json.load(open('$T/probe_1gpu/metrics.json'))
-print(int(($(left) - 60) * $rn / (m['num_tokens'] / m['num_sequences'] * 8 * $ngpu)))")
+print(int(($(left) - $ev - 40) * $rn / (m['num_tokens'] / m['num_sequences'] * $bs * $ngpu)))")
     echo "[gpu_session] EAGLE-3: $steps steps on $ngpu GPUs"
     launch "$ngpu" $T/eagle3 train.steps=$steps eval.every=$((steps / 2)) train.ckpt_every=$((steps / 2)) \
-      train.profile_steps=3 train.time_limit_s=$(($(left) - 15))
+      train.profile_steps=3 train.time_limit_s=$(($(left) - ev - 10))
     mkdir -p $T/heads && cp -r $T/eagle3/head $T/heads/smollm2_135m_eagle3
-    # the regenerated answers come back too (a later run skips regeneration with data.cache_dir); in 15 MB
-    # parts, as a device call returns files of at most 16 MiB (cat train.tgz.* | tar xz to unpack)
+    spec() {  # sweep dir, overrides... (one Hydra multirun on GPU 0)
+      local dir=$1; shift
+      CUDA_VISIBLE_DEVICES=0 timeout "$(left)" python run_spec.py -m logger=none target.path="$smol" print_answers=0 \
+        draft=eagle3 draft.path=$T/heads/smollm2_135m_eagle3 hydra.sweep.dir="$dir" "$@" ${EVAL_ARGS:-} 2>&1 \
+        | grep -E "^\[eaglet\] [0-9]+ tokens|Error"
+    }
+    spec $T/eval/compare_heads +experiment=compare_heads gen.batch_size=1,8
+    spec $T/eval/datasets +experiment=datasets data=humaneval gen.compare_ar=false
+    spec $T/eval/datasets +experiment=datasets data=sharegpt data.path="$SHAREGPT" gen.compare_ar=false
+    # in 15 MB parts, as a device call returns files of at most 16 MiB (cat train.tgz.* | tar xz to unpack)
     tar cz -C $T --exclude=wandb --exclude=checkpoints --exclude=trace.json --exclude=.hydra --exclude='*/head' \
-      probe_ddp probe_1gpu eagle3 $(cd $T && ls ./*.log) heads regen | split -b 15M - "$out/train.tgz."
+      --exclude=outputs.jsonl --exclude=regen probe_ddp probe_1gpu eagle3 $(cd $T && ls ./*.log) heads eval \
+      | split -b 15M - "$out/train.tgz."
     [[ -f $T/eagle3/trace.json ]] && gzip -c $T/eagle3/trace.json | split -b 15M - "$out/train_trace.json.gz."
     ls -la "$out" ;;
   experiments)
