@@ -3,6 +3,10 @@
 Inputs are copied into the static buffers' first B rows; the rest are zeroed. Zero is the
 padding value every eaglet step accepts: token 0, position 0, page-table row 0 (the dummy page),
 so padded rows only write the KV pool's dummy page.
+
+Disabled (eager, CPU), `stage` still copies into static buffers and `replay` runs the function on their first
+B rows: the stream plans stage the draft's outputs on the plan stream, and that copy is where an unsynchronised
+plan races, so eager runs (the CUDA sanitizer's) must make it too.
 """
 
 from __future__ import annotations
@@ -53,21 +57,32 @@ class GraphRunner:
                 if b not in self._graphs:
                     self._capture(b)
 
-    def stage(self, *inputs: torch.Tensor) -> int:
-        """Copy inputs [B, ...] into the static buffers of B's bucket (capturing it on first use);
-        the copies are enqueued on the current stream. Returns B."""
-        B = inputs[0].shape[0]
-        Bp = self.bucket(B)
+    def _static(self, B: int) -> list[torch.Tensor]:
+        """The static input buffers B's inputs go to: its bucket's graph (captured on first use), or when
+        disabled one set for the largest bucket."""
+        Bp = self.bucket(B) if self.enabled else self.buckets[-1]
         if Bp not in self._graphs:
-            self._capture(Bp)
-        for dst, src in zip(self._graphs[Bp][1], inputs):
+            if self.enabled:
+                self._capture(Bp)
+            else:
+                self._graphs[Bp] = (None, list(self.example_inputs(Bp)), ())
+        return self._graphs[Bp][1]
+
+    def stage(self, *inputs: torch.Tensor) -> int:
+        """Copy inputs [B, ...] into the static buffers (the rows past B zeroed for a graph); the copies are
+        enqueued on the current stream. Returns B."""
+        B = inputs[0].shape[0]
+        for dst, src in zip(self._static(B), inputs):
             dst[:B].copy_(src)
-            dst[B:].zero_()
+            if self.enabled:
+                dst[B:].zero_()
         return B
 
     def replay(self, B: int):
-        """Replay B's bucket on the current stream; outputs are views of static buffers, valid
-        until the next replay of that bucket."""
+        """Run on the staged inputs, on the current stream: replay B's bucket (outputs are views of static
+        buffers, valid until the next replay of that bucket), or call the function on the first B rows."""
+        if not self.enabled:
+            return self.fn(*(t[:B] for t in self._static(B)))
         graph, _, out = self._graphs[self.bucket(B)]
         graph.replay()
         res = tuple(o[:B] for o in out)

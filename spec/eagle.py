@@ -312,7 +312,7 @@ class EagleEngine:
 
     # ---- one step ----------------------------------------------------------------------------
     def _step(self, state: dict, rows: torch.Tensor, timer: "_PhaseTimer"):
-        plan, graphs = self.stream_plan, self._verify.enabled
+        plan = self.stream_plan
         seq_lens = state["seq_lens"]
         plan.before_draft()
         planned = None
@@ -334,12 +334,12 @@ class EagleEngine:
             if planned is None:
                 planned = self._plan(seq_lens, rows)
             inputs = (tokens, positions, planned[0], seq_lens, planned[1], mask)
-            B = self._verify.stage(*inputs) if graphs else None  # copies into the verify graph's buffers
+            B = self._verify.stage(*inputs)  # copies into the verify's static buffers (graph or eager)
             timer.stop("plan")
         plan.before_verify(*planned)
         timer.stop("plan_wait")
         timer.start("verify")
-        logits, feats = self._verify.replay(B) if graphs else self._verify(*inputs)
+        logits, feats = self._verify.replay(B)
         timer.stop("verify")
         timer.start("accept")
         pt_t = planned[1]
