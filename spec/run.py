@@ -23,6 +23,9 @@ from eaglet.spec.tracking import Tracker, environment
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
+REPO = Path(__file__).resolve().parents[1]  # the checkout (eaglet installs editable): shipped heads live here
+
+
 def resolve_hardware(hw) -> tuple[torch.device, torch.dtype]:
     dev = hw.device
     if dev == "auto":
@@ -90,7 +93,7 @@ def run(cfg: DictConfig, output_dir: str | Path) -> dict:
                              seed=cfg.seed)
     engine = ar_engine
     if cfg.draft.name != "none":
-        head = build_head(cfg.draft, model, dtype, device)
+        head = build_head(cfg.draft, cfg.target, model, dtype, device)
         tree = TreeSpec(cfg.tree.steps, cfg.tree.topk, cfg.tree.num_draft_tokens)
         sim = cfg.tree.get("simulate")
         engine = EagleEngine(model, head, tree, max_batch=batch_size, max_context=max_context,
@@ -242,17 +245,24 @@ def random_target(name: str, dtype, device) -> Transformer:
     return model.eval()
 
 
-def build_head(draft, target: Transformer, dtype, device):
+def build_head(draft, target_cfg, target: Transformer, dtype, device):
+    """draft.path's head; else a random one (draft.random_init); else the head eaglet ships for this target
+    (target.heads, repo-relative paths)."""
     from eaglet.models.eagle import load_draft_head, new_draft_head
 
-    if draft.get("path"):
-        head = load_draft_head(Path(draft.path).expanduser(), target, dtype, device)
+    path = draft.get("path")
+    if not path and not draft.get("random_init"):
+        shipped = (target_cfg.get("heads") or {}).get(draft.name)
+        path = REPO / shipped if shipped else None
+    if path:
+        head = load_draft_head(Path(path).expanduser(), target, dtype, device)
         if head.KIND != draft.name:
-            raise ValueError(f"draft={draft.name} but {draft.path} holds a {head.KIND} head; use draft={head.KIND}")
+            raise ValueError(f"draft={draft.name} but {path} holds a {head.KIND} head; use draft={head.KIND}")
         return head
     if not draft.get("random_init"):
         raise ValueError(f"draft={draft.name} needs draft.path=<head directory>, or draft.random_init=true for a "
-                         "random head (losslessness and latency checks only: it accepts almost nothing)")
+                         f"random head (losslessness and latency checks only: it accepts almost nothing); eaglet "
+                         f"ships no {draft.name} head for target={target_cfg.name}")
     return new_draft_head(draft.name, target, num_layers=draft.num_layers if draft.name == "multi_layer" else None,
                           draft_vocab_size=draft.get("draft_vocab_size"), dtype=dtype, device=device)
 

@@ -14,6 +14,20 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 @pytest.mark.slow
+def test_shipped_eagle3_head_is_the_default_and_lossless(tmp_path):
+    """draft=eagle3 without a path serves the head eaglet ships for SmolLM2 (target.heads): it accepts drafts, and
+    the fp32 CPU output equals plain greedy decoding."""
+    out = tmp_path / "run"
+    cmd = [sys.executable, "run_spec.py", "draft=eagle3", "data=mt_bench", "data.limit=2", "data.max_turns=1",
+           "gen.max_new_tokens=48", "hardware=cpu", "logger=none", f"hydra.run.dir={out}"]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["draft"] == "eagle3" and metrics["ar_identical_fraction"] == 1.0
+    assert metrics["tau"] > 1.3  # a random head gets ~1.0
+
+
+@pytest.mark.slow
 def test_run_spec_interface(tmp_path):
     out = tmp_path / "run"
     cmd = [sys.executable, "run_spec.py", "draft=none", "data=mt_bench", "data.limit=2", "gen.max_new_tokens=32",
@@ -99,11 +113,14 @@ def test_bad_run_configs_are_named(tmp_path):
     from eaglet.spec.run import build_head, resolve_hardware
 
     target = Transformer(ModelArgs.from_name("tiny_llama")).eval()
+    tiny = OmegaConf.create({"name": "tiny_llama"})  # a target config that ships no head
     with pytest.raises(ValueError, match="draft.path=<head directory>, or draft.random_init=true"):
-        build_head(OmegaConf.create({"name": "eagle3", "path": None, "random_init": False}), target, torch.float32, "cpu")
+        build_head(OmegaConf.create({"name": "eagle3", "path": None, "random_init": False}), tiny, target,
+                   torch.float32, "cpu")
     new_draft_head("eagle1", target, dtype=torch.float32, device="cpu").save_pretrained(tmp_path / "h")
     with pytest.raises(ValueError, match="holds a eagle1 head; use draft=eagle1"):
-        build_head(OmegaConf.create({"name": "multi_layer", "path": str(tmp_path / "h")}), target, torch.float32, "cpu")
+        build_head(OmegaConf.create({"name": "multi_layer", "path": str(tmp_path / "h")}), tiny, target,
+                   torch.float32, "cpu")
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="hardware=cpu"):
             resolve_hardware(OmegaConf.create({"device": "cuda", "dtype": "auto"}))
