@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 import transformers
@@ -188,3 +190,13 @@ def test_fused_linear_path_equals_the_unfused_one(family):
     assert old == 1 and torch.equal(fused, plain)
     with pytest.raises(ValueError, match="max_tokens"):
         llama.set_fused_linear(-1)
+
+
+@pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied"])
+def test_weight_read_bytes_counts_the_lm_head_not_an_untied_embedding(tied):
+    """The weight-read floor's numerator: every matrix once; an untied embedding table is only gathered from."""
+    args = dataclasses.replace(ModelArgs.from_name("tiny_llama"), tie_embeddings=tied)
+    model = Transformer(args).to(torch.bfloat16)
+    total = sum(p.numel() for p in model.parameters()) * 2  # bf16; a tied matrix is one parameter
+    emb = args.vocab_size * args.dim * 2
+    assert model.weight_read_bytes() == (total if tied else total - emb)
