@@ -156,8 +156,8 @@ def split_fused_names(sd: dict[str, torch.Tensor], args: ModelArgs) -> dict[str,
 
 
 class DenseKV:
-    """K/V of earlier `forward_dense` calls, per KV layer and call, with their autograd history: EAGLE-3's
-    training-time test attends over the keys of every unrolled step so far (the training twin of the paged pool)."""
+    """K/V of earlier `forward_dense` calls, per KV layer and call, with their autograd history: the training-time
+    test attends over the keys of earlier unrolled steps (the training twin of the paged pool)."""
 
     def __init__(self):
         self.k: dict[int, list[torch.Tensor]] = {}
@@ -176,9 +176,15 @@ class TTTPattern:
     dense mask: causal over the step-0 keys (the first call's, kept in the DenseKV), and each query's own
     position in the keys of steps 1..step. `training.losses.ttt_attention_mask` is the same pattern as a
     [T, (step+1)*T] mask; SDPA over that mask costs (step+1)*T^2 scores per step (28*T^2 over 7 steps, and the
-    fp32 score matrices of a long batch filled 23.7 GB of an H200), this T^2 + step*T."""
+    fp32 score matrices of a long batch filled 23.7 GB of an H200), this T^2 + step*T.
+
+    ancestors=False (the head's DRAFT_ANCESTORS_CACHED, False for multi-layer heads): the engine's draft step
+    sees the accepted prefix and its own key only, its ancestors having been cached by other layers; then
+    step k attends the step-0 keys and the key of step k alone (the layer's DenseKV holds the calls of every
+    step that ran it, as its paged KV holds their scratch writes, masked there)."""
 
     step: int
+    ancestors: bool = True
 
 
 # SDPA backends of the causal step-0 attention, cuDNN left out: it builds an execution plan per new shape, and
@@ -188,7 +194,8 @@ _CAUSAL_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, 
 
 
 def _ttt_attention(q: torch.Tensor, ks: list[torch.Tensor], vs: list[torch.Tensor], scale: float) -> torch.Tensor:
-    """TTTPattern attention. q [B, Hq, T, D]; ks, vs: step 0..k keys/values [B, Hq, T, D] each -> [B, Hq, T, D]."""
+    """TTTPattern attention: causal over ks[0] (the step-0 keys), each query's own position in ks[1:] (the steps
+    it attends). q [B, Hq, T, D]; ks, vs: keys/values [B, Hq, T, D] each -> [B, Hq, T, D]."""
     if len(ks) == 1:
         with sdpa_kernel(_CAUSAL_BACKENDS):
             return F.scaled_dot_product_attention(q, ks[0], vs[0], is_causal=True)  # [B, Hq, T, D]
@@ -227,9 +234,12 @@ def _attention_dense(attn: Attention, a, positions, inv_freq, mask, cache: Dense
         return t.repeat_interleave(Hq // Hkv, dim=1)
 
     if isinstance(mask, TTTPattern):
-        if len(ks) != mask.step + 1:
-            raise ValueError(f"TTTPattern(step={mask.step}) needs the keys of steps 0..{mask.step} in the DenseKV, "
-                             f"it holds {len(ks)} calls")
+        if not mask.ancestors:  # step 0's keys and this call's only, as the engine's draft mask without ancestors
+            ks, vs = ks[:1] + ks[1:][-1:], vs[:1] + vs[1:][-1:]
+        if len(ks) != (mask.step + 1 if mask.ancestors else min(mask.step, 1) + 1):
+            needs = f"steps 0..{mask.step}" if mask.ancestors else "step 0 and of this call"
+            raise ValueError(f"TTTPattern(step={mask.step}) needs the keys of {needs} in the DenseKV, it holds "
+                             f"{len(ks)} calls")
         o = _ttt_attention(q, [heads(t) for t in ks], [heads(t) for t in vs], D**-0.5)  # [B, Hq, T, D]
     else:
         m = mask if mask.dim() == 2 else mask[:, None]  # [T, L] or [B, 1, T, L]
@@ -297,6 +307,10 @@ class FcLayer(DraftLayer):
     def forward(self, embed_feature, positions, inv_freq, batch, kv) -> torch.Tensor:
         """embed_feature [B, T, 2H] = cat(embed, feature) -> [B, T, H]."""
         return super().forward(self.fc(embed_feature), positions, inv_freq, batch, kv)
+
+    def forward_dense(self, embed_feature, positions, inv_freq, mask, cache: DenseKV | None = None) -> torch.Tensor:
+        """`forward` with dense attention (DraftLayer.forward_dense). embed_feature [B, T, 2H] -> [B, T, H]."""
+        return super().forward_dense(self.fc(embed_feature), positions, inv_freq, mask, cache)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -414,10 +428,14 @@ class DraftHead(nn.Module):
         """The training forward: `forward`'s inputs and outputs, attention computed densely over `attn_mask`
         [T, L] or [B, T, L] bool (True = attend; the first L-T columns are the keys already in `cache`, the last
         T this call's own) or the training-time test's pattern (`TTTPattern`), no KV pool, differentiable on
-        every device. With `cache`, this call's K/V are appended to it for the next call (EAGLE-3's unrolled
+        every device. With `cache`, this call's K/V are appended to it for the next call (the unrolled
         training-time test). Equals `forward` on the same pattern."""
         self._check_inputs(tokens, hidden, positions)
         if isinstance(attn_mask, TTTPattern):
+            if attn_mask.ancestors != self.DRAFT_ANCESTORS_CACHED:  # else training and the engine's draft differ
+                raise ValueError(f"{attn_mask} but a {self.KIND} head's draft steps "
+                                 f"{'see' if self.DRAFT_ANCESTORS_CACHED else 'do not see'} their ancestors: pass "
+                                 f"TTTPattern(step, ancestors=head.DRAFT_ANCESTORS_CACHED)")
             return self._forward_dense(tokens, hidden.to(self.dtype), positions, attn_mask, cache)
         if attn_mask.dtype != torch.bool or attn_mask.shape[-2] != tokens.shape[1]:
             raise ValueError(f"attn_mask must be bool [T, L] or [B, T, L] with T={tokens.shape[1]}, got "
@@ -425,7 +443,7 @@ class DraftHead(nn.Module):
         return self._forward_dense(tokens, hidden.to(self.dtype), positions, attn_mask, cache)
 
     def _forward_dense(self, tokens, hidden, positions, attn_mask, cache):
-        raise NotImplementedError(f"no training forward for {self.KIND} heads (eaglet trains eagle1 and eagle3)")
+        raise NotImplementedError
 
     def _check_inputs(self, tokens, hidden, positions) -> None:
         if tokens.dim() != 2 or positions.shape != tokens.shape:
@@ -591,7 +609,11 @@ class MultiLayerHead(DraftHead):
 
     Layer i's KV holds the accepted sequence (every extend writes all layers) plus what layer i itself wrote;
     tokens drafted at other steps are cached in other layers, so a draft step's attention must cover the
-    accepted prefix and the step's own tokens only (not ancestors drafted by another layer)."""
+    accepted prefix and the step's own tokens only (not ancestors drafted by another layer).
+
+    Training (`forward_dense`): a bool mask or `TTTPattern(0)` is the extend (every layer runs and caches its
+    keys in the DenseKV, the output is layer 0's); `TTTPattern(k >= 1, ancestors=False)` is draft step k (layer
+    min(k, S-1) over that layer's step-0 keys and its own)."""
 
     KIND, ARCHITECTURE, FC_BIAS = "multi_layer", ARCH_MULTI_LAYER, True
     DRAFT_ANCESTORS_CACHED = False
@@ -604,11 +626,23 @@ class MultiLayerHead(DraftHead):
         self.layers = nn.ModuleList(FcLayer(self.args, i, config["bias"]) for i in range(self.args.n_layers))
 
     def _forward(self, tokens, hidden, positions, batch, kv, step):
+        return self._run_layers(tokens, hidden, step,
+                                lambda layer, pair: layer(pair, positions, self._inv_freq, batch, kv))
+
+    def _forward_dense(self, tokens, hidden, positions, attn_mask, cache):
+        # unrolled step 0 is the extend (over the target's features), as the engine's draft-extend
+        step = attn_mask.step if isinstance(attn_mask, TTTPattern) and attn_mask.step > 0 else None
+        return self._run_layers(tokens, hidden, step, lambda layer, pair: layer.forward_dense(
+            pair, positions, self._inv_freq, attn_mask, cache))
+
+    def _run_layers(self, tokens, hidden, step, run_layer):
+        """Run the layers of `step` (None = extend) as run_layer(layer, pair [B, T, 2H]) -> [B, T, H]
+        -> (hidden_out [B, T, H], logits [B, T, V]) of layer 0 (extend) or of the step's layer."""
         pair = torch.cat([self.embed(tokens), hidden], dim=-1)  # [B, T, 2H]
         # Extend: every layer caches the accepted sequence for its own later steps; the output is layer 0's,
         # the step-0 prediction (the one made from the target's own features).
         run = range(len(self.layers)) if step is None else (min(step, len(self.layers) - 1),)
-        outs = [self.layers[i](pair, positions, self._inv_freq, batch, kv) for i in run]  # [B, T, H] each
+        outs = [run_layer(self.layers[i], pair) for i in run]  # [B, T, H] each
         return outs[0], self.target_logits(outs[0])
 
 

@@ -38,7 +38,7 @@ from omegaconf import DictConfig, OmegaConf
 from torch import nn
 from tqdm import tqdm
 
-from eaglet.models.eagle import DraftHead, load_draft_head, new_draft_head
+from eaglet.models.eagle import KINDS, DraftHead, load_draft_head, new_draft_head
 from eaglet.models.llama import Transformer
 from eaglet.spec.tracking import Tracker, environment
 from eaglet.training.data import BatchSchedule, Sample, collate, draft_vocab, load_samples
@@ -108,9 +108,16 @@ class DraftObjective(nn.Module):
     def __init__(self, head: DraftHead, hc: DictConfig):
         super().__init__()
         self.head = head
-        eagle1 = head.KIND == "eagle1"
-        self.kw = dict(steps=int(hc.ttt_length), step_weight=float(hc.step_weight),
-                       p_weight=float(hc.p_weight) if eagle1 else 1.0, v_weight=float(hc.v_weight) if eagle1 else 0.0)
+        steps = int(hc.ttt_length)
+        if head.KIND == "multi_layer" and steps < head.num_kv_layers:
+            # layer i runs from unrolled step i on: a shorter unroll leaves layers untrained (and DDP without
+            # find_unused_parameters stops on their missing gradients)
+            raise ValueError(f"train.head.ttt_length={steps} < {head.num_kv_layers} layers of the multi-layer head: "
+                             f"unrolled step i trains layer i, so unroll at least as many steps as layers")
+        # EAGLE-1 and multi-layer heads output target features (the target's lm_head reads them): regress them
+        regress = head.KIND in ("eagle1", "multi_layer")
+        self.kw = dict(steps=steps, step_weight=float(hc.step_weight),
+                       p_weight=float(hc.p_weight) if regress else 1.0, v_weight=float(hc.v_weight) if regress else 0.0)
 
     @property
     def steps(self) -> int:
@@ -314,8 +321,8 @@ def load_target(tc: DictConfig, dtype, device, seed: int):
 
 def build_head(hc: DictConfig, target: Transformer, samples: list[Sample], device) -> DraftHead:
     """A fp32 head (the optimiser's master weights; bf16 only inside autocast) for `target`."""
-    if hc.kind not in ("eagle1", "eagle3"):
-        raise ValueError(f"train.head.kind={hc.kind!r}; eaglet trains eagle1 and eagle3 heads")
+    if hc.kind not in KINDS:
+        raise ValueError(f"train.head.kind={hc.kind!r}; eaglet trains {', '.join(KINDS)} heads")
     if hc.get("init_from"):
         head = load_draft_head(Path(hc.init_from).expanduser(), target, dtype=torch.float32, device=device)
         if head.KIND != hc.kind:

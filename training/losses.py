@@ -1,14 +1,17 @@
-"""Draft-head objectives: EAGLE-1 (feature regression + soft cross-entropy) and EAGLE-3's training-time test.
+"""Draft-head objectives: EAGLE-1 (feature regression + soft cross-entropy) and EAGLE-3's training-time test;
+multi-layer heads take EAGLE-1's objective at every unrolled step (step k trains layer min(k, S-1)).
 
 Alignment (as the heads, models/eagle.py): row p of a draft step takes (hidden at p, token p+1) and its logits
 predict token p+2, whose target distribution is the target's at position p+1 (P_{p+1}, softmax of lm_head of
 the target's final hidden state f_{p+1}). Unrolled step k (the training-time test, TTT) at row p continues the
 chain drafted from the prefix ending at p: it takes (step k-1's hidden at p, token p+k+1) at position p+k, so
 its logits predict token p+k+2 against P_{p+k+1}. Its attention (`TTTPattern`; `ttt_attention_mask` is its dense
-form, the reference the tests check it against) sees the step-0 keys
-of rows <= p (the accepted prefix the extend cached) and, in steps 1..k, only row p's own keys (its
-ancestors in the chain), exactly what the engine's chain draft sees: tests/training check this against the
-paged inference path. Positions p+k match the engine's (draft step i at seq_len + i - 1) and EAGLE-3's
+form, the reference the tests check it against) sees the step-0 keys of rows <= p (the accepted prefix the
+extend cached) and, in steps 1..k, only row p's own keys (its ancestors in the chain), exactly what the
+engine's chain draft sees: tests/training check this against the paged inference path. A multi-layer head's
+draft steps do not see their ancestors (each step runs its own layer, whose KV holds the accepted prefix):
+there step k attends the step-0 keys of rows <= p and row p's key of step k alone (`TTTPattern(k,
+ancestors=False)`). Positions p+k match the engine's (draft step i at seq_len + i - 1) and EAGLE-3's
 training code (`position_ids + lck`).
 
 A row takes part in step k when token p+k+2 is an assistant token (the data's loss mask). Losses are SUMS over
@@ -53,7 +56,7 @@ def unroll(head: DraftHead, tokens: torch.Tensor, feature: torch.Tensor, steps: 
     hidden, outs = feature, []
     for k in range(steps):
         inp = F.pad(tokens[:, k + 1:], (0, k + 1))  # [B, T] token p+k+1 (0 past the end: such rows never count)
-        hidden, logits = head.forward_dense(inp, hidden, pos + k, TTTPattern(k), cache)
+        hidden, logits = head.forward_dense(inp, hidden, pos + k, TTTPattern(k, head.DRAFT_ANCESTORS_CACHED), cache)
         outs.append((hidden, logits))
     return outs
 
@@ -124,7 +127,8 @@ def draft_loss(head: DraftHead, tokens: torch.Tensor, loss_mask: torch.Tensor, f
     loss = sum_k step_weight^k * (p_weight * ploss_k + v_weight * vloss_k) / norm[k], with `norm` [steps] the
     rows of step k over the whole optimiser step and every process (times 1/world_size, as DDP averages).
     EAGLE-1: steps=1, p_weight=0.1, v_weight=1 (EAGLE's weights). EAGLE-3: steps=7, step_weight=0.8, p_weight=1,
-    v_weight=0 (no feature regression: its hidden state is its own, not the target's)."""
+    v_weight=0 (no feature regression: its hidden state is its own, not the target's). Multi-layer: EAGLE-1's
+    weights, steps=S (one per layer), step_weight=0.8."""
     with torch.no_grad():
         dist = target_distribution(head.target.logits(final_hidden), head_vocab(head))
     regress = final_hidden if v_weight else None

@@ -1,5 +1,6 @@
 """models/eagle.py's training forward (`forward_dense`) against the paged inference forward: same outputs on
-the same attention pattern, and the unrolled training-time test (TTT) equals the engine's chain draft."""
+the same attention pattern, and the unrolled training-time test (TTT) equals the engine's chain draft, for every
+head kind (a multi-layer head's draft step k runs layer min(k, S-1) and does not see its ancestors)."""
 
 from __future__ import annotations
 
@@ -17,9 +18,9 @@ def rel_err(a, b) -> float:
     return ((a.double() - b.double()).norm() / b.double().norm()).item()
 
 
-def make_head(kind, target, **kw):
+def make_head(kind, target, layers=None):
     torch.manual_seed(1)
-    head = new_draft_head(kind, target, draft_vocab_size=64 if kind == "eagle3" else None, **kw)
+    head = new_draft_head(kind, target, num_layers=layers, draft_vocab_size=64 if kind == "eagle3" else None)
     with torch.no_grad():  # norms and biases away from their ones/zeros init, so a skipped one shows
         for name, p in head.named_parameters():
             if "norm" in name:
@@ -50,14 +51,15 @@ def paged(head, kv, pt, tokens, hidden, start, mask=None, step=None, prefix=None
     return head(tokens, hidden, pos, batch, kv, step=step)
 
 
-CASES = [("eagle1", 1), ("eagle1", 2), ("eagle3", 1)]
+CASES = [("eagle1", 1), ("eagle1", 2), ("eagle3", 1), ("multi_layer", 3)]
 
 
 @pytest.mark.parametrize("kind,layers", CASES)
 @pytest.mark.parametrize("T1,T2", [(7, 5), (1, 1), (16, 3)])
 def test_dense_equals_paged(target, kind, layers, T1, T2):
-    """A causal forward of T1 tokens, then T2 more attending the first T1 (from DenseKV / the paged pool)."""
-    head = make_head(kind, target, num_layers=layers if kind == "eagle1" else None).eval()
+    """A causal forward of T1 tokens, then T2 more attending the first T1 (from DenseKV / the paged pool); for a
+    multi-layer head both are extends (every layer runs, the output is layer 0's)."""
+    head = make_head(kind, target, layers).eval()
     g = torch.Generator().manual_seed(2)
     B = 2
     tokens = torch.randint(0, V, (B, T1 + T2), generator=g)
@@ -76,13 +78,14 @@ def test_dense_equals_paged(target, kind, layers, T1, T2):
         assert rel_err(a, b) <= 1e-5
 
 
-@pytest.mark.parametrize("kind", ["eagle1", "eagle3"])
+@pytest.mark.parametrize("kind,layers", [("eagle1", None), ("eagle3", None), ("multi_layer", 2), ("multi_layer", 3)])
 @pytest.mark.parametrize("steps", [1, 3])
-def test_ttt_unroll_equals_engine_chain(target, kind, steps):
+def test_ttt_unroll_equals_engine_chain(target, kind, layers, steps):
     """Unrolled step k at row p == the engine drafting a chain from the prefix ending at p: extend over the pairs
     of rows 0..p, then draft steps 1..k, each at position p+k, fed the previous step's hidden state and the
-    token p+k+1, attending the extend's KV plus the chain's own draft KV (tree mask = its ancestors)."""
-    head = make_head(kind, target).eval()
+    token p+k+1, attending the extend's KV plus the chain's own draft KV (tree mask = its ancestors; a multi-layer
+    head's = itself only, and with 2 layers steps 1 and 2 share layer 1)."""
+    head = make_head(kind, target, layers).eval()
     g = torch.Generator().manual_seed(3)
     B, T = 2, 12
     tokens = torch.randint(0, V, (B, T), generator=g)
@@ -97,8 +100,9 @@ def test_ttt_unroll_equals_engine_chain(target, kind, steps):
             chain = [(h, logits)]
             for k in range(1, steps):
                 # as EagleEngine._draft_fn with topk 1: prefix = the p+1 extended rows, the step's KV written at
-                # position p+k, new keys p+1..p+k = the chain's draft KV (its ancestors and itself)
-                mask = torch.ones(B, 1, k, dtype=torch.bool)
+                # position p+k, new keys p+1..p+k = the chain's draft KV (its ancestors, if cached, and itself)
+                mask = torch.ones(B, 1, k, dtype=torch.bool)  # [B, 1, k]
+                mask[..., :-1] = head.DRAFT_ANCESTORS_CACHED
                 h, logits = paged(head, kv, pt, tokens[:, p + k + 1:p + k + 2], h, p + k, mask=mask, step=k,
                                   prefix=p + 1)
                 chain.append((h, logits))
@@ -107,9 +111,9 @@ def test_ttt_unroll_equals_engine_chain(target, kind, steps):
             assert rel_err(ld[:, p:p + 1], lp) <= 1e-5, (p, k)
 
 
-@pytest.mark.parametrize("kind", ["eagle1", "eagle3"])
-def test_gradients_reach_every_head_parameter_and_no_target_parameter(target, kind):
-    head = make_head(kind, target).train()
+@pytest.mark.parametrize("kind,layers", [("eagle1", None), ("eagle3", None), ("multi_layer", 3)])
+def test_gradients_reach_every_head_parameter_and_no_target_parameter(target, kind, layers):
+    head = make_head(kind, target, layers).train()
     target.requires_grad_(False)
     tokens = torch.randint(0, V, (2, 10))
     feats = torch.randn(2, 10, head.feature_size)
@@ -126,9 +130,6 @@ def test_dense_rejects_bad_mask(target):
     pos = torch.arange(4)[None]
     with pytest.raises(ValueError, match="attn_mask must be bool"):
         head.forward_dense(tokens, feats, pos, torch.ones(4, 4))
-    with pytest.raises(NotImplementedError, match="multi_layer"):
-        new_draft_head("multi_layer", target, num_layers=2).forward_dense(tokens, feats, pos,
-                                                                         torch.ones(4, 4, dtype=torch.bool))
 
 
 @pytest.mark.parametrize("T", [1, 9])
@@ -166,3 +167,10 @@ def test_ttt_pattern_needs_the_earlier_steps(target):
     tokens, feats = torch.zeros(1, 4, dtype=torch.long), torch.zeros(1, 4, head.feature_size)
     with pytest.raises(ValueError, match="TTTPattern\\(step=2\\) needs the keys of steps 0..2"):
         head.forward_dense(tokens, feats, torch.arange(4)[None], TTTPattern(2), DenseKV())
+    multi = make_head("multi_layer", target, 2)
+    feats = torch.zeros(1, 4, multi.feature_size)
+    with pytest.raises(ValueError, match="TTTPattern\\(step=2\\) needs the keys of step 0 and of this call"):
+        multi.forward_dense(tokens, feats, torch.arange(4)[None], TTTPattern(2, ancestors=False), DenseKV())
+    # the engine's multi-layer draft steps do not see their ancestors: the pattern must say so
+    with pytest.raises(ValueError, match="do not see their ancestors"):
+        multi.forward_dense(tokens, feats, torch.arange(4)[None], TTTPattern(1), DenseKV())

@@ -28,7 +28,7 @@ def log_of(run: Path) -> list[dict]:
     return [json.loads(line) for line in (run / "train_log.jsonl").read_text().splitlines()]
 
 
-@pytest.mark.parametrize("kind", ["eagle1", "eagle3"])
+@pytest.mark.parametrize("kind", ["eagle1", "eagle3", "multi_layer"])
 def test_a_few_steps_reduce_the_loss(target, tmp_path, small_cfg, kind):
     # 8 sequences in one micro-batch: every step sees the same data, so the loss must fall step after step
     cfg = small_cfg(kind, "data.synthetic.num=8", "train.batch_size=8", "train.steps=12",
@@ -39,10 +39,13 @@ def test_a_few_steps_reduce_the_loss(target, tmp_path, small_cfg, kind):
     assert len(losses) == 12 and m["finished"]
     assert losses[-1] < 0.95 * losses[0] and all(b < a for a, b in zip(losses, losses[1:]))
     assert log[-1]["train/acc_0"] > log[0]["train/acc_0"]
-    steps = 3 if kind == "eagle3" else 1
+    steps = 1 if kind == "eagle1" else 3  # multi_layer: one unrolled step per layer (3 by default)
+    assert m["ttt_length"] == steps
     assert {f"train/{n}_{k}" for n in ("acc", "ploss", "expected_accept") for k in range(steps)} <= set(log[-1])
     assert {"train/lr", "train/tokens_per_s", "train/expected_accept", "train/grad_norm"} <= set(log[-1])
-    assert ("train/vloss_0" in log[-1]) == (kind == "eagle1")
+    # EAGLE-1's objective (feature regression) at every step of a multi-layer head
+    assert ("train/vloss_0" in log[-1]) == (kind != "eagle3")
+    assert ("train/vloss_2" in log[-1]) == (kind == "multi_layer")
 
 
 def test_interrupted_run_resumes_bitwise(target, tmp_path, small_cfg):
@@ -68,7 +71,7 @@ def test_interrupted_run_resumes_bitwise(target, tmp_path, small_cfg):
     assert [r["train/loss"] for r in full_log] == [r["train/loss"] for r in split_log]
 
 
-@pytest.mark.parametrize("kind", ["eagle1", "eagle3"])
+@pytest.mark.parametrize("kind", ["eagle1", "eagle3", "multi_layer"])
 def test_saved_head_loads_in_the_public_layout(target, tmp_path, small_cfg, kind):
     cfg = small_cfg(kind, "train.steps=2", "train.head.export_dtype=float32", "eval.every=1",
                     "eval.num_prompts=2", "eval.max_new_tokens=6", "eval.prompt_len=8")
@@ -87,12 +90,22 @@ def test_saved_head_loads_in_the_public_layout(target, tmp_path, small_cfg, kind
         assert head.draft_vocab_size == 64 and int(head.t2d.sum()) == 64
         cfg_json = json.loads((head_dir / "config.json").read_text())
         assert cfg_json["architectures"] == ["LlamaForCausalLMEagle3"] and cfg_json["draft_vocab_size"] == 64
+    elif kind == "multi_layer":
+        assert {f"layers.{i}.{n}" for i in range(3) for n in (
+            "fc.weight", "fc.bias", "self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
+            "self_attn.o_proj.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight",
+            "post_attention_layernorm.weight")} == names
+        assert head.num_kv_layers == 3
+        cfg_json = json.loads((head_dir / "config.json").read_text())
+        assert cfg_json["architectures"] == ["EagletMultiLayerEagle"] and cfg_json["num_hidden_layers"] == 3
     else:
         assert {"fc.weight", "fc.bias", "layers.0.self_attn.q_proj.weight", "layers.0.mlp.gate_proj.weight",
                 "layers.0.post_attention_layernorm.weight", "embed_tokens.weight"} <= names
-    # the export equals the last checkpoint (same weights, public names)
+    # the export equals the last checkpoint (same weights, public names), and the loaded head holds them
     exported = load_file(head_dir / "model.safetensors")
     assert all(torch.equal(exported[k], v) for k, v in ck.items())
+    loaded = head.public_state_dict()
+    assert loaded.keys() == ck.keys() and all(torch.equal(loaded[k], v) for k, v in ck.items())
     assert len(m["eval_history"]) == 2 and m["eval/tau"] >= 1.0  # step 1 and the end
     assert json.loads((tmp_path / "run" / "metrics.json").read_text())["steps"] == 2
 
@@ -177,6 +190,12 @@ def test_resume_refuses_another_batch_setting(target, tmp_path, small_cfg):
     train(small_cfg("eagle1", "train.steps=2"), tmp_path / "run", target=target)
     with pytest.raises(ValueError, match="same batch settings"):
         train(small_cfg("eagle1", "train.steps=4", "train.batch_size=2"), tmp_path / "run", target=target)
+
+
+def test_multi_layer_unroll_must_reach_every_layer(target, tmp_path, small_cfg):
+    # layer i runs from unrolled step i: 2 steps would leave layer 2 of 3 untrained
+    with pytest.raises(ValueError, match="ttt_length=2 < 3 layers"):
+        train(small_cfg("multi_layer", "train.head.ttt_length=2"), tmp_path / "run", target=target)
 
 
 def test_time_limit_stops_resumably(target, tmp_path, small_cfg):
