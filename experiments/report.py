@@ -6,6 +6,8 @@ Reads every metrics.json under the given folders and writes into --out what the 
   runs.md                   one row per run: target, draft, data, tree, plan, batch, tau, tokens/s, speedup over AR
   overlap.md                per (target, tree, batch) with several stream plans: each plan's step time split by
                             phase, the share of plan time hidden, and the speedup over `serial` in the same sweep
+                            (medians over a sweep point's repeats; with repeats, whether a plan is slower or
+                            faster than serial beyond their run-to-run spread)
   step_time_by_phase.png    stacked step time per plan (draft, exposed plan, verify, accept, extend)
   speedup_vs_serial.png     speedup of each overlap plan over serial, by batch size
   trees.md                  per (target, draft, data, batch) with several tree shapes: tau, per-depth acceptance,
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 from collections import defaultdict
 from pathlib import Path
 
@@ -66,13 +69,41 @@ def configured_plan(m: dict) -> str:
 
 
 def overlap_groups(runs: list[dict]) -> dict[tuple, dict[str, dict]]:
-    """(target, tree, batch) -> configured plan -> metrics, for speculative runs with phase timings.
-    Keyed by the configured plan; the table says when it ran as another (CPU, environment)."""
-    groups: dict[tuple, dict[str, dict]] = defaultdict(dict)
+    """(target, tree, batch) -> configured plan -> metrics, for speculative runs with phase timings; the repeats
+    of a sweep point (config `repeat`) merged by `merge_repeats`. Keyed by the configured plan; the table says
+    when it ran as another (CPU, environment)."""
+    groups: dict[tuple, dict[str, list[dict]]] = defaultdict(lambda: defaultdict(list))
     for m in runs:
         if "step_ms" in m and m.get("stream_plan"):
-            groups[(m["target"], tree_name(m), m["batch_size"])][configured_plan(m)] = m
-    return dict(sorted(((k, v) for k, v in groups.items() if len(v) > 1), key=lambda kv: kv[0]))
+            groups[(m["target"], tree_name(m), m["batch_size"])][configured_plan(m)].append(m)
+    return {k: {plan: merge_repeats(ms) for plan, ms in v.items()}
+            for k, v in sorted(groups.items(), key=lambda kv: kv[0]) if len(v) > 1}
+
+
+TIMINGS = ("step_ms", "draft_ms", "plan_ms", "plan_wait_ms", "verify_ms", "accept_ms", "extend_ms",
+           "plan_hidden_fraction", "weight_read_floor_ms")
+
+
+def merge_repeats(ms: list[dict]) -> dict:
+    """Repeats of one sweep point -> the first's metrics with the median of each timing, the number of repeats and
+    the step time's range (min, max)."""
+    out = dict(ms[0])
+    for k in TIMINGS:
+        vals = [m[k] for m in ms if m.get(k) is not None]
+        if vals:
+            out[k] = statistics.median(vals)
+    steps = [m["step_ms"] for m in ms]
+    out.update(repeats=len(ms), step_ms_range=(min(steps), max(steps)))
+    return out
+
+
+def versus_serial(m: dict, base: dict) -> str:
+    """Whether a plan is slower or faster than serial beyond the run-to-run spread: every repeat of one is slower
+    than every repeat of the other. One run each gives no spread to judge by."""
+    if m["repeats"] < 2 or base["repeats"] < 2:
+        return "-"
+    (lo, hi), (base_lo, base_hi) = m["step_ms_range"], base["step_ms_range"]
+    return "slower" if lo > base_hi else "faster" if hi < base_lo else "within noise"
 
 
 def tree_groups(runs: list[dict]) -> dict[tuple, list[dict]]:
@@ -161,20 +192,24 @@ def _pyplot():
 
 
 def overlap_table(groups: dict[tuple, dict[str, dict]]) -> str:
-    lines = ["| target | tree | B | plan | step ms | draft | plan | plan exposed | verify | accept | extend "
-             "| plan hidden | speedup vs serial | verify / weight-read floor | step / floor |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| target | tree | B | plan | repeats | step ms | step ms range | draft | plan | plan exposed | verify "
+             "| accept | extend | plan hidden | speedup vs serial | beyond noise | verify / weight-read floor "
+             "| step / floor |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for (target, tree, B), plans in groups.items():
         base = plans.get("serial")
         for plan in sorted(plans, key=PLAN_ORDER.index):
             m = plans[plan]
             sp = f"{base['step_ms'] / m['step_ms']:.3f}" if base else "-"
+            noise = versus_serial(m, base) if base and plan != "serial" else "-"
+            lo, hi = m["step_ms_range"]
             ran = plan if m["stream_plan"] == plan else f"{plan} (ran as {m['stream_plan']})"
             floor = m.get("weight_read_floor_ms")  # GPU runs only
             vs_floor = (f"{m['verify_ms'] / floor:.2f}x | {m['step_ms'] / floor:.2f}x" if floor else "- | -")
-            lines.append(f"| {target} | {tree} | {B} | {ran} | {m['step_ms']:.3f} | {m['draft_ms']:.3f} "
-                         f"| {m['plan_ms']:.3f} | {m['plan_wait_ms']:.3f} | {m['verify_ms']:.3f} | {m['accept_ms']:.3f} "
-                         f"| {m['extend_ms']:.3f} | {100 * m['plan_hidden_fraction']:.0f}% | {sp} | {vs_floor} |")
+            lines.append(f"| {target} | {tree} | {B} | {ran} | {m['repeats']} | {m['step_ms']:.3f} | {lo:.3f}–{hi:.3f} "
+                         f"| {m['draft_ms']:.3f} | {m['plan_ms']:.3f} | {m['plan_wait_ms']:.3f} | {m['verify_ms']:.3f} "
+                         f"| {m['accept_ms']:.3f} | {m['extend_ms']:.3f} | {100 * m['plan_hidden_fraction']:.0f}% | {sp} "
+                         f"| {noise} | {vs_floor} |")
     return "\n".join(lines) + "\n"
 
 

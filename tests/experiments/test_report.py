@@ -23,7 +23,29 @@ def test_overlap_table_compares_each_plan_with_serial(tmp_path):
     build([SAMPLES / "ablate_overlap_cpu"], tmp_path)
     rows = [r for r in (tmp_path / "overlap.md").read_text().splitlines()[2:]]
     assert len(rows) == 4
-    assert all(r.split("|")[13].strip() == "1.000" for r in rows if "| serial |" in r)  # speedup vs serial
+    assert all(r.split("|")[15].strip() == "1.000" for r in rows if "| serial |" in r)  # speedup vs serial
+
+
+def test_repeats_merge_into_medians_and_a_noise_verdict():
+    """Repeats of a sweep point give median timings, and a plan is called slower than serial only when all its
+    repeats are slower than all of serial's."""
+    from eaglet.experiments.report import overlap_groups, overlap_table
+
+    def run(plan, step, repeat):
+        return {"target": "t", "tree": {"name": "simulate", "steps": 7, "topk": 1, "num_draft_tokens": 8},
+                "batch_size": 1, "stream_plan": plan, "config": {"stream": {"name": plan}, "repeat": repeat},
+                "step_ms": step, "draft_ms": 1.0, "plan_ms": 0.1, "plan_wait_ms": 0.0, "verify_ms": 2.0,
+                "accept_ms": 0.1, "extend_ms": 0.1, "plan_hidden_fraction": 1.0}
+
+    runs = [run("serial", s, i) for i, s in enumerate((10.0, 10.2, 10.1))]
+    runs += [run("overlap_event", s, i) for i, s in enumerate((10.5, 10.4, 10.6))]  # all slower than serial's worst
+    runs += [run("overlap_split", s, i) for i, s in enumerate((10.15, 9.9, 10.0))]  # overlaps serial's range
+    (plans,) = overlap_groups(runs).values()
+    assert plans["serial"]["step_ms"] == 10.1 and plans["serial"]["repeats"] == 3
+    assert plans["overlap_event"]["step_ms_range"] == (10.4, 10.6)
+    verdicts = {r.split("|")[4].strip(): r.split("|")[16].strip() for r in overlap_table(overlap_groups(runs))
+                .splitlines()[2:]}
+    assert verdicts == {"serial": "-", "overlap_event": "slower", "overlap_split": "within noise"}
 
 
 def test_report_rebuilds_the_tree_sweep_and_head_comparison(tmp_path):
