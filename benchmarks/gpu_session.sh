@@ -8,7 +8,7 @@
 #   train      regenerate ShareGPT answers with SmolLM2, measure training tokens/s on one GPU and all (DDP), train
 #              its EAGLE-3 head; results packed into OUT/train.tgz.* parts (needs the ShareGPT subset in .asset4,
 #              see offline_gpu_env.sh)
-#   experiments after train: an EAGLE-1 head, then compare_heads, datasets and sweep_tree on the trained heads
+#   experiments after train: EAGLE-1 and multi-layer heads, then compare_heads, datasets and sweep_tree
 # Results go to OUT (default $OUT, else ./gpu_out); tables are printed last.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -16,6 +16,18 @@ stage=${1:?stage: tests | ar | kernels | ablation | train | experiments}
 out=${2:-${OUT:-gpu_out}}
 mkdir -p "$out"
 source benchmarks/offline_gpu_env.sh
+# train and experiments: SmolLM2 as an HF directory (made by train), and the training overrides both stages use
+# (the regeneration settings are part of the regenerated data's cache key); TRAIN_ARGS: more (a CPU dry run)
+T=/tmp/train smol=$KEEP/smollm2_hf
+train_args=(logger=none target.path="$smol" data.path="$SHAREGPT" data.max_turns=1 data.regen.max_new_tokens=512
+            data.regen.batch_size=128 data.cache_dir=$T/regen train.progress=false train.optim.lr=${LR:-3e-4}
+            eval.num_prompts=16 ${TRAIN_ARGS:-})
+sweep() {  # log file, sweep dir, overrides...: one Hydra multirun of run_spec.py (within SWEEP_S seconds)
+  local log=$1 dir=$2; shift 2
+  timeout "${SWEEP_S:-36000}" python run_spec.py -m logger=none print_answers=0 \
+    hydra.sweep.dir="$dir" "$@" ${EXP_ARGS:-} > "$log" 2>&1 || tail -5 "$log"  # EXP_ARGS: as TRAIN_ARGS
+  grep -E "^\[eaglet\] [0-9]+ tokens|Error" "$log" | sed "s|^|[$(basename "$log" .log)] |"
+}
 case $stage in
   tests)
     # one line per test as it ends, so a call cut short still says what passed; default kernel configs
@@ -30,9 +42,14 @@ case $stage in
     python benchmarks/bench_linear.py --ms 1,2,4,8 --md "$out/linear_h200.md" 2>&1 | tail -30
     python benchmarks/bench_tree_verify.py --out "$out/tree_verify_h200.md" 2>&1 | tail -15 ;;
   ablation)
+    # one tree shape per GPU when there are two (24 runs took ~400 s on one H200), else all on one;
     # ABLATION_S: a time limit for the sweep (the report then covers the runs that finished)
-    timeout "${ABLATION_S:-3600}" python run_spec.py +experiment=ablate_overlap logger=none \
-      hydra.sweep.dir=/tmp/ablate_overlap 2>&1 | grep -E "stream plan|tau|Error" | tee "$out/ablation.log"
+    trees=(simulate simulate_wide); (( $(nvidia-smi -L | wc -l) > 1 )) || trees=(simulate,simulate_wide)
+    for i in "${!trees[@]}"; do
+      CUDA_VISIBLE_DEVICES=$i SWEEP_S=${ABLATION_S:-3600} sweep /tmp/ablation_$i.log /tmp/ablate_overlap \
+        +experiment=ablate_overlap tree="${trees[$i]}" &
+    done
+    wait
     python -m eaglet.experiments.report /tmp/ablate_overlap --out "$out/ablate_overlap"
     tar cz -C /tmp --exclude=wandb --exclude=trace.json --exclude=outputs.jsonl ablate_overlap > "$out/ablate_runs.tgz"
     cat "$out/ablate_overlap/overlap.md" ;;
@@ -41,23 +58,20 @@ case $stage in
     # one-GPU and a DDP throughput probe (40 steps each), the EAGLE-3 head trained on every GPU for what is left of
     # BUDGET_S minus EVAL_S (its LR schedule sized to fit), then it decodes MT-bench at B=1 and 8 against AR and
     # HumanEval and held-out ShareGPT at B=8; full logs in $T/*.log, results packed into OUT/train.tgz.* parts
-    T=/tmp/train; mkdir -p $T/regen; deadline=$((SECONDS + ${BUDGET_S:-560})); ngpu=$(nvidia-smi -L | wc -l)
+    mkdir -p $T/regen; deadline=$((SECONDS + ${BUDGET_S:-560})); ngpu=$(nvidia-smi -L | wc -l)
     left() { echo $((deadline - SECONDS > 1 ? deadline - SECONDS : 1)); }
     [[ -n ${REGEN_CACHE:-} ]] && cp -r "$REGEN_CACHE"/. $T/regen/
     # torchrun's default of one OpenMP thread per process slowed the host side of each step (host-bound here)
     export OMP_NUM_THREADS=${OMP_NUM_THREADS:-8}
     # the GGUF once as an HF directory (the same weights): a load then takes ~2 s instead of the 20-25 s the
     # H200 box spent per run on GGUF dequantisation and tokenizer conversion
-    smol=$KEEP/smollm2_hf
     [[ -f $smol/model.safetensors ]] || python -m eaglet.models.checkpoint convert "$gguf" "$smol" --dtype float32
     bs=${BATCH:-16}
-    common=(logger=none target.path="$smol" data.path="$SHAREGPT" data.max_turns=1 data.regen.max_new_tokens=512
-            data.regen.batch_size=128 data.cache_dir=$T/regen train.progress=false train.optim.lr=${LR:-3e-4}
-            train.batch_size=$bs eval.num_prompts=16 ${TRAIN_ARGS:-})  # TRAIN_ARGS: more overrides (a CPU dry run)
     launch() {  # nproc, run dir, overrides...
       local n=$1 dir=$2; shift 2
       timeout "$(left)" torchrun --standalone --nproc-per-node "$n" train_draft.py hydra.run.dir="$dir" \
-        "${common[@]}" "$@" 2>&1 | tee "$dir.log" | grep -E "^\[eaglet\]|Error|error" | tail -12
+        "${train_args[@]}" train.batch_size=$bs "$@" 2>&1 | tee "$dir.log" | grep -E "^\[eaglet\]|Error|error" \
+        | tail -12
     }
     rate() {  # mean tokens/s of a run's log windows after the first (compilation and warm-up)
       python - "$1/train_log.jsonl" <<'PY'
@@ -80,15 +94,14 @@ print(int(($(left) - $ev - 40) * $rn / (m['num_tokens'] / m['num_sequences'] * $
     launch "$ngpu" $T/eagle3 train.steps=$steps eval.every=$((steps / 2)) train.ckpt_every=$((steps / 2)) \
       train.profile_steps=3 train.time_limit_s=$(($(left) - ev - 10))
     mkdir -p $T/heads && cp -r $T/eagle3/head $T/heads/smollm2_135m_eagle3
-    spec() {  # sweep dir, overrides... (one Hydra multirun on GPU 0)
-      local dir=$1; shift
-      CUDA_VISIBLE_DEVICES=0 timeout "$(left)" python run_spec.py -m logger=none target.path="$smol" print_answers=0 \
-        draft=eagle3 draft.path=$T/heads/smollm2_135m_eagle3 hydra.sweep.dir="$dir" "$@" ${EVAL_ARGS:-} 2>&1 \
-        | grep -E "^\[eaglet\] [0-9]+ tokens|Error"
-    }
-    spec $T/eval/compare_heads +experiment=compare_heads gen.batch_size=1,8
-    spec $T/eval/datasets +experiment=datasets data=humaneval gen.compare_ar=false
-    spec $T/eval/datasets +experiment=datasets data=sharegpt data.path="$SHAREGPT" gen.compare_ar=false
+    export CUDA_VISIBLE_DEVICES=0
+    e3=(target.path="$smol" draft=eagle3 draft.path=$T/heads/smollm2_135m_eagle3)
+    SWEEP_S=$(left) sweep $T/eval_compare.log $T/eval/compare_heads +experiment=compare_heads "${e3[@]}" \
+      gen.batch_size=1,8
+    SWEEP_S=$(left) sweep $T/eval_humaneval.log $T/eval/datasets +experiment=datasets "${e3[@]}" data=humaneval \
+      gen.compare_ar=false
+    SWEEP_S=$(left) sweep $T/eval_sharegpt.log $T/eval/datasets +experiment=datasets "${e3[@]}" data=sharegpt \
+      data.path="$SHAREGPT" gen.compare_ar=false
     # in 15 MB parts, as a device call returns files of at most 16 MiB (cat train.tgz.* | tar xz to unpack)
     tar cz -C $T --exclude=wandb --exclude=checkpoints --exclude=trace.json --exclude=.hydra --exclude='*/head' \
       --exclude=outputs.jsonl --exclude=regen probe_ddp probe_1gpu eagle3 $(cd $T && ls ./*.log) heads eval \
@@ -97,44 +110,45 @@ print(int(($(left) - $ev - 40) * $rn / (m['num_tokens'] / m['num_sequences'] * $
     ls -la "$out" ;;
   experiments)
     # after `train` on the same machine (its heads, regenerated data and throughput probe in /tmp/train): GPU 1
-    # trains an EAGLE-1 head for EAGLE1_S seconds, then the head comparison and the tree sweep are split over the
-    # GPUs; each sweep's runs land in one folder, reported into OUT/<experiment>/ and packed into OUT/runs.tgz
-    T=/tmp/train X=/tmp/exp smol=$KEEP/smollm2_hf heads=/tmp/train/heads; mkdir -p $X
-    common=(logger=none target.path="$smol" print_answers=0 ${EXP_ARGS:-})  # EXP_ARGS: as TRAIN_ARGS
-    eagle3=draft.path=$heads/smollm2_135m_eagle3
-    spec() {  # log name, sweep dir, overrides... (one Hydra multirun)
-      local name=$1 dir=$2; shift 2
-      python run_spec.py -m "${common[@]}" hydra.sweep.dir="$dir" "$@" > "$X/$name.log" 2>&1 || tail -5 "$X/$name.log"
-      grep -E "^\[eaglet\] [0-9]+ tokens|Error" "$X/$name.log" | sed "s/^/[$name] /"
-    }
-    e1=${EAGLE1_S:-150}
+    # trains an EAGLE-1 and a multi-layer head for HEAD_S seconds each, then the head comparison, the dataset runs
+    # and the tree sweep are split over the GPUs; each sweep's runs land in one folder, reported into
+    # OUT/<experiment>/ and packed into OUT/runs.tgz
+    X=/tmp/exp heads=$T/heads; mkdir -p $X
+    smol_run=(target.path="$smol")  # SmolLM2 runs
+    e3=("${smol_run[@]}" draft.path=$heads/smollm2_135m_eagle3)  # ... with the EAGLE-3 head of `train`
+    hs=${HEAD_S:-120}
     (
       export CUDA_VISIBLE_DEVICES=1
-      steps=$(python -c "import json; m=json.load(open('$T/probe_1gpu/metrics.json'))
+      for kind in eagle1:2 multi_layer:1; do  # head kind : its rate over EAGLE-3's (a guess; the time limit holds)
+        k=${kind%:*}
+        steps=$(python -c "import json; m=json.load(open('$T/probe_1gpu/metrics.json'))
 w = [json.loads(l)['train/tokens_per_s'] for l in open('$T/probe_1gpu/train_log.jsonl')][1:]
-print(int(($e1 - 40) * 2 * sum(w) / len(w) / (m['num_tokens'] / m['num_sequences'] * 8)))")  # ~2x EAGLE-3's rate
-      python train_draft.py hydra.run.dir=$T/eagle1 train/head=eagle1 logger=none target.path="$smol" \
-        data.path="$SHAREGPT" data.max_turns=1 data.regen.max_new_tokens=512 data.regen.batch_size=128 \
-        data.cache_dir=$T/regen train.progress=false train.optim.lr=${LR:-3e-4} eval.num_prompts=16 \
-        train.steps=$steps train.time_limit_s=$e1 ${TRAIN_ARGS:-} > $T/eagle1.log 2>&1
-      grep "^\[eaglet\]" $T/eagle1.log | tail -3 | sed "s/^/[eagle1] /"
-      cp -r $T/eagle1/head $heads/smollm2_135m_eagle1
-      spec compare_heads_e1 $X/compare_heads +experiment=compare_heads heads_dir=$heads draft=eagle1 gen.batch_size=1,8
-      spec sweep_tree_7 $X/sweep_tree +experiment=sweep_tree $eagle3 tree.steps=7
-      spec datasets_sharegpt $X/datasets +experiment=datasets $eagle3 data=sharegpt data.path="$SHAREGPT"
+print(int(($hs - 40) * ${kind#*:} * sum(w) / len(w) / (m['num_tokens'] / m['num_sequences'] * 8)))")  # the
+        # probe's rate at 16 sequences per step: these heads train on the default 8
+        python train_draft.py hydra.run.dir=$T/$k train/head=$k "${train_args[@]}" train.steps=$steps \
+          train.time_limit_s=$hs > $T/$k.log 2>&1 || tail -3 $T/$k.log
+        grep "^\[eaglet\]" $T/$k.log | tail -2 | sed "s/^/[$k] /"
+        cp -r $T/$k/head $heads/smollm2_135m_$k
+      done
+      sweep $X/compare_heads_gpu1.log $X/compare_heads +experiment=compare_heads "${smol_run[@]}" heads_dir=$heads \
+        draft=eagle1,multi_layer gen.batch_size=1,8
+      sweep $X/sweep_tree_7.log $X/sweep_tree +experiment=sweep_tree "${e3[@]}" tree.steps=7
+      sweep $X/datasets_sharegpt.log $X/datasets +experiment=datasets "${e3[@]}" data=sharegpt data.path="$SHAREGPT"
     ) &
     (
       export CUDA_VISIBLE_DEVICES=0
-      spec compare_heads $X/compare_heads +experiment=compare_heads heads_dir=$heads draft=none,eagle3 gen.batch_size=1,8
-      spec datasets $X/datasets +experiment=datasets $eagle3 data=mt_bench,humaneval
-      spec sweep_tree_35 $X/sweep_tree +experiment=sweep_tree $eagle3 tree.steps=3,5
+      sweep $X/compare_heads.log $X/compare_heads +experiment=compare_heads "${smol_run[@]}" heads_dir=$heads \
+        draft=none,eagle3 gen.batch_size=1,8
+      sweep $X/datasets.log $X/datasets +experiment=datasets "${e3[@]}" data=mt_bench,humaneval
+      sweep $X/sweep_tree_35.log $X/sweep_tree +experiment=sweep_tree "${e3[@]}" tree.steps=3,5
     )
     wait
     for e in compare_heads datasets sweep_tree; do
       python -m eaglet.experiments.report $X/$e --out "$out/$e" | tail -1
     done
-    tar cz -C /tmp --exclude=wandb --exclude=trace.json exp train/eagle1.log train/eagle1/train_log.jsonl \
-      train/eagle1/metrics.json train/heads/smollm2_135m_eagle1 > "$out/runs.tgz"
+    # metrics and logs only: an EAGLE-1 head (63 MB, the target's vocabulary) is over a device call's 16 MiB per file
+    tar cz -C /tmp --exclude=wandb --exclude=trace.json --exclude=outputs.jsonl exp train/{eagle1,multi_layer}.log \
+      train/{eagle1,multi_layer}/{train_log.jsonl,metrics.json} > "$out/runs.tgz"
     cat "$out"/compare_heads/runs.md "$out"/datasets/runs.md ;;
   *) echo "unknown stage $stage" >&2; exit 2 ;;
 esac
