@@ -195,19 +195,26 @@ _CAUSAL_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, 
 
 def _ttt_attention(q: torch.Tensor, ks: list[torch.Tensor], vs: list[torch.Tensor], scale: float) -> torch.Tensor:
     """TTTPattern attention: causal over ks[0] (the step-0 keys), each query's own position in ks[1:] (the steps
-    it attends). q [B, Hq, T, D]; ks, vs: keys/values [B, Hq, T, D] each -> [B, Hq, T, D]."""
+    it attends). q [B, Hq, T, D]; ks, vs: keys/values [B, Hkv, T, D] each (Hq = G * Hkv, query head h reads KV
+    head h // G) -> [B, Hq, T, D]. The unrolled steps' keys are stacked, not looped over, and the KV heads are
+    not repeated: the op count is the same at every step (the training step is host-bound on its ops)."""
+    B, Hq, T, D = q.shape
+    Hkv = ks[0].shape[1]
+    G = Hq // Hkv
     if len(ks) == 1:
+        k0, v0 = (t.repeat_interleave(G, dim=1) for t in (ks[0], vs[0]))  # [B, Hq, T, D] each
         with sdpa_kernel(_CAUSAL_BACKENDS):
-            return F.scaled_dot_product_attention(q, ks[0], vs[0], is_causal=True)  # [B, Hq, T, D]
-    T = q.shape[2]
+            return F.scaled_dot_product_attention(q, k0, v0, is_causal=True)  # [B, Hq, T, D]
+    qg = q.reshape(B, Hkv, G * T, D)  # a group's query heads share their KV head
     causal = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()  # [T, T]
-    s0 = (q @ ks[0].transpose(-1, -2)).float().masked_fill(~causal, float("-inf"))  # [B, Hq, T, T]
-    diag = torch.stack([(q.float() * kj.float()).sum(-1) for kj in ks[1:]], dim=-1)  # [B, Hq, T, k]
-    p = torch.softmax(torch.cat([s0, diag], dim=-1) * scale, dim=-1)  # [B, Hq, T, T + k]
-    o = p[..., :T].to(vs[0].dtype) @ vs[0]  # [B, Hq, T, D]
-    for j, vj in enumerate(vs[1:]):
-        o = o + p[..., T + j, None].to(vj.dtype) * vj
-    return o
+    s0 = (qg @ ks[0].transpose(-1, -2)).view(B, Hq, T, T).float().masked_fill(~causal, float("-inf"))  # [B, Hq, T, T]
+    K, V = torch.stack(ks[1:], dim=2), torch.stack(vs[1:], dim=2)  # [B, Hkv, k, T, D] each
+    diag = torch.einsum("bhgtd,bhktd->bhgtk", qg.view(B, Hkv, G, T, D).float(), K.float())  # [B, Hkv, G, T, k]
+    p = torch.softmax(torch.cat([s0, diag.reshape(B, Hq, T, -1)], dim=-1) * scale, dim=-1)  # [B, Hq, T, T + k]
+    p = p.to(vs[0].dtype)
+    o = p[..., :T].reshape(B, Hkv, G * T, T) @ vs[0]  # [B, Hkv, G*T, D]
+    o_steps = torch.einsum("bhgtk,bhktd->bhgtd", p[..., T:].reshape(B, Hkv, G, T, -1), V)  # [B, Hkv, G, T, D]
+    return (o.view(B, Hkv, G, T, D) + o_steps).view(B, Hq, T, D)
 
 
 def _attention_dense(attn: Attention, a, positions, inv_freq, mask, cache: DenseKV | None) -> torch.Tensor:
@@ -240,7 +247,7 @@ def _attention_dense(attn: Attention, a, positions, inv_freq, mask, cache: Dense
             needs = f"steps 0..{mask.step}" if mask.ancestors else "step 0 and of this call"
             raise ValueError(f"TTTPattern(step={mask.step}) needs the keys of {needs} in the DenseKV, it holds "
                              f"{len(ks)} calls")
-        o = _ttt_attention(q, [heads(t) for t in ks], [heads(t) for t in vs], D**-0.5)  # [B, Hq, T, D]
+        o = _ttt_attention(q, ks, vs, D**-0.5)  # [B, Hq, T, D]
     else:
         m = mask if mask.dim() == 2 else mask[:, None]  # [T, L] or [B, 1, T, L]
         o = F.scaled_dot_product_attention(q, heads(torch.cat(ks, 2)), heads(torch.cat(vs, 2)), attn_mask=m)
