@@ -21,7 +21,7 @@ source benchmarks/offline_gpu_env.sh
 T=/tmp/train smol=$KEEP/smollm2_hf
 train_args=(logger=none target.path="$smol" data.path="$SHAREGPT" data.max_turns=1 data.regen.max_new_tokens=512
             data.regen.batch_size=128 data.cache_dir=$T/regen train.progress=false train.optim.lr=${LR:-3e-4}
-            eval.num_prompts=16 ${TRAIN_ARGS:-})
+            eval.num_prompts=16 train.compile=${COMPILE:-false} ${TRAIN_ARGS:-})
 sweep() {  # log file, sweep dir, overrides...: one Hydra multirun of run_spec.py (within SWEEP_S seconds)
   local log=$1 dir=$2; shift 2
   timeout "${SWEEP_S:-36000}" python run_spec.py -m logger=none print_answers=0 \

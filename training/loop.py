@@ -426,6 +426,11 @@ def train(cfg: DictConfig, output_dir: str | Path, target: Transformer | None = 
     torch.manual_seed(cfg.seed)
     head = build_head(hc, target, samples, device)
     objective = DraftObjective(head, hc)
+    if tc.get("compile"):
+        # one compiled graph for the unrolled head and its loss, dynamic over batch lengths: eagerly a step issues
+        # thousands of ATen ops, and on an H200 it was host-bound on them (benchmarks/NOTES.md). The method, not
+        # the module, so DDP's and FSDP's hooks stay outside the graph.
+        objective.forward = torch.compile(objective.forward, dynamic=True)
 
     # ---- resume (the weights before sharding, the optimiser's state once it exists) ---------------------
     start_step, position, state = 0, 0, None  # position: global micro-batches consumed (the data position)

@@ -48,6 +48,19 @@ def test_a_few_steps_reduce_the_loss(target, tmp_path, small_cfg, kind):
     assert ("train/vloss_2" in log[-1]) == (kind == "multi_layer")
 
 
+def test_compiled_objective_trains_as_eager(target, tmp_path, small_cfg):
+    """train.compile=true (one torch.compile graph, dynamic over the batches' lengths) ends where eager does."""
+    over = ("train.steps=3", "train.head.ttt_length=2", "train.head.export_dtype=float32")
+    eager = train(small_cfg("eagle3", *over), tmp_path / "eager", target=target)
+    compiled = train(small_cfg("eagle3", *over, "train.compile=true"), tmp_path / "compiled", target=target)
+    a, b = (load_file(Path(m["head_dir"]) / "model.safetensors") for m in (eager, compiled))
+    assert a.keys() == b.keys()
+    for k in a:
+        torch.testing.assert_close(b[k].float(), a[k].float(), rtol=1e-3, atol=1e-5, msg=k)
+    assert [r["train/loss"] for r in log_of(tmp_path / "compiled")] == pytest.approx(
+        [r["train/loss"] for r in log_of(tmp_path / "eager")], rel=1e-4)
+
+
 def test_interrupted_run_resumes_bitwise(target, tmp_path, small_cfg):
     over = ("train.steps=5", "train.grad_accum=2", "train.ckpt_every=2", "train.keep_last=0")
     full = small_cfg("eagle3", *over)
