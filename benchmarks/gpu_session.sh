@@ -22,6 +22,9 @@ T=/tmp/train smol=$KEEP/smollm2_hf
 train_args=(logger=none target.path="$smol" data.path="$SHAREGPT" data.max_turns=1 data.regen.max_new_tokens=512
             data.regen.batch_size=128 data.cache_dir=$T/regen train.progress=false train.optim.lr=${LR:-3e-4}
             eval.num_prompts=16 train.compile=${COMPILE:-false} ${TRAIN_ARGS:-})
+rate() {  # training tokens/s of a run's last log window (a 30-step 1-GPU probe still rose 30 k -> 48 k in its last two)
+  tail -1 "$1/train_log.jsonl" | python -c "import json, sys; print(round(json.load(sys.stdin)['train/tokens_per_s']))"
+}
 sweep() {  # log file, sweep dir, overrides...: one Hydra multirun of run_spec.py (within SWEEP_S seconds)
   local log=$1 dir=$2; shift 2
   timeout "${SWEEP_S:-36000}" python run_spec.py -m logger=none print_answers=0 \
@@ -55,7 +58,7 @@ case $stage in
     cat "$out/ablate_overlap/overlap.md" ;;
   train)
     # regeneration on every GPU (REGEN_CACHE: a folder of an earlier run's data.cache_dir files, which skips it), a
-    # one-GPU and a DDP throughput probe (40 steps each), the EAGLE-3 head trained on every GPU for what is left of
+    # one-GPU and a DDP throughput probe (60 steps each), the EAGLE-3 head trained on every GPU for what is left of
     # BUDGET_S minus EVAL_S (its LR schedule sized to fit), then it decodes MT-bench at B=1 and 8 against AR and
     # HumanEval and held-out ShareGPT at B=8; full logs in $T/*.log, results packed into OUT/train.tgz.* parts
     mkdir -p $T/regen; deadline=$((SECONDS + ${BUDGET_S:-560})); ngpu=$(nvidia-smi -L | wc -l)
@@ -73,14 +76,7 @@ case $stage in
         "${train_args[@]}" train.batch_size=$bs "$@" 2>&1 | tee "$dir.log" | grep -E "^\[eaglet\]|Error|error" \
         | tail -12
     }
-    rate() {  # mean tokens/s of a run's log windows after the first (compilation and warm-up)
-      python - "$1/train_log.jsonl" <<'PY'
-import json, sys
-w = [json.loads(l)["train/tokens_per_s"] for l in open(sys.argv[1])][1:]
-print(round(sum(w) / len(w)))
-PY
-    }
-    probe=(train.steps=4000 train.stop_at_step=${PROBE_STEPS:-40} eval.every=0 train.ckpt_every=0)
+    probe=(train.steps=4000 train.stop_at_step=${PROBE_STEPS:-60} eval.every=0 train.ckpt_every=0)
     launch "$ngpu" $T/probe_ddp "${probe[@]}"  # the regeneration happens here, split over the GPUs
     CUDA_VISIBLE_DEVICES=0 launch 1 $T/probe_1gpu "${probe[@]}"
     r1=$(rate $T/probe_1gpu); rn=$(rate $T/probe_ddp)
@@ -122,8 +118,7 @@ print(int(($(left) - $ev - 40) * $rn / (m['num_tokens'] / m['num_sequences'] * $
       for kind in eagle1:2 multi_layer:1; do  # head kind : its rate over EAGLE-3's (a guess; the time limit holds)
         k=${kind%:*}
         steps=$(python -c "import json; m=json.load(open('$T/probe_1gpu/metrics.json'))
-w = [json.loads(l)['train/tokens_per_s'] for l in open('$T/probe_1gpu/train_log.jsonl')][1:]
-print(int(($hs - 40) * ${kind#*:} * sum(w) / len(w) / (m['num_tokens'] / m['num_sequences'] * 8)))")  # the
+print(int(($hs - 40) * ${kind#*:} * $(rate $T/probe_1gpu) / (m['num_tokens'] / m['num_sequences'] * 8)))")  # the
         # probe's rate at 16 sequences per step: these heads train on the default 8
         python train_draft.py hydra.run.dir=$T/$k train/head=$k "${train_args[@]}" train.steps=$steps \
           train.time_limit_s=$hs > $T/$k.log 2>&1 || tail -3 $T/$k.log

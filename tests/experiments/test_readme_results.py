@@ -1,0 +1,47 @@
+"""The README's Results table quotes the committed H200 metrics: each headline number, formatted as the table
+writes it from the metrics files, appears in the table's row (so a rerun that changes a metric fails here
+until the README says so)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+SPEC = REPO / "benchmarks" / "results" / "eagle3_smollm2_h200"
+ABLATION = REPO / "experiments" / "results" / "ablate_overlap_h200" / "runs"
+
+
+def metrics(path: Path) -> dict:
+    return json.loads(path.read_text())
+
+
+def results_rows() -> dict[str, str]:
+    """The Results table of README.md: first cell -> the whole row."""
+    text = (REPO / "README.md").read_text()
+    table = text[text.index("## Results"):].split("\n\n")[2]
+    return {row.split("|")[1].strip(): row for row in table.splitlines()[2:]}
+
+
+def test_readme_results_agree_with_the_committed_metrics():
+    rows = results_rows()
+    b1, b8 = (metrics(SPEC / "compare_heads" / f"eagle3_b{b}" / "metrics.json") for b in (1, 8))
+    spec = rows["EAGLE-3 (shipped head), MT-bench, B=1 / 8"]
+    assert f"tau {b1['tau']:.2f}" in spec and f"{b1['speedup_vs_ar']:.2f}× / {b8['speedup_vs_ar']:.2f}×" in spec
+    assert f"{b1['tau']:.2f}" in rows["shipped head tau on MT-bench"]
+    same = rows["bf16 losslessness (identical answers)"]
+    assert f"{round(80 * b1['ar_identical_fraction'])} / {round(80 * b8['ar_identical_fraction'])} of 80" in same
+
+    # the DDP scaling as a range: the probes' last log windows, and their means after the first (as gpu_session.sh)
+    w1, wn = ([json.loads(line)["train/tokens_per_s"] for line in (SPEC / p / "train_log.jsonl").open()][1:]
+              for p in ("probe_1gpu", "probe_ddp"))
+    lo, hi = sorted((wn[-1] / w1[-1], (sum(wn) / len(wn)) / (sum(w1) / len(w1))))
+    assert f"{lo:.2f}–{hi:.2f}×" in rows["training throughput"]
+
+    serial = metrics(ABLATION / "serial_b1_simulate" / "metrics.json")
+    floor = serial["weight_read_floor_ms"]
+    assert (f"{serial['verify_ms'] / floor:.2f}×, {serial['step_ms'] / floor:.2f}×"
+            in rows["random Llama-3.1-8B, B=1, random EAGLE-1 draft: verify, step / weight-read floor"])
+    hidden = sorted(round(100 * metrics(ABLATION / f"overlap_split_b32_{t}" / "metrics.json")["plan_hidden_fraction"])
+                    for t in ("simulate", "simulate_wide"))
+    assert f"{hidden[0]}–{hidden[1]}%" in rows["overlap_split plan hidden at B=32"]
