@@ -37,13 +37,20 @@ def _cfg(run_cache: Path, batch: int, *extra: str):
         return compose("train_draft", overrides=[f"{k}={v}" for k, v in merged.items()])
 
 
-def _gradients(dd: Dist, batch: int) -> tuple[dict[str, torch.Tensor], float]:
+# the heads whose DDP gradients are checked: EAGLE-3 (TTT over one layer) and multi-layer (one layer per step,
+# every layer reached by the unroll, as DDP without find_unused_parameters needs)
+HEADS = {"eagle3": {"kind": "eagle3", "draft_vocab_size": 64, "ttt_length": 3, "step_weight": 0.8},
+         "multi_layer": {"kind": "multi_layer", "num_layers": 2, "ttt_length": 2, "step_weight": 0.8,
+                         "p_weight": 0.1, "v_weight": 1.0}}
+
+
+def _gradients(dd: Dist, batch: int, kind: str = "eagle3") -> tuple[dict[str, torch.Tensor], float]:
     """One optimiser step (ACCUM micro-batches of 2 * B_LOCAL sequences in all) -> (head gradients, loss)."""
     from omegaconf import OmegaConf
 
     target = _tiny().requires_grad_(False)
     samples = synthetic_samples(ACCUM * 2 * B_LOCAL, 10, 30, 0.5, 256, seed=1)
-    hc = OmegaConf.create({"kind": "eagle3", "draft_vocab_size": 64, "ttt_length": 3, "step_weight": 0.8})
+    hc = OmegaConf.create(HEADS[kind])
     torch.manual_seed(0)
     head = build_head(hc, target, samples, "cpu")
     model = DraftObjective(head, hc)
@@ -53,7 +60,7 @@ def _gradients(dd: Dist, batch: int) -> tuple[dict[str, torch.Tensor], float]:
     glob = [list(range(j * 2 * B_LOCAL, (j + 1) * 2 * B_LOCAL)) for j in range(ACCUM)]  # global micro-batches
     local = [g[dd.rank * batch:(dd.rank + 1) * batch] for g in glob]
     batches = [(*collate(samples, idx), idx) for idx in local]
-    loss, _ = accumulate_gradients(model, dd, batches, lambda t, i: online(t), 3, contextlib.nullcontext())
+    loss, _ = accumulate_gradients(model, dd, batches, lambda t, i: online(t), hc.ttt_length, contextlib.nullcontext())
     return {n: p.grad.clone() for n, p in head.named_parameters()}, float(dd.all_sum(loss) / dd.world)
 
 
@@ -79,8 +86,9 @@ def _spawn(worker, tmp: Path) -> None:
 
 def _worker(rank: int, port: int, tmp: str) -> None:
     dd, tmp = _join(rank, port), Path(tmp)
-    grads, loss = _gradients(dd, B_LOCAL)
-    torch.save({"grads": grads, "loss": loss}, tmp / f"grads{rank}.pt")
+    for kind in HEADS:
+        grads, loss = _gradients(dd, B_LOCAL, kind)
+        torch.save({"grads": grads, "loss": loss}, tmp / f"grads_{kind}{rank}.pt")
     # a whole run; rank 1 is handed another output dir, as Hydra's ${now:} can do under torchrun
     train(_cfg(tmp / "cache", B_LOCAL), tmp / ("ddp" if rank == 0 else "ddp_rank1"), target=_tiny())
     dd.close()
@@ -102,13 +110,14 @@ def _free_port() -> int:
 
 def test_ddp_two_processes_equal_one_process_on_the_concatenated_batch(tmp_path):
     _spawn(_worker, tmp_path)
-    g0, g1 = (torch.load(tmp_path / f"grads{r}.pt", weights_only=True) for r in range(2))
-    ref, ref_loss = _gradients(Dist(), 2 * B_LOCAL)
-    assert g0["grads"].keys() == ref.keys()
-    for name, g in ref.items():
-        assert torch.equal(g0["grads"][name], g1["grads"][name]), name  # DDP leaves every rank the same gradient
-        assert torch.allclose(g0["grads"][name], g, rtol=1e-4, atol=1e-7), name
-    assert g0["loss"] == pytest.approx(ref_loss, rel=1e-5)
+    for kind in HEADS:
+        g0, g1 = (torch.load(tmp_path / f"grads_{kind}{r}.pt", weights_only=True) for r in range(2))
+        ref, ref_loss = _gradients(Dist(), 2 * B_LOCAL, kind)
+        assert g0["grads"].keys() == ref.keys()
+        for name, g in ref.items():
+            assert torch.equal(g0["grads"][name], g1["grads"][name]), (kind, name)  # every rank: the same gradient
+            assert torch.allclose(g0["grads"][name], g, rtol=1e-4, atol=1e-7), (kind, name)
+        assert g0["loss"] == pytest.approx(ref_loss, rel=1e-5)
 
     # the whole loop: 2 processes x batch 2 == 1 process x batch 4 (same global order), rank 0 writes alone
     one = train(_cfg(tmp_path / "cache", 2 * B_LOCAL), tmp_path / "one", target=_tiny())
