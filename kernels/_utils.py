@@ -11,7 +11,8 @@ def use_triton(*tensors: torch.Tensor) -> bool:
     """Run the Triton kernel (GPU tensors, or CPU under TRITON_INTERPRET=1) instead of the torch reference.
     The kernels have no backward: when autograd needs one, the (differentiable) reference runs.
     EAGLET_KERNELS=torch runs the references everywhere: PyTorch's CUDA sanitizer sees only ATen ops, so a
-    race through a Triton kernel's reads or writes (the stream plans' seq_lens, for one) is invisible to it."""
+    race through a Triton kernel's reads or writes (the draft's tree tokens, which a stream plan copies) is
+    invisible to it."""
     if os.environ.get("EAGLET_KERNELS") == "torch":
         return False
     if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):

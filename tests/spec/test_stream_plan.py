@@ -120,8 +120,8 @@ def run_plan(plan, sleep=0, sanitizer=False, graphs=True, max_new=24):
     # so sanitized runs decode without graphs, the AR reference included.
     env = {k: v for k, v in os.environ.items() if k not in ("TORCH_CUDA_SANITIZER", "EAGLET_KERNELS")}
     if sanitizer:
-        # CSAN sees ATen ops only: the torch references stand in for the Triton kernels (the unsafe plan's race
-        # is on seq_lens, which the KV commit kernel writes; with Triton, CSAN reported nothing on an H200)
+        # CSAN sees ATen ops only: the torch references stand in for the Triton kernels, which write the draft's
+        # outputs that the plan stream copies (the racing access; with Triton, CSAN reported nothing on an H200)
         env.update(TORCH_CUDA_SANITIZER="1", EAGLET_KERNELS="torch")
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, env=env)
 
