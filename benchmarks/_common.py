@@ -3,8 +3,19 @@ is importable as `_common` from the scripts' folder)."""
 
 from __future__ import annotations
 
+import datetime
+import os
+import sys
+
 import torch
 import triton
+
+
+def provenance() -> str:
+    """The first lines of every recorded table: the command that made it, the date and the device."""
+    return (f"Command: `python benchmarks/{os.path.basename(sys.argv[0])} {' '.join(sys.argv[1:])}`  \n"
+            f"Date: {datetime.date.today()}  \n"
+            f"Device: {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}  \n")
 
 
 def bench(fn) -> float:
@@ -17,4 +28,5 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def fmt(x, spec: str = ".1f") -> str:
-    return "failed" if x is None else format(x, spec)
+    """A table cell: None = the provider ran and failed; a string (e.g. "not run") as it is."""
+    return "failed" if x is None else x if isinstance(x, str) else format(x, spec)

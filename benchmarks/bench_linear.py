@@ -26,15 +26,13 @@ projections (with the norms and SiLU·mul they absorb) cost in one decode step, 
 from __future__ import annotations
 
 import argparse
-import datetime
 import math
 import sys
 import time
 
 import torch
-from _common import bench, fmt, rel_err
 import torch.nn.functional as F
-import triton
+from _common import bench, fmt, provenance, rel_err
 
 import eaglet.kernels.linear as lin
 from eaglet.kernels._utils import copy_bandwidth
@@ -220,8 +218,7 @@ def main() -> None:
             torch.cuda.empty_cache()
     md = table(rows) + "\n\nDecode-step estimate (graph times):\n\n" + step_table(rows)
     header = (
-        f"Command: `python benchmarks/bench_linear.py {' '.join(sys.argv[1:])}`  \n"
-        f"Date: {datetime.date.today()}  \nDevice: {dev}, torch {torch.__version__}, triton {triton.__version__}  \n"
+        provenance() +
         f"Measured copy bandwidth: {bw / 1e12:.2f} TB/s (read+write). bf16; eager = median of do_bench (cold L2); "
         f"graph = per call inside a CUDA graph of {GRAPH_REPEATS} calls over cold weight copies; unfused = the "
         "eaglet rmsnorm / silu_and_mul kernel + F.linear (cuBLAS), what models/llama.py runs today; "

@@ -18,12 +18,10 @@ prefill shape (M = 4096), for SmolLM2-135M (H=576, 9/3 heads, D=64, I=1536) and 
 from __future__ import annotations
 
 import argparse
-import datetime
 import sys
 
 import torch
-from _common import bench, fmt, rel_err
-import triton
+from _common import bench, fmt, provenance, rel_err
 
 from eaglet.kernels._utils import copy_bandwidth
 from eaglet.kernels.activation import silu_and_mul, silu_and_mul_ref
@@ -156,8 +154,7 @@ def main() -> None:
             torch.cuda.empty_cache()
     md = table(rows)
     header = (
-        f"Command: `python benchmarks/bench_model_kernels.py {' '.join(sys.argv[1:])}`  \n"
-        f"Date: {datetime.date.today()}  \nDevice: {dev}, torch {torch.__version__}, triton {triton.__version__}  \n"
+        provenance() +
         f"Measured copy bandwidth: {bw / 1e12:.2f} TB/s (read+write). bf16; eager = median of do_bench (cold L2); "
         f"graph = per call inside a CUDA graph of {GRAPH_REPEATS} calls; rel err = eaglet vs torch reference.  \n"
         "Note: at decode shapes (M = 1, 8, 64) the HBM floor is at most ~1.5 µs, under what any kernel "

@@ -22,14 +22,13 @@ relative error per row (must be < 1e-2).
 from __future__ import annotations
 
 import argparse
-import datetime
 import math
 import sys
 import time
 
 import torch
 import torch.nn.functional as F
-import triton
+from _common import bench, fmt, provenance, rel_err
 
 import eaglet.kernels.tree_attention as ta
 from eaglet.kernels.tree_attention import tree_attention
@@ -50,11 +49,6 @@ SWEEP = [
     {"_PROGRAMS_PER_SM": 16, "_CHUNK_PER_ROW": 0, "_MIN_CHUNK": 128},
     {"_MAX_BLOCK_M": 64},
 ]
-
-
-def bench(fn) -> float:
-    """Median microseconds."""
-    return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median") * 1e3
 
 
 def bench_graph(fn) -> float:
@@ -121,10 +115,6 @@ def dense_kv(k_cache, page_table, L, N):
     pos = torch.arange(L + N, device=DEV)  # [L+N]
     slots = page_table[:, pos // PAGE].long() * PAGE + pos % PAGE  # [B, L+N]
     return k_cache.reshape(-1, HKV, D)[slots].transpose(1, 2).contiguous()  # [B, Hkv, L+N, D]
-
-
-def rel_err(a, b) -> float:
-    return ((a.float() - b.float()).norm() / b.float().norm()).item()
 
 
 def run_row(B, L, N, providers, ceilings, sweep):
@@ -199,11 +189,6 @@ def run_flex(qh, k_cache, v_cache, page_table, allowed, L, N, ref):
         return None
 
 
-def fmt(x, spec=".1f"):
-    """None = the provider ran and failed; a string = not run."""
-    return "failed" if x is None else x if isinstance(x, str) else format(x, spec)
-
-
 def ratio(peer, ours):
     return peer / ours if isinstance(peer, float) else peer
 
@@ -239,8 +224,7 @@ def main() -> None:
     print(f"{dev}: copy {ceilings[0] / 1e12:.2f} TB/s (read+write), bf16 matmul {ceilings[1] / 1e12:.0f} TFLOP/s")
     configs = [tuple(map(int, c.split("x"))) for c in args.configs.split(",")] if args.configs else CONFIGS
     header = (
-        f"Command: `python benchmarks/bench_tree_attention.py {' '.join(sys.argv[1:])}`  \n"
-        f"Date: {datetime.date.today()}  \nDevice: {dev}, torch {torch.__version__}, triton {triton.__version__}  \n"
+        provenance() +
         f"Measured ceilings: copy {ceilings[0] / 1e12:.2f} TB/s (read+write), bf16 matmul {ceilings[1] / 1e12:.0f} TFLOP/s  \n"
         f"Setup: bf16, Hq={HQ}, Hkv={HKV}, D={D}, page_size {PAGE} (shuffled pages), random branching tree masks; "
         "median µs via triton.testing.do_bench (cold L2 before every call); 'eaglet graph' = the same call replayed "
