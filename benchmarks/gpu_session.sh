@@ -9,10 +9,13 @@
 #              its EAGLE-3 head; results packed into OUT/train.tgz.* parts (needs the ShareGPT subset in .asset4,
 #              see offline_gpu_env.sh)
 #   experiments after train: EAGLE-1 and multi-layer heads, then compare_heads, datasets and sweep_tree
+#   scaling    training tokens/s on one GPU and on all (DDP), the throughput probes of `train` alone
+#   lossless   bf16 greedy speculative vs plain decoding on the 80 MT-bench first turns (invariant numerics):
+#              the shipped EAGLE-3 head x chain/eagle2 x B 1/8, random EAGLE-1 and multi-layer heads at B 8
 # Results go to OUT (default $OUT, else ./gpu_out); tables are printed last.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-stage=${1:?stage: tests | ar | kernels | ablation | train | experiments}
+stage=${1:?stage: tests | ar | kernels | ablation | train | experiments | scaling | lossless}
 out=${2:-${OUT:-gpu_out}}
 mkdir -p "$out"
 source benchmarks/offline_gpu_env.sh
@@ -22,8 +25,35 @@ T=/tmp/train smol=$KEEP/smollm2_hf
 train_args=(logger=none target.path="$smol" data.path="$SHAREGPT" data.max_turns=1 data.regen.max_new_tokens=512
             data.regen.batch_size=128 data.cache_dir=$T/regen train.progress=false train.optim.lr=${LR:-3e-4}
             eval.num_prompts=16 train.compile=${COMPILE:-false} ${TRAIN_ARGS:-})
-rate() {  # training tokens/s of a run's last log window (a 30-step 1-GPU probe still rose 30 k -> 48 k in its last two)
-  tail -1 "$1/train_log.jsonl" | python -c "import json, sys; print(round(json.load(sys.stdin)['train/tokens_per_s']))"
+rate() {  # training tokens/s of a run: the mean of its log windows after the first (warm-up, autotuning)
+  python -c "import json; r = [json.loads(l)['train/tokens_per_s'] for l in open('$1/train_log.jsonl')][1:]
+print(round(sum(r) / len(r)))"
+}
+train_setup() {  # regenerated data (REGEN_CACHE: an earlier run's data.cache_dir files), threads, the HF copy
+  mkdir -p $T/regen
+  [[ -n ${REGEN_CACHE:-} ]] && cp -r "$REGEN_CACHE"/. $T/regen/
+  # torchrun's default of one OpenMP thread per process slowed the host side of each step (host-bound here)
+  export OMP_NUM_THREADS=${OMP_NUM_THREADS:-8}
+  # the GGUF once as an HF directory (the same weights): a load then takes ~2 s instead of the 20-25 s the
+  # H200 box spent per run on GGUF dequantisation and tokenizer conversion
+  [[ -f $smol/model.safetensors ]] || python -m eaglet.models.checkpoint convert "$gguf" "$smol" --dtype float32
+}
+bs=${BATCH:-16} deadline=$((SECONDS + ${BUDGET_S:-560})) ngpu=$(nvidia-smi -L | wc -l)
+left() { echo $((deadline - SECONDS > 1 ? deadline - SECONDS : 1)); }
+launch() {  # nproc, run dir, overrides...: train_draft.py under torchrun within the time left
+  local n=$1 dir=$2; shift 2
+  timeout "$(left)" torchrun --standalone --nproc-per-node "$n" train_draft.py hydra.run.dir="$dir" \
+    "${train_args[@]}" train.batch_size=$bs "$@" 2>&1 | tee "$dir.log" | grep -E "^\[eaglet\]|Error|error" | tail -12
+}
+probes() {  # one-GPU and DDP throughput: PROBE_STEPS steps each, batches drawn at random (length-grouped
+  # batches made 10-step windows swing 2x with their lengths), the mean of the windows after the first
+  local probe=(train.steps=4000 train.stop_at_step=${PROBE_STEPS:-60} eval.every=0 train.ckpt_every=0
+               train.group_by_length=false)
+  launch "$ngpu" $T/probe_ddp "${probe[@]}"  # the regeneration happens here, split over the GPUs
+  CUDA_VISIBLE_DEVICES=0 launch 1 $T/probe_1gpu "${probe[@]}"
+  r1=$(rate $T/probe_1gpu); rn=$(rate $T/probe_ddp)
+  [[ -n $rn ]] || { echo "[gpu_session] the DDP probe failed: training on one GPU"; ngpu=1; rn=$r1; }
+  echo "[gpu_session] training tokens/s: 1 GPU $r1, $ngpu GPUs (DDP) $rn = $(python -c "print(f'{$rn/$r1:.2f}')")x"
 }
 sweep() {  # log file, sweep dir, overrides...: one Hydra multirun of run_spec.py (within SWEEP_S seconds)
   local log=$1 dir=$2; shift 2
@@ -61,27 +91,8 @@ case $stage in
     # one-GPU and a DDP throughput probe (60 steps each), the EAGLE-3 head trained on every GPU for what is left of
     # BUDGET_S minus EVAL_S (its LR schedule sized to fit), then it decodes MT-bench at B=1 and 8 against AR and
     # HumanEval and held-out ShareGPT at B=8; full logs in $T/*.log, results packed into OUT/train.tgz.* parts
-    mkdir -p $T/regen; deadline=$((SECONDS + ${BUDGET_S:-560})); ngpu=$(nvidia-smi -L | wc -l)
-    left() { echo $((deadline - SECONDS > 1 ? deadline - SECONDS : 1)); }
-    [[ -n ${REGEN_CACHE:-} ]] && cp -r "$REGEN_CACHE"/. $T/regen/
-    # torchrun's default of one OpenMP thread per process slowed the host side of each step (host-bound here)
-    export OMP_NUM_THREADS=${OMP_NUM_THREADS:-8}
-    # the GGUF once as an HF directory (the same weights): a load then takes ~2 s instead of the 20-25 s the
-    # H200 box spent per run on GGUF dequantisation and tokenizer conversion
-    [[ -f $smol/model.safetensors ]] || python -m eaglet.models.checkpoint convert "$gguf" "$smol" --dtype float32
-    bs=${BATCH:-16}
-    launch() {  # nproc, run dir, overrides...
-      local n=$1 dir=$2; shift 2
-      timeout "$(left)" torchrun --standalone --nproc-per-node "$n" train_draft.py hydra.run.dir="$dir" \
-        "${train_args[@]}" train.batch_size=$bs "$@" 2>&1 | tee "$dir.log" | grep -E "^\[eaglet\]|Error|error" \
-        | tail -12
-    }
-    probe=(train.steps=4000 train.stop_at_step=${PROBE_STEPS:-60} eval.every=0 train.ckpt_every=0)
-    launch "$ngpu" $T/probe_ddp "${probe[@]}"  # the regeneration happens here, split over the GPUs
-    CUDA_VISIBLE_DEVICES=0 launch 1 $T/probe_1gpu "${probe[@]}"
-    r1=$(rate $T/probe_1gpu); rn=$(rate $T/probe_ddp)
-    [[ -n $rn ]] || { echo "[gpu_session] the DDP probe failed: training on one GPU"; ngpu=1; rn=$r1; }
-    echo "[gpu_session] training tokens/s: 1 GPU $r1, $ngpu GPUs (DDP) $rn = $(python -c "print(f'{$rn/$r1:.2f}')")x"
+    train_setup
+    probes
     # optimiser steps that fit the time left (minus loading, evaluations, export): the cosine decay ends on time
     ev=${EVAL_S:-100}
     steps=$(python -c "import json; m=json.load(open('$T/probe_1gpu/metrics.json'))
@@ -145,5 +156,24 @@ print(int(($hs - 40) * ${kind#*:} * $(rate $T/probe_1gpu) / (m['num_tokens'] / m
     tar cz -C /tmp --exclude=wandb --exclude=trace.json --exclude=outputs.jsonl exp train/{eagle1,multi_layer}.log \
       train/{eagle1,multi_layer}/{train_log.jsonl,metrics.json} > "$out/runs.tgz"
     cat "$out"/compare_heads/runs.md "$out"/datasets/runs.md ;;
+  scaling)
+    train_setup
+    probes
+    tar cz -C $T probe_ddp probe_1gpu --exclude=head --exclude=.hydra --exclude=checkpoints > "$out/scaling.tgz" ;;
+  lossless)
+    [[ -f $smol/model.safetensors ]] || python -m eaglet.models.checkpoint convert "$gguf" "$smol" --dtype float32
+    L=/tmp/lossless sub='hydra.sweep.subdir=${draft.name}_${tree.name}_b${gen.batch_size}'
+    one=(target.path="$smol" data.max_turns=1 "$sub")
+    CUDA_VISIBLE_DEVICES=0 sweep $L/eagle3.log $L/runs "${one[@]}" draft=eagle3 tree=chain,eagle2 gen.batch_size=1 &
+    (
+      export CUDA_VISIBLE_DEVICES=1
+      sweep $L/eagle3_b8.log $L/runs "${one[@]}" draft=eagle3 tree=chain,eagle2 gen.batch_size=8
+      sweep $L/random.log $L/runs "${one[@]}" draft=eagle1,multi_layer draft.random_init=true tree=eagle2 \
+        gen.batch_size=8
+    )
+    wait
+    python -m eaglet.experiments.report $L/runs --out "$out/lossless" | tail -1
+    tar cz -C $L --exclude=wandb --exclude=trace.json --exclude=outputs.jsonl --exclude=.hydra runs > "$out/lossless.tgz"
+    cat "$out/lossless/runs.md" ;;
   *) echo "unknown stage $stage" >&2; exit 2 ;;
 esac

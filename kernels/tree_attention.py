@@ -24,6 +24,17 @@ The Triton path (flash-decoding with GQA packing):
     takes the default config instead).
 A row whose allowed key set is empty (impossible for a tree: a node sees itself) gives 0 here
 and NaN in the reference.
+
+Invariant mode (`invariant=True`, `_inv_fwd_kernel`): a query's output depends only on its own keys, never
+on the batch, the tree around it or the split plan, so a tree node's output is bit-identical to the
+output of the same token decoded alone at the same position. A node at depth d with prefix P sees the
+logical sequence 0..P+d: the prefix, then its ancestors in depth order (the j-th allowed new key is its
+depth-j ancestor: new tokens are numbered parents first, and key j of the new tokens is at position
+P + j). One program serves one token's G query heads and walks that sequence in BLOCK_N tiles aligned to
+multiples of BLOCK_N, cut into splits at multiples of a fixed `_INVARIANT_CHUNK`; the merge combines a
+row's splits one at a time, in order. A decode step (N = 1) and a causal prefill see the same tiles, so
+verify, decode and prefill agree to the bit. It reads the prefix once per token instead of once per
+tile of tokens.
 """
 
 from __future__ import annotations
@@ -58,6 +69,10 @@ _MAX_SPLITS = 32
 # The merge combines up to this many splits in one pass (rounding the chunk to a power of
 # two can raise the count above _MAX_SPLITS).
 _MERGE_SPLITS = 64
+# Invariant mode: the split length (a constant, so split boundaries never move with the batch or the
+# context bound), and its key tile (fixed: tile boundaries must not move with an autotuner's choice).
+_INVARIANT_CHUNK = 256
+_INVARIANT_BLOCK_N = 64
 # Largest row tile: 128 rows x D fp32 accumulator is 64 registers/thread at 8 warps.
 _MAX_BLOCK_M = 128
 # Resident programs per SM worth filling: several 4-warp 64-row programs (their K/V streams
@@ -315,6 +330,79 @@ def _fwd_kernel(
 
 
 @triton.jit
+def _inv_fwd_kernel(
+    Q, K, V, PT, PL, MASK, O, qk_scale, chunk, num_splits, N, NK, Hkv,
+    stride_qb, stride_qn, stride_qh, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
+    stride_ptb, stride_mb, stride_mi,
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr, HAS_MASK: tl.constexpr,
+    SPLIT: tl.constexpr, DOT_DTYPE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_NK: tl.constexpr,
+):
+    """Invariant mode (module doc). Grid (N tokens, splits, B * Hkv); one program: one token's GROUP query
+    heads (rows padded to BLOCK_M) over logical key positions [split * chunk, (split + 1) * chunk) of its
+    sequence. O as in `_fwd_kernel`; every split is written (an empty one as o = 0, lse = -inf)."""
+    tok = tl.program_id(0)
+    split = tl.program_id(1)
+    pid_bh = tl.program_id(2)
+    b = pid_bh // Hkv
+    kvh = pid_bh % Hkv
+    prefix = tl.load(PL + b)
+    grp = tl.arange(0, BLOCK_M)  # [BLOCK_M] query head within the KV head's group
+    row_ok = grp < GROUP  # [BLOCK_M]
+    offs_d = tl.arange(0, HEAD_DIM)  # [D]
+    if HAS_MASK:
+        jj = tl.arange(0, BLOCK_NK)  # [BLOCK_NK] new-key index
+        allowed = tl.load(MASK + b * stride_mb + tok * stride_mi + jj, mask=jj < NK, other=0) != 0  # [BLOCK_NK]
+        rank = tl.cumsum(allowed.to(tl.int32), 0) - 1  # [BLOCK_NK] depth of each allowed new key
+        depth = tl.sum(allowed.to(tl.int32), 0) - 1
+    else:
+        depth = tok
+    lo = split * chunk
+    hi = tl.minimum(lo + chunk, prefix + depth + 1)  # the row's logical sequence is [0, prefix + depth]
+
+    q_ptrs = Q + b * stride_qb + tok * stride_qn + (kvh * GROUP + grp)[:, None] * stride_qh + offs_d[None, :]
+    q = tl.load(q_ptrs, mask=row_ok[:, None], other=0.0).to(DOT_DTYPE)  # [BLOCK_M, D]
+    m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    pt_row = PT + b * stride_ptb
+    for start in range(lo, hi, BLOCK_N):
+        pos = start + tl.arange(0, BLOCK_N)  # [BLOCK_N] logical key positions
+        kv_ok = pos < hi  # [BLOCK_N]
+        phys = pos  # [BLOCK_N] pool positions: the prefix and a causal row's new keys are where they sit
+        if HAS_MASK:
+            if start + BLOCK_N > prefix:  # the tile reaches the ancestors: logical P + e is ancestor e
+                e = pos - prefix  # [BLOCK_N]
+                hit = allowed[None, :] & (rank[None, :] == e[:, None])  # [BLOCK_N, BLOCK_NK]
+                phys = tl.where(e >= 0, prefix + tl.sum(tl.where(hit, jj[None, :], 0), 1), pos)  # [BLOCK_N]
+        page = tl.load(pt_row + phys // PAGE_SIZE, mask=kv_ok, other=0)  # [BLOCK_N]
+        slot_k = page.to(tl.int64) * stride_kp + (phys % PAGE_SIZE) * stride_ks  # [BLOCK_N]
+        slot_v = page.to(tl.int64) * stride_vp + (phys % PAGE_SIZE) * stride_vs  # [BLOCK_N]
+        k = tl.load(K + kvh * stride_kh + slot_k[:, None] + offs_d[None, :], mask=kv_ok[:, None], other=0.0)
+        v = tl.load(V + kvh * stride_vh + slot_v[:, None] + offs_d[None, :], mask=kv_ok[:, None], other=0.0)
+        qk = tl.dot(q, tl.trans(k.to(DOT_DTYPE)), input_precision="ieee") * qk_scale  # [BLOCK_M, BLOCK_N]
+        qk = tl.where(kv_ok[None, :], qk, float("-inf"))  # [BLOCK_M, BLOCK_N]
+        m_new = tl.maximum(m_i, tl.max(qk, 1))  # [BLOCK_M]
+        p = tl.math.exp2(qk - m_new[:, None])  # [BLOCK_M, BLOCK_N]
+        alpha = tl.math.exp2(m_i - m_new)  # [BLOCK_M]
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = tl.dot(p.to(DOT_DTYPE), v.to(DOT_DTYPE), acc * alpha[:, None], input_precision="ieee")  # [BLOCK_M, D]
+        m_i = m_new
+
+    l_safe = tl.where(l_i > 0, l_i, 1.0)  # [BLOCK_M]
+    o = acc / l_safe[:, None]  # [BLOCK_M, D]
+    if SPLIT:
+        part_row = ((pid_bh * num_splits + split) * N + tok) * GROUP + grp  # [BLOCK_M] row of [B, Hkv, S, N, G]
+        tl.store(O + part_row[:, None] * HEAD_DIM + offs_d[None, :], o, mask=row_ok[:, None])
+        LSE = O + tl.num_programs(2) * num_splits * N * GROUP * HEAD_DIM
+        lse = tl.where(l_i > 0, m_i + tl.math.log2(l_safe), float("-inf"))  # [BLOCK_M]
+        tl.store(LSE + part_row, lse, mask=row_ok)
+    else:
+        out_row = (b * N + tok) * (Hkv * GROUP) + kvh * GROUP + grp  # [BLOCK_M] row of [B, N, Hq]
+        tl.store(O + out_row[:, None] * HEAD_DIM + offs_d[None, :], o.to(O.dtype.element_ty), mask=row_ok[:, None])
+
+
+@triton.jit
 def _merge_kernel(
     WS,
     PL,
@@ -414,7 +502,7 @@ def _meta(t: torch.Tensor | None) -> tuple | None:
 
 
 @functools.lru_cache(maxsize=512)
-def _prepare(q, k, v, pt, pl, mask, sm_scale, max_prefix_len, interpret: bool) -> tuple:
+def _prepare(q, k, v, pt, pl, mask, sm_scale, max_prefix_len, interpret: bool, invariant: bool = False) -> tuple:
     """Validate one call's metadata (`_meta` tuples) and build its launch recipe. Cached, so a
     repeated shape costs one dict lookup: the eager path's host time is what a short call
     costs (an H200 run measured 175 µs eager against 21.5 µs from a CUDA graph at B=1, L=1k).
@@ -461,9 +549,13 @@ def _prepare(q, k, v, pt, pl, mask, sm_scale, max_prefix_len, interpret: bool) -
     scale = sm_scale if sm_scale is not None else 1.0 / math.sqrt(D)
     NK = N if mask is None else mask[0][2]  # new keys (after the prefix)
     kv_max = (pt[0][1] * page_size) if max_prefix_len is None else (max_prefix_len + NK)
-    # Interpreter: few SMs, still splits. (A CPU call without it takes the reference; the plan is unused.)
-    num_sms = _num_sms(q_dev.index) if q_dev.type == "cuda" and not interpret else 8
-    block_m, m_tiles, num_splits, chunk = _plan(B, N, Hq, Hkv, kv_max, num_sms)
+    if invariant:  # one program per token, fixed splits (module doc)
+        block_m, m_tiles, chunk = max(16, triton.next_power_of_2(group)), N, _INVARIANT_CHUNK
+        num_splits = _cdiv(kv_max, chunk)
+    else:
+        # Interpreter: few SMs, still splits. (A CPU call without it takes the reference; the plan is unused.)
+        num_sms = _num_sms(q_dev.index) if q_dev.type == "cuda" and not interpret else 8
+        block_m, m_tiles, num_splits, chunk = _plan(B, N, Hq, Hkv, kv_max, num_sms)
     split = num_splits > 1
     # fp32 inputs use exact fp32 dots (tf32 would miss 1e-4); the interpreter's bf16 is wrong, so upcast there.
     dot_dtype = tl.float32 if (q_dtype == torch.float32 or interpret) else (
@@ -475,16 +567,22 @@ def _prepare(q, k, v, pt, pl, mask, sm_scale, max_prefix_len, interpret: bool) -
     )  # fmt: skip
     fwd_kw = dict(GROUP=group, HEAD_DIM=D, PAGE_SIZE=page_size, HAS_MASK=mask is not None, SPLIT=split,
                   DOT_DTYPE=dot_dtype, BLOCK_M=block_m)  # fmt: skip
+    if invariant:  # a fixed config: no autotuning (it could choose differently for another shape)
+        fwd_kw.update(BLOCK_N=_INVARIANT_BLOCK_N, BLOCK_NK=max(16, triton.next_power_of_2(NK)), num_warps=4,
+                      num_stages=1 if is_hip() else 2)
     ws_numel = B * Hkv * num_splits * N * group * (D + 1) if split else 0  # partial outputs + LSEs
     merge = None
     if split:
         merge = (
             (N * group, B * Hkv), (chunk, num_splits, N, NK, Hkv),
-            # All splits in one pass (a serial pass per block of splits costs µs of latency).
-            dict(GROUP=group, HEAD_DIM=D, HAS_MASK=mask is not None, BLOCK_S=triton.next_power_of_2(num_splits),
+            # All splits in one pass (a serial pass per block of splits costs µs of latency); invariant mode
+            # one split at a time, in order, whatever the split count.
+            dict(GROUP=group, HEAD_DIM=D, HAS_MASK=mask is not None,
+                 BLOCK_S=1 if invariant else triton.next_power_of_2(num_splits),
                  num_warps=4 if num_splits <= 32 else 8),
         )  # fmt: skip
-    return (m_tiles, num_splits, B * Hkv), fwd_args, fwd_kw, ws_numel, merge
+    kernel = _inv_fwd_kernel if invariant else _fwd_kernel
+    return kernel, (m_tiles, num_splits, B * Hkv), fwd_args, fwd_kw, ws_numel, merge
 
 
 def tree_attention(
@@ -496,27 +594,30 @@ def tree_attention(
     tree_mask: torch.Tensor | None = None,
     sm_scale: float | None = None,
     max_prefix_len: int | None = None,
+    invariant: bool = False,
 ) -> torch.Tensor:
     """Public launcher: Triton on GPU (and on CPU under TRITON_INTERPRET=1), else the reference.
 
     q [B, N, Hq, D] fp16/bf16/fp32, D in (64, 128); k_cache/v_cache [num_pages, page_size, Hkv, D];
     page_table [B, P] int32; prefix_lens [B] int32; tree_mask [B, N, NK] bool or None (causal, NK = N);
     max_prefix_len: host upper bound on prefix_lens that sizes the split grid (None: the page
-    table's capacity; a tight bound avoids empty splits). Returns out [B, N, Hq, D] (q's dtype).
+    table's capacity; a tight bound avoids empty splits). invariant: each row's output independent of
+    the batch, the tree and the split plan (module doc; needs a tree whose new tokens are numbered
+    parents first, as `build_tree` numbers them). Returns out [B, N, Hq, D] (q's dtype).
     """
     interpret = is_interpret()
     recipe = _prepare(
         _meta(q), _meta(k_cache), _meta(v_cache), _meta(page_table), _meta(prefix_lens), _meta(tree_mask),
-        sm_scale, max_prefix_len, interpret,
+        sm_scale, max_prefix_len, interpret, invariant,
     )  # fmt: skip
     if not use_triton(q, k_cache, v_cache, page_table, prefix_lens):
         return tree_attention_ref(q, k_cache, v_cache, page_table, prefix_lens, tree_mask, sm_scale)
     if recipe is None:  # rare: a strided input, copied once here
         return tree_attention(
             q.contiguous(), k_cache, v_cache, page_table.contiguous(), prefix_lens.contiguous(),
-            None if tree_mask is None else tree_mask.contiguous(), sm_scale, max_prefix_len,
+            None if tree_mask is None else tree_mask.contiguous(), sm_scale, max_prefix_len, invariant,
         )  # fmt: skip
-    grid, fwd_args, fwd_kw, ws_numel, merge = recipe
+    kernel, grid, fwd_args, fwd_kw, ws_numel, merge = recipe
     # bool -> uint8 view (same bytes). page_table is a dummy when causal.
     mask = tree_mask.view(torch.uint8) if tree_mask is not None else page_table
     out = _empty(q.shape, q.dtype, q.device)  # [B, N, Hq, D]
@@ -525,7 +626,7 @@ def tree_attention(
     # Triton launches on the current device: switch only when q lives elsewhere (cheap common path).
     on_other_gpu = q.is_cuda and q.device.index != torch.cuda.current_device()
     with torch.cuda.device(q.device) if on_other_gpu else contextlib.nullcontext():
-        _fwd_kernel[grid](q, k_cache, v_cache, page_table, prefix_lens, mask, ws, *fwd_args, **fwd_kw)
+        kernel[grid](q, k_cache, v_cache, page_table, prefix_lens, mask, ws, *fwd_args, **fwd_kw)
         if merge:
             _merge_kernel[merge[0]](ws, prefix_lens, out, *merge[1], **merge[2])
     return out

@@ -4,6 +4,12 @@ One flat module: `ModelArgs` (with a registry of named configs, a tiny one for t
 rotary embedding, attention over the paged KV pool through `eaglet.kernels.tree_attention`, SwiGLU.
 The same forward serves prefill (causal over the new tokens), AR decode (one new token) and
 tree verification (the new tokens are a tree: `attn_mask` is ancestor-or-self).
+
+`Transformer.set_invariant(True)` makes every token's result independent of what else is in the forward
+(the batch, the other tree nodes, the prompt padding): the projections and the attention take their
+invariant kernels (kernels/linear.py, kernels/tree_attention.py). Then a verify computes each accepted tree
+node exactly as plain decoding computes that token, and greedy speculative decoding in bf16 emits plain
+decoding's tokens, ties included. Without it, bf16 runs diverge at near-ties of the two best logits.
 """
 
 from __future__ import annotations
@@ -16,7 +22,7 @@ import torch
 from torch import nn
 
 from eaglet.kernels.activation import silu_and_mul
-from eaglet.kernels.linear import norm_linear, silu_mul_linear
+from eaglet.kernels.linear import linear, norm_linear, silu_mul_linear
 from eaglet.kernels.rmsnorm import rmsnorm
 from eaglet.kernels.rope import rope_qkv_store
 from eaglet.kernels.tree_attention import tree_attention
@@ -175,6 +181,7 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(args.head_dim, args.norm_eps) if args.qk_norm else None
         self.k_norm = RMSNorm(args.head_dim, args.norm_eps) if args.qk_norm else None
         self.norm_eps = args.norm_eps
+        self.invariant = False  # Transformer.set_invariant
 
     def forward(self, x, positions, inv_freq, batch: ForwardBatch, kv: KVCache, qkv=None) -> torch.Tensor:
         """x [B, T, H] -> [B, T, H]; `qkv` [B, T, (Hq+2Hkv)*D]: the projection when the caller made it."""
@@ -189,7 +196,9 @@ class Attention(nn.Module):
                            k_norm_weight=None if self.k_norm is None else self.k_norm.weight,
                            norm_eps=self.norm_eps)  # [B*T, Hq, D]
         o = tree_attention(q.view(B, T, self.n_heads, D), k_cache, v_cache, batch.page_table, batch.prefix_lens,
-                           batch.attn_mask, max_prefix_len=batch.max_prefix_len)  # [B, T, Hq, D]
+                           batch.attn_mask, max_prefix_len=batch.max_prefix_len, invariant=self.invariant)  # [B, T, Hq, D]
+        if self.invariant:
+            return linear(o.reshape(B, T, -1), self.o_proj.weight, self.o_proj.bias, invariant=True)  # [B, T, H]
         return self.o_proj(o.reshape(B, T, -1))
 
 
@@ -211,11 +220,12 @@ class TransformerBlock(nn.Module):
         self.mlp = FeedForward(args)
         self.input_layernorm = RMSNorm(args.dim, args.norm_eps)
         self.post_attention_layernorm = RMSNorm(args.dim, args.norm_eps)
+        self.invariant = False  # Transformer.set_invariant
 
     def forward(self, x, residual, positions, inv_freq, batch, kv):
         """Pre-norm block with the residual adds fused into the norms (vLLM/SGLang style): takes and
         returns (block output, residual) whose sum is the residual stream; residual=None at layer 0."""
-        if x.numel() <= _FUSED_LINEAR_MAX_TOKENS * x.shape[-1]:
+        if self.invariant or x.numel() <= _FUSED_LINEAR_MAX_TOKENS * x.shape[-1]:
             return self._forward_fused_linear(x, residual, positions, inv_freq, batch, kv)
         if residual is None:
             h, residual = self.input_layernorm(x), x
@@ -228,16 +238,19 @@ class TransformerBlock(nn.Module):
     def _forward_fused_linear(self, x, residual, positions, inv_freq, batch, kv):
         """The same block with each norm fused into the projection after it and SiLU·mul into the
         down projection (kernels/linear.py: ~90 fewer launches per SmolLM2 step). Same results on
-        CPU (the kernels' references are exactly the unfused ops)."""
+        CPU (the kernels' references are exactly the unfused ops). The invariant block always runs here."""
         attn, mlp, ln1, ln2 = self.self_attn, self.mlp, self.input_layernorm, self.post_attention_layernorm
+        inv = self.invariant
         if residual is None:
-            qkv, residual = norm_linear(x, ln1.weight, ln1.eps, attn.qkv_proj.weight, attn.qkv_proj.bias), x
+            qkv, residual = norm_linear(x, ln1.weight, ln1.eps, attn.qkv_proj.weight, attn.qkv_proj.bias,
+                                        invariant=inv), x
         else:
             qkv, residual = norm_linear(x, ln1.weight, ln1.eps, attn.qkv_proj.weight, attn.qkv_proj.bias,
-                                        residual=residual)  # [B, T, (Hq+2Hkv)*D], [B, T, H]
+                                        residual=residual, invariant=inv)  # [B, T, (Hq+2Hkv)*D], [B, T, H]
         h = attn(x, positions, inv_freq, batch, kv, qkv=qkv)  # [B, T, H]
-        gu, residual = norm_linear(h, ln2.weight, ln2.eps, mlp.gate_up_proj.weight, residual=residual)  # [B, T, 2I]
-        return silu_mul_linear(gu, mlp.down_proj.weight), residual
+        gu, residual = norm_linear(h, ln2.weight, ln2.eps, mlp.gate_up_proj.weight, residual=residual,
+                                   invariant=inv)  # [B, T, 2I]
+        return silu_mul_linear(gu, mlp.down_proj.weight, invariant=inv), residual
 
 
 # Token counts up to which a block runs the fused projections (kernels/linear.py) instead of the rmsnorm
@@ -300,6 +313,14 @@ class Transformer(nn.Module):
             self.lm_head.weight = self.model.embed_tokens.weight
         # A plain attribute, not a buffer: `model.to(bfloat16)` must not round the RoPE frequencies.
         self._inv_freq = rope_inv_freq(args).float()  # [D/2]
+        self.invariant = False
+
+    def set_invariant(self, invariant: bool) -> "Transformer":
+        """Batch- and position-invariant numerics on (module doc) or off (the fastest kernels per shape)."""
+        self.invariant = bool(invariant)
+        for layer in self.model.layers:
+            layer.invariant = layer.self_attn.invariant = self.invariant
+        return self
 
     @property
     def device(self) -> torch.device:
@@ -341,6 +362,8 @@ class Transformer(nn.Module):
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [..., dim] -> logits [..., V] in fp32 (argmax/softmax stability in bf16 runs)."""
+        if self.invariant:
+            return linear(hidden, self.lm_head.weight, invariant=True).float()
         return self.lm_head(hidden).float()
 
     @classmethod

@@ -4,9 +4,12 @@ Inputs are copied into the static buffers' first B rows; the rest are zeroed. Ze
 padding value every eaglet step accepts: token 0, position 0, page-table row 0 (the dummy page),
 so padded rows only write the KV pool's dummy page.
 
-Disabled (eager, CPU), `stage` still copies into static buffers and `replay` runs the function on their first
-B rows: the stream plans stage the draft's outputs on the plan stream, and that copy is where an unsynchronised
-plan races, so eager runs (the CUDA sanitizer's) must make it too.
+Disabled (eager, CPU), the runner keeps the graph's buffer semantics: `stage` copies into static input buffers,
+the function runs on their first B rows, and its outputs are copied into static output buffers (valid until the
+next call, as a replay's). The stream plans read the draft's outputs on the plan stream, and that read of a
+buffer main writes is where an unsynchronised plan races; eager runs (the CUDA sanitizer's) must make that write
+visibly: CSAN sees ATen ops only, not a Triton kernel, and not tensors built from host lists (the torch
+references' tree build).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ class GraphRunner:
         self.buckets = sorted({b for b in buckets if b < max_batch} | {max_batch})
         self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, list[torch.Tensor], tuple[torch.Tensor, ...]]] = {}
         self._pool = None
+        self._eager_out: tuple[torch.Tensor, ...] | None = None  # disabled: the static outputs, max_batch rows
 
     def bucket(self, B: int) -> int:
         for b in self.buckets:
@@ -79,16 +83,24 @@ class GraphRunner:
         return B
 
     def replay(self, B: int):
-        """Run on the staged inputs, on the current stream: replay B's bucket (outputs are views of static
-        buffers, valid until the next replay of that bucket), or call the function on the first B rows."""
+        """Run on the staged inputs, on the current stream: replay B's bucket, or call the function on the
+        first B rows. Either way the outputs are views of static buffers, valid until the next call."""
         if not self.enabled:
-            return self.fn(*(t[:B] for t in self._static(B)))
+            return self._to_static(self.fn(*(t[:B] for t in self._static(B))), B)
         graph, _, out = self._graphs[self.bucket(B)]
         graph.replay()
         res = tuple(o[:B] for o in out)
         return res if len(res) > 1 else res[0]
 
+    def _to_static(self, out, B: int):
+        """Eager: copy the outputs [B, ...] into the static output buffers (allocated on first use)."""
+        outs = out if isinstance(out, tuple) else (out,)
+        if self._eager_out is None:
+            self._eager_out = tuple(o.new_empty(self.buckets[-1], *o.shape[1:]) for o in outs)
+        res = tuple(dst[:B].copy_(o) for dst, o in zip(self._eager_out, outs))
+        return res if len(res) > 1 else res[0]
+
     def __call__(self, *inputs: torch.Tensor):
         if not self.enabled:
-            return self.fn(*inputs)
+            return self._to_static(self.fn(*inputs), inputs[0].shape[0])
         return self.replay(self.stage(*inputs))

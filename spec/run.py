@@ -72,6 +72,7 @@ def run(cfg: DictConfig, output_dir: str | Path) -> dict:
         model = Transformer.from_pretrained(path, dtype=dtype, device=device)
         tokenizer = load_tokenizer(path)
     load_s = time.perf_counter() - t0
+    model.set_invariant(cfg.invariant)
     max_context = min(cfg.gen.max_context, model.args.max_seq_len)
     batch_size = cfg.gen.batch_size
     eos = set(model.args.eos_token_ids)
@@ -180,6 +181,7 @@ def run(cfg: DictConfig, output_dir: str | Path) -> dict:
         "temperature": cfg.gen.temperature,
         "dtype": str(dtype).removeprefix("torch."),
         "cuda_graph": graphs,
+        "invariant": model.invariant,
         # what a step's verify cannot beat: the target's weights read once (bytes / measured copy bandwidth)
         "weight_read_floor_ms": 1e3 * model.weight_read_bytes() / copy_bandwidth(device) if device.type == "cuda"
         else None,

@@ -159,6 +159,53 @@ def test_grid_plan():
     assert ta._plan(8, 64, 32, 8, 4160, 132)[2] == 1  # 128 heavy 128-row programs: one per SM already
 
 
+def _chain(mask_row: torch.Tensor) -> list[int]:
+    """The ancestors-or-self of a tree node, root first (its allowed new keys in index order)."""
+    return mask_row.nonzero().flatten().tolist()
+
+
+INVARIANT_CASES = [
+    # (B, N, Hq, Hkv, D, prefix_lens, page_size, tree); prefixes straddle the 64-key tiles and the 256-key splits
+    pytest.param(2, 9, 4, 2, 64, [37, 509], 16, True, id="tree-split-boundary"),
+    pytest.param(1, 24, 6, 2, 128, [1030], 8, True, id="tree-group3-D128"),
+    pytest.param(2, 7, 4, 4, 64, [0, 60], 1, False, id="causal-page1"),
+]
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16] if CUDA else [torch.float32])
+@pytest.mark.parametrize("B,N,Hq,Hkv,D,prefix,page_size,tree", INVARIANT_CASES)
+def test_invariant_node_equals_its_decode(dtype, B, N, Hq, Hkv, D, prefix, page_size, tree):
+    """invariant=True: each tree (or prefill) row is bit-identical to the same query decoded alone (N = 1)
+    after its ancestors were committed to consecutive positions, as plain decoding would have them, and
+    under another grid bound; and it is attention (close to the fp64 reference)."""
+    Hq, Hkv = _scale_heads(Hq, Hkv)
+    q, k_cache, v_cache, page_table, prefix_lens, mask = make_inputs(B, N, Hq, Hkv, D, prefix, page_size, dtype, tree,
+                                                                     seed=7)
+    out = tree_attention(q, k_cache, v_cache, page_table, prefix_lens, mask, max_prefix_len=max(prefix),
+                         invariant=True)  # [B, N, Hq, D]
+    tol = 1e-4 if dtype == torch.float32 else 1e-2
+    assert rel_err(out, ref64(q, k_cache, v_cache, page_table, prefix_lens, mask)) < tol
+    if tree:
+        assert any(len(set(_chain(m))) < i + 1 for m_b in mask for i, m in enumerate(m_b)), "the trees must branch"
+    slot = lambda b, p: page_table[b, p // page_size].long() * page_size + p % page_size  # noqa: E731
+    k_flat, v_flat = k_cache.view(-1, Hkv, D), v_cache.view(-1, Hkv, D)  # [slots, Hkv, D]
+    for b in range(B):
+        P = prefix[b]
+        for i in range(N):
+            chain = _chain(mask[b, i]) if tree else list(range(i + 1))
+            k2, v2 = k_cache.clone(), v_cache.clone()
+            k2f, v2f = k2.view(-1, Hkv, D), v2.view(-1, Hkv, D)
+            for e, j in enumerate(chain):  # ancestor e of node i -> position P + e, where decoding puts it
+                k2f[slot(b, P + e)] = k_flat[slot(b, P + j)]
+                v2f[slot(b, P + e)] = v_flat[slot(b, P + j)]
+            lens = prefix_lens.clone()
+            lens[b] = P + len(chain) - 1
+            one = tree_attention(q[:, i:i + 1].contiguous(), k2, v2, page_table, lens, None,
+                                 max_prefix_len=max(prefix) + 3000, invariant=True)  # [B, 1, Hq, D]
+            assert torch.equal(one[b, 0], out[b, i]), (b, i)
+
+
 @gpu_only
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize(
