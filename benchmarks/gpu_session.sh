@@ -162,13 +162,14 @@ print(int(($hs - 40) * ${kind#*:} * $(rate $T/probe_1gpu) / (m['num_tokens'] / m
     tar cz -C $T probe_ddp probe_1gpu --exclude=head --exclude=.hydra --exclude=checkpoints > "$out/scaling.tgz" ;;
   lossless)
     [[ -f $smol/model.safetensors ]] || python -m eaglet.models.checkpoint convert "$gguf" "$smol" --dtype float32
-    L=/tmp/lossless sub='hydra.sweep.subdir=${draft.name}_${tree.name}_b${gen.batch_size}'
+    L=/tmp/lossless sub='hydra.sweep.subdir=${draft.name}_${tree.name}_b${gen.batch_size}'; mkdir -p $L
     one=(target.path="$smol" data.max_turns=1 "$sub")
     CUDA_VISIBLE_DEVICES=0 sweep $L/eagle3.log $L/runs "${one[@]}" draft=eagle3 tree=chain,eagle2 gen.batch_size=1 &
     (
       export CUDA_VISIBLE_DEVICES=1
       sweep $L/eagle3_b8.log $L/runs "${one[@]}" draft=eagle3 tree=chain,eagle2 gen.batch_size=8
-      sweep $L/random.log $L/runs "${one[@]}" draft=eagle1,multi_layer draft.random_init=true tree=eagle2 \
+      # ++: a multirun first composes the default draft (none), which has no random_init key
+      sweep $L/random.log $L/runs "${one[@]}" draft=eagle1,multi_layer ++draft.random_init=true tree=eagle2 \
         gen.batch_size=8
     )
     wait

@@ -11,6 +11,8 @@ REPO = Path(__file__).resolve().parents[2]
 SPEC = REPO / "benchmarks" / "results" / "eagle3_smollm2_h200"
 ABLATION = REPO / "experiments" / "results" / "ablate_overlap_h200" / "runs"
 HEAD = REPO / "heads" / "smollm2_135m_eagle3"
+LOSSLESS = REPO / "benchmarks" / "results" / "lossless_smollm2_h200" / "runs"
+COMPARE = REPO / "experiments" / "results" / "compare_heads_h200" / "runs"
 
 
 def metrics(path: Path) -> dict:
@@ -30,8 +32,16 @@ def test_readme_results_agree_with_the_committed_metrics():
     spec = rows["EAGLE-3 (shipped head), MT-bench, B=1 / 8"]
     assert f"tau {b1['tau']:.2f}" in spec and f"{b1['speedup_vs_ar']:.2f}× / {b8['speedup_vs_ar']:.2f}×" in spec
     assert f"{b1['tau']:.2f}" in rows["shipped head tau on MT-bench"]
-    same = rows["bf16 losslessness (identical answers)"]
-    assert f"{round(80 * b1['ar_identical_fraction'])} / {round(80 * b8['ar_identical_fraction'])} of 80" in same
+    # bf16 losslessness: every invariant run identical on all 80 answers; the default kernels' runs are quoted too
+    same = rows["bf16 losslessness, EAGLE-3, chain and eagle2, B=1 / 8 (identical answers)"]
+    lossless = {p.parent.name: metrics(p) for p in LOSSLESS.glob("*/metrics.json")}
+    assert sorted(lossless) == [f"eagle3_{t}_b{b}" for t in ("chain", "eagle2") for b in (1, 8)]
+    assert all(m["invariant"] and m["num_prompts"] == 80 and m["ar_identical_fraction"] == 1.0 for m in lossless.values())
+    assert f"{round(80 * b1['ar_identical_fraction'])} / {round(80 * b8['ar_identical_fraction'])} of 80 without" in same
+    cost = rows["cost of invariant numerics, eaglet AR decode tokens/s, B=1 / 8"]
+    inv = [lossless[f"eagle3_eagle2_b{b}"]["ar_decode_tokens_per_s"] for b in (1, 8)]
+    plain = [metrics(COMPARE / f"none_b{b}" / "metrics.json")["decode_tokens_per_s"] for b in (1, 8)]
+    assert f"{inv[0]:,.0f} / {inv[1]:,.0f} (default kernels: {plain[0]:,.0f} / {plain[1]:,.0f})" in cost
 
     # DDP scaling is not shown (the probes' windows see different batch lengths): the row quotes the long DDP run's
     # mean rate and the range of each probe's log windows
