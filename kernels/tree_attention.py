@@ -150,6 +150,19 @@ def _bench_config(kernel_call, quantiles):
 
 
 @triton.jit
+def _softmax_update(acc, l_i, m_i, qk, v, DOT_DTYPE: tl.constexpr):
+    """One key tile of the online softmax: scores qk [BLOCK_M, BLOCK_N] (log2 units, -inf where masked) and
+    values v [BLOCK_N, D] into (acc [BLOCK_M, D], l_i, m_i [BLOCK_M]). m_i starts finite (-1e30), so a fully
+    masked tile gives p = 0, never inf - inf."""
+    m_new = tl.maximum(m_i, tl.max(qk, 1))  # [BLOCK_M]
+    p = tl.math.exp2(qk - m_new[:, None])  # [BLOCK_M, BLOCK_N]
+    alpha = tl.math.exp2(m_i - m_new)  # [BLOCK_M]
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = tl.dot(p.to(DOT_DTYPE), v.to(DOT_DTYPE), acc * alpha[:, None], input_precision="ieee")  # [BLOCK_M, D]
+    return acc, l_i, m_new
+
+
+@triton.jit
 def _attend(
     acc,
     l_i,
@@ -211,13 +224,7 @@ def _attend(
                 allowed = j[None, :] <= tok[:, None]  # [BLOCK_M, BLOCK_N]
             valid = valid & allowed
         qk = tl.where(valid, qk, float("-inf"))  # [BLOCK_M, BLOCK_N]
-        # m_i starts finite (-1e30), so a fully masked tile gives p = 0, never inf - inf.
-        m_new = tl.maximum(m_i, tl.max(qk, 1))  # [BLOCK_M]
-        p = tl.math.exp2(qk - m_new[:, None])  # [BLOCK_M, BLOCK_N]
-        alpha = tl.math.exp2(m_i - m_new)  # [BLOCK_M]
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = tl.dot(p.to(DOT_DTYPE), v.to(DOT_DTYPE), acc * alpha[:, None], input_precision="ieee")  # [BLOCK_M, D]
-        m_i = m_new
+        acc, l_i, m_i = _softmax_update(acc, l_i, m_i, qk, v, DOT_DTYPE)
         pos = nxt
         page = page_next
     return acc, l_i, m_i
@@ -382,12 +389,7 @@ def _inv_fwd_kernel(
         v = tl.load(V + kvh * stride_vh + slot_v[:, None] + offs_d[None, :], mask=kv_ok[:, None], other=0.0)
         qk = tl.dot(q, tl.trans(k.to(DOT_DTYPE)), input_precision="ieee") * qk_scale  # [BLOCK_M, BLOCK_N]
         qk = tl.where(kv_ok[None, :], qk, float("-inf"))  # [BLOCK_M, BLOCK_N]
-        m_new = tl.maximum(m_i, tl.max(qk, 1))  # [BLOCK_M]
-        p = tl.math.exp2(qk - m_new[:, None])  # [BLOCK_M, BLOCK_N]
-        alpha = tl.math.exp2(m_i - m_new)  # [BLOCK_M]
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = tl.dot(p.to(DOT_DTYPE), v.to(DOT_DTYPE), acc * alpha[:, None], input_precision="ieee")  # [BLOCK_M, D]
-        m_i = m_new
+        acc, l_i, m_i = _softmax_update(acc, l_i, m_i, qk, v, DOT_DTYPE)
 
     l_safe = tl.where(l_i > 0, l_i, 1.0)  # [BLOCK_M]
     o = acc / l_safe[:, None]  # [BLOCK_M, D]
