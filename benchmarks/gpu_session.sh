@@ -26,7 +26,8 @@ train_args=(logger=none target.path="$smol" data.path="$SHAREGPT" data.max_turns
             data.regen.batch_size=128 data.cache_dir=$T/regen train.progress=false train.optim.lr=${LR:-3e-4}
             eval.num_prompts=16 train.compile=${COMPILE:-false} ${TRAIN_ARGS:-})
 rate() {  # training tokens/s of a run: the mean of its log windows after the first (warm-up, autotuning)
-  python -c "import json; r = [json.loads(l)['train/tokens_per_s'] for l in open('$1/train_log.jsonl')][1:]
+  python -c "import json; r = [json.loads(l)['train/tokens_per_s'] for l in open('$1/train_log.jsonl')]
+r = r[1:] or r
 print(round(sum(r) / len(r)))"
 }
 train_setup() {  # regenerated data (REGEN_CACHE: an earlier run's data.cache_dir files), threads, the HF copy
@@ -159,7 +160,7 @@ print(int(($hs - 40) * ${kind#*:} * $(rate $T/probe_1gpu) / (m['num_tokens'] / m
   scaling)
     train_setup
     probes
-    tar cz -C $T probe_ddp probe_1gpu --exclude=head --exclude=.hydra --exclude=checkpoints > "$out/scaling.tgz" ;;
+    tar cz -C $T --exclude=head --exclude=.hydra --exclude=checkpoints probe_ddp probe_1gpu > "$out/scaling.tgz" ;;
   lossless)
     [[ -f $smol/model.safetensors ]] || python -m eaglet.models.checkpoint convert "$gguf" "$smol" --dtype float32
     L=/tmp/lossless sub='hydra.sweep.subdir=${draft.name}_${tree.name}_b${gen.batch_size}'; mkdir -p $L
