@@ -58,8 +58,11 @@ def main():
         # (graphs, fused projections up to this many tokens): the default (fused at 1 token) against
         # cuBLAS projections at every size, the measurement behind models/llama.py's threshold
         default = set_fused_linear(0)
-        for graph, fused in ((True, 0), (True, default), (False, default)):
+        # and the invariant numerics (run_spec.py's default: lossless bf16 speculation; their own kernels)
+        for graph, fused, inv in ((True, 0, False), (True, default, False), (True, default, True),
+                                  (False, default, False)):
             set_fused_linear(fused)
+            model.set_invariant(inv)
             kv = KVCache.for_model(margs, max_reqs=B, max_context=2048, page_size=16, dtype=dtype, device=dev)
             eng = AREngine(model, kv, B, use_cuda_graph=graph)
             eng.warmup()  # autotuning and graph capture stay out of the timing
@@ -69,14 +72,16 @@ def main():
             decode_tokens = st.new_tokens - len(reqs)  # the first token of each comes from prefill
             decode_s = st.total_s - st.prefill_s
             tps = decode_tokens / decode_s
-            name = ("CUDA graph" if graph else "eager") + (f", fused projections at <= {fused} tokens" if fused
-                                                            else ", cuBLAS projections")
+            name = ("CUDA graph" if graph else "eager") + (
+                ", invariant numerics" if inv else f", fused projections at <= {fused} tokens" if fused
+                else ", cuBLAS projections")
             rows.append({"provider": f"eaglet AR ({name})", "B": B,
                          "tokens/s": tps, "step ms": 1e3 * decode_s / st.decode_steps,
                          "floor ms": 1e3 * floor_s, "floor tokens/s": B / floor_s,
                          "x floor": (decode_s / st.decode_steps) / floor_s})
             print(rows[-1], flush=True)
         set_fused_linear(default)
+        model.set_invariant(False)
         if args.no_hf:
             continue
         import transformers

@@ -74,6 +74,8 @@ case $stage in
     python benchmarks/bench_tree_attention.py --md "$out/tree_attention_h200.md" 2>&1 | tail -30
     python benchmarks/bench_model_kernels.py --md "$out/model_kernels_h200.md" 2>&1 | tail -30
     python benchmarks/bench_linear.py --ms 1,2,4,8 --md "$out/linear_h200.md" 2>&1 | tail -30
+    python benchmarks/bench_linear.py --ms 1,8,64 --invariant --md "$out/linear_invariant_h200.md" 2>&1 | tail -30
+    python benchmarks/profile_decode.py --context 512 --invariant 2>&1 | tail -30
     python benchmarks/bench_tree_verify.py --out "$out/tree_verify_h200.md" 2>&1 | tail -15 ;;
   ablation)
     # one tree shape per GPU when there are two (24 runs took ~400 s on one H200), else all on one;

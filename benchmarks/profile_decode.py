@@ -1,7 +1,7 @@
 """Where one decode step's time goes: per-kernel CUDA time of an eager step (torch.profiler) and the
 CUDA-graph step time, for a random-weight model of a registry shape (no checkpoint needed).
 
-    python benchmarks/profile_decode.py --model smollm2_135m --batch 1 --context 512 2048
+    python benchmarks/profile_decode.py --model smollm2_135m --batch 1 --context 512 2048 [--invariant]
 """
 
 from __future__ import annotations
@@ -21,11 +21,12 @@ def main():
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--prompt", type=int, default=300)
     ap.add_argument("--context", type=int, nargs="+", default=[512, 2048])
+    ap.add_argument("--invariant", action="store_true", help="the invariant numerics (run_spec.py's default)")
     args = ap.parse_args()
     margs = ModelArgs.from_name(args.model)
     torch.manual_seed(0)
     with torch.device("cuda"):
-        model = Transformer(margs).to(torch.bfloat16).eval()
+        model = Transformer(margs).to(torch.bfloat16).eval().set_invariant(args.invariant)
     for ctx in args.context:
         kv = KVCache.for_model(margs, max_reqs=args.batch, max_context=ctx, dtype=torch.bfloat16, device="cuda")
         eng = AREngine(model, kv, args.batch)
