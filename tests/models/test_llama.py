@@ -8,7 +8,6 @@ import pytest
 import torch
 import transformers
 
-from eaglet.kernels._utils import is_interpret
 from eaglet.models.kv_cache import ForwardBatch, KVCache, slots_for
 from eaglet.models.llama import ModelArgs, Transformer
 
@@ -202,57 +201,3 @@ def test_weight_read_bytes_counts_the_lm_head_not_an_untied_embedding(tied):
     emb = args.vocab_size * args.dim * 2
     assert model.weight_read_bytes() == (total if tied else total - emb)
 
-
-def _logits_of(model, kv, row, tokens, positions, prefix, mask=None, bound=None):
-    """One forward of new tokens [T] at positions [T] after `prefix` cached tokens of request `row`
-    (new token j's K/V at position prefix + j, as a verify writes its tree) -> fp32 logits [T, V]."""
-    dev = model.device
-    pt = kv.req_to_page[[row]]  # [1, P]
-    pos = torch.tensor([positions], device=dev)  # [1, T]
-    at = prefix + torch.arange(len(tokens), device=dev)[None]  # [1, T]
-    batch = ForwardBatch(pt, torch.tensor([prefix], dtype=torch.int32, device=dev), slots_for(pt, at, kv.page_size),
-                         None if mask is None else mask[None].to(dev), bound)
-    hidden, _ = model(torch.tensor([tokens], device=dev), pos, batch, kv)
-    return model.logits(hidden[0])
-
-
-@pytest.mark.skipif(not (torch.cuda.is_available() or is_interpret()), reason="the invariant kernels need a GPU or "
-                    "TRITON_INTERPRET=1 (the CPU references are not what this checks)")
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16] if torch.cuda.is_available() else [torch.float32])
-def test_invariant_verify_logits_equal_decode_logits(dtype):
-    """set_invariant(True): the logits of the tree nodes on one root-to-leaf path of a verify are
-    bit-identical to those of decoding that path one token at a time (and the prompt's logits do not
-    depend on its padding into a longer batch row), which is what makes bf16 speculation lossless."""
-    torch.manual_seed(0)
-    dev = "cuda" if torch.cuda.is_available() else "cpu"
-    model = Transformer(ModelArgs.from_name("tiny_llama")).to(dev, dtype).eval().set_invariant(True)
-    prompt = torch.randint(0, 512, (70,)).tolist()  # 70 tokens: the path crosses the 64-key tile boundary
-    P = len(prompt)
-    # tree (parents first): 0 root; 1, 2 children of 0; 3 child of 1; 4, 5 children of 2 -> path 0, 2, 5
-    parents = [-1, 0, 0, 1, 2, 2]
-    toks = [11, 200, 31, 77, 140, 5]
-    depth = [0, 1, 1, 2, 2, 2]
-    mask = torch.zeros(6, 6, dtype=torch.bool)  # [N, N] ancestor-or-self
-    for i in range(6):
-        j = i
-        while j >= 0:
-            mask[i, j], j = True, parents[j]
-    path = [0, 2, 5]
-
-    def fresh():
-        kv = KVCache.for_model(model.args, max_reqs=1, max_context=256, page_size=16, dtype=dtype, device=dev)
-        row = kv.alloc_request()
-        kv.reserve(row, 256)
-        return kv, row
-
-    with torch.inference_mode():
-        kv_t, row_t = fresh()
-        pre_t = _logits_of(model, kv_t, row_t, prompt, list(range(P)), 0)  # [P, V]
-        tree = _logits_of(model, kv_t, row_t, toks, [P + d for d in depth], P, mask, bound=255)  # [6, V]
-        kv_a, row_a = fresh()
-        pre_a = _logits_of(model, kv_a, row_a, prompt + [0] * 9, list(range(P + 9)), 0)  # padded prompt
-        decoded = [_logits_of(model, kv_a, row_a, [toks[i]], [P + e], P + e, bound=200)[0]
-                   for e, i in enumerate(path)]  # each [V]
-    assert torch.equal(pre_a[:P], pre_t)
-    for e, i in enumerate(path):
-        assert torch.equal(decoded[e], tree[i]), f"path node {i} (depth {e})"
