@@ -200,4 +200,3 @@ def test_weight_read_bytes_counts_the_lm_head_not_an_untied_embedding(tied):
     total = sum(p.numel() for p in model.parameters()) * 2  # bf16; a tied matrix is one parameter
     emb = args.vocab_size * args.dim * 2
     assert model.weight_read_bytes() == (total if tied else total - emb)
-
