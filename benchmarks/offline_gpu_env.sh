@@ -15,11 +15,12 @@ gguf=$KEEP/SmolLM2-135M-Instruct.Q4_1.gguf
 if [[ ! -f $gguf ]] && ls "$KEEP"/*.part0 >/dev/null 2>&1 && ls .asset1/*.part1 >/dev/null 2>&1; then
   cat "$KEEP"/*.part0 .asset1/*.part1 > "$gguf"
 fi
-# ShareGPT subset for training on the GPU box (the 125 MB file does not travel beside the model): the first
-# 9,000 conversations plus every held-out one, xz-compressed, as written by benchmarks/sharegpt_subset.py
+# ShareGPT subset for training on the GPU box (the 125 MB file does not travel beside the model), xz-compressed,
+# as written by benchmarks/sharegpt_subset.py: SHAREGPT_XZ (default .asset4/*.json.xz: the first 9,000 conversations
+# plus every held-out one; `--first 0 --first-exchange` gives all 17,671 in 8.7 MB)
 export SHAREGPT=$KEEP/sharegpt_subset.json
-if [[ ! -f $SHAREGPT ]] && ls .asset4/*.json.xz >/dev/null 2>&1; then
-  xz -dc .asset4/*.json.xz > "$SHAREGPT"
+if [[ ! -f $SHAREGPT ]] && ls ${SHAREGPT_XZ:-.asset4/*.json.xz} >/dev/null 2>&1; then
+  xz -dc ${SHAREGPT_XZ:-.asset4/*.json.xz} > "$SHAREGPT"
 fi
 for w in ${DATA_WHEELS:-}; do
   python3 - "$w" "$KEEP" <<'PY'

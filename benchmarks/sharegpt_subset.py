@@ -2,6 +2,11 @@
 the first N conversations of the embedded file plus every held-out one, as one xz-compressed JSON list.
 
     python benchmarks/sharegpt_subset.py --first 9000 --out .asset4/ShareGPT_V3_unfiltered_cleaned_split.json.xz
+    python benchmarks/sharegpt_subset.py --first 0 --first-exchange --out .asset6/sharegpt_first_exchange.json.xz
+
+--first-exchange keeps of each training conversation only the raw messages of its first user/assistant
+exchange (what `data.max_turns=1` trains on; the assistant turn is regenerated anyway): all 17,671 conversations
+then fit in a few MB. Held-out conversations stay whole.
 """
 
 import argparse
@@ -9,12 +14,21 @@ import json
 import lzma
 
 from eaglet.data.assets import asset_path
-from eaglet.data.prompts import sharegpt_split
+from eaglet.data.prompts import _normalise, sharegpt_split
+
+
+def first_exchange(conv: dict) -> dict:
+    """conv with its raw messages cut to those that make its first two normalised messages (banners and
+    merged same-speaker parts included), so `data.max_turns=1` reads the same exchange from either file."""
+    turns = conv["conversations"]
+    keep = next((k - 1 for k in range(1, len(turns) + 1) if len(_normalise(conv["id"], turns[:k])) > 2), len(turns))
+    return {**conv, "conversations": turns[:keep]}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--first", type=int, default=9000, help="leading conversations kept (train and held-out)")
+    ap.add_argument("--first", type=int, default=9000, help="leading conversations kept (train and held-out); 0: all")
+    ap.add_argument("--first-exchange", action="store_true", help="training conversations: their first exchange only")
     ap.add_argument("--out", required=True, help="output .json.xz")
     a = ap.parse_args()
     text = asset_path("sharegpt").read_text()
@@ -26,8 +40,9 @@ def main() -> None:
             conv, pos = dec.raw_decode(text, pos)
         except json.JSONDecodeError:
             break
-        if seen < a.first or sharegpt_split(conv["id"]) == "heldout":
-            kept.append(conv)
+        heldout = sharegpt_split(conv["id"]) == "heldout"
+        if a.first == 0 or seen < a.first or heldout:
+            kept.append(first_exchange(conv) if a.first_exchange and not heldout else conv)
         seen += 1
     with lzma.open(a.out, "wt", preset=6) as f:
         json.dump(kept, f)
