@@ -117,6 +117,8 @@ print(int(($(left) - $ev - 40) * $rn / (m['num_tokens'] / m['num_sequences'] * $
       --exclude=outputs.jsonl --exclude=regen probe_ddp probe_1gpu eagle3 $(cd $T && ls ./*.log) heads eval \
       | split -b 15M - "$out/train.tgz."
     [[ -f $T/eagle3/trace.json ]] && gzip -c $T/eagle3/trace.json | split -b 15M - "$out/train_trace.json.gz."
+    # the regenerated data and its rendering, for REGEN_CACHE next time (cat regen.txz.* | tar xJ)
+    tar cJ -C $T/regen . | split -b 15M - "$out/regen.txz."
     ls -la "$out" ;;
   experiments)
     # after `train` on the same machine (its heads, regenerated data and throughput probe in /tmp/train): GPU 1

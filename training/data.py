@@ -28,6 +28,7 @@ from typing import Callable
 import torch
 from safetensors.torch import load_file, save_file
 
+from eaglet.data.assets import asset_path
 from eaglet.data.prompts import Conversation, load_sharegpt_conversations, sharegpt_split
 from eaglet.models.kv_cache import KVCache
 from eaglet.models.llama import Transformer
@@ -219,6 +220,15 @@ def _read_parts(stem: Path) -> list[dict]:
     return out
 
 
+def file_digest(path: Path) -> str:
+    """sha256 of a file's bytes, hex (0.3 s for the 125 MB ShareGPT file)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
 def config_hash(key: dict) -> str:
     return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
@@ -228,6 +238,7 @@ def save_samples(path: Path, samples: list[Sample]) -> None:
     lens = torch.tensor([0] + [len(s.ids) for s in samples])
     tensors = {"ids": torch.cat([s.ids for s in samples]).int(), "mask": torch.cat([s.mask for s in samples]),
                "offsets": lens.cumsum(0)}
+    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     save_file(tensors, str(tmp))
     tmp.replace(path)
@@ -347,9 +358,11 @@ def load_samples(dc, target: Transformer, tokenizer, cache_dir: Path, target_key
     if tokenizer is None:
         raise ValueError("data.source=sharegpt needs the target's tokenizer (a random-weight target has none: use "
                          "data.source=synthetic)")
-    # rendering 17k conversations takes ~50 s on a 2-core CPU: the result is cached too
+    # rendering 17k conversations takes ~50 s on a 2-core CPU: the result is cached too, keyed by the data file's
+    # bytes (another file at the same path must not reuse it; regenerated records are per conversation id)
     skey = {**key, "regenerate": dc.regenerate, "limit": dc.get("limit"), "max_len": dc.max_len,
-            "tokenizer": getattr(tokenizer, "name_or_path", None), "template": tokenizer.chat_template}
+            "tokenizer": getattr(tokenizer, "name_or_path", None), "template": tokenizer.chat_template,
+            "data_sha256": file_digest(Path(dc.path) if dc.get("path") else asset_path("sharegpt"))}
     rendered = cache_dir / f"samples-sharegpt-{config_hash(skey)}.safetensors"
     if rendered.is_file():
         return read_samples(rendered)

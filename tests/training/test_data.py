@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -172,3 +173,27 @@ def test_assistant_mask_and_regeneration_on_real_sharegpt(tokenizer, tmp_path):
         assert all(1 <= len(o) <= 5 for o in rec["output_ids"])
         s = render_conversation(tokenizer, rec["messages"], max_len=100_000)
         assert s is not None and s.mask.any()
+
+
+def test_rendered_samples_follow_the_data_file_not_its_path(tmp_path, monkeypatch):
+    """A data file replaced at the same path is rendered again (its cached samples keyed by the file's bytes)."""
+    import eaglet.training.data as td
+
+    def render(_tokenizer, messages, max_len):  # one token per character, assistant ones masked
+        ids = [ord(ch) for _, t in messages for ch in t][:max_len]
+        mask = [r == "assistant" for r, t in messages for _ in t][:max_len]
+        return Sample(torch.tensor(ids), torch.tensor(mask))
+
+    monkeypatch.setattr(td, "render_conversation", render)
+    tokenizer = SimpleNamespace(name_or_path="chars", chat_template=None)
+    data = tmp_path / "sharegpt.json"
+    dc = OmegaConf.create({"source": "sharegpt", "path": str(data), "limit": None, "max_turns": 1, "max_len": 64,
+                           "regenerate": False, "regen": {}})
+    answers = []
+    for answer in ("first", "second"):
+        data.write_text(json.dumps([{"id": f"c{i}", "conversations": [{"from": "human", "value": f"q{i}"},
+                                                                      {"from": "gpt", "value": answer}]}
+                                    for i in range(40)]))
+        s = load_samples(dc, None, tokenizer, tmp_path / "cache", {"t": 0}, [], seed=0)[0]
+        answers.append("".join(chr(t) for t, m in zip(s.ids.tolist(), s.mask.tolist()) if m))
+    assert answers == ["first", "second"]
