@@ -125,17 +125,23 @@ print(int(($(left) - $ev - 40) * $rn / (m['num_tokens'] / m['num_sequences'] * $
     # trains an EAGLE-1 and a multi-layer head for HEAD_S seconds each, then the head comparison, the dataset runs
     # and the tree sweep are split over the GPUs; each sweep's runs land in one folder, reported into
     # OUT/<experiment>/ and packed into OUT/runs.tgz
-    X=/tmp/exp heads=$T/heads; mkdir -p $X
+    # Without `train` before it: the shipped EAGLE-3 head, REGEN_CACHE for the data, and guessed training rates
+    X=/tmp/exp heads=$T/heads; mkdir -p $X $heads
+    train_setup
+    [[ -d $heads/smollm2_135m_eagle3 ]] || cp -r heads/smollm2_135m_eagle3 $heads/
     smol_run=(target.path="$smol")  # SmolLM2 runs
     e3=("${smol_run[@]}" draft.path=$heads/smollm2_135m_eagle3)  # ... with the EAGLE-3 head of `train`
     hs=${HEAD_S:-120}
+    # one GPU's training tokens/s and tokens per sequence: `train`'s probe, else the H200's (39-48 k at 16 sequences)
+    r1=$([[ -f $T/probe_1gpu/train_log.jsonl ]] && rate $T/probe_1gpu || echo 40000)
+    per_seq=$([[ -f $T/probe_1gpu/metrics.json ]] && python -c "import json; m = json.load(open('$T/probe_1gpu/metrics.json'))
+print(m['num_tokens'] / m['num_sequences'])" || echo 586)
     (
       export CUDA_VISIBLE_DEVICES=1
       for kind in eagle1:2 multi_layer:1; do  # head kind : its rate over EAGLE-3's (a guess; the time limit holds)
         k=${kind%:*}
-        steps=$(python -c "import json; m=json.load(open('$T/probe_1gpu/metrics.json'))
-print(int(($hs - 40) * ${kind#*:} * $(rate $T/probe_1gpu) / (m['num_tokens'] / m['num_sequences'] * 8)))")  # the
-        # probe's rate at 16 sequences per step: these heads train on the default 8
+        # the probe's rate at its batch; these heads train on the default 8 sequences
+        steps=$(python -c "print(int(($hs - 40) * ${kind#*:} * $r1 / ($per_seq * 8)))")
         python train_draft.py hydra.run.dir=$T/$k train/head=$k "${train_args[@]}" train.steps=$steps \
           train.time_limit_s=$hs > $T/$k.log 2>&1 || tail -3 $T/$k.log
         grep "^\[eaglet\]" $T/$k.log | tail -2 | sed "s/^/[$k] /"
