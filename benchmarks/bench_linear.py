@@ -208,7 +208,8 @@ def main() -> None:
                 torch.cuda.synchronize()
                 tune_s = time.perf_counter() - t0
                 config = picked_config(M, N, K, args.invariant)
-                print(f"  tuned {model} {proj} M={M} in {tune_s:.1f} s: {config} | {tuning_log(M)}",
+                log = "fixed config, not tuned" if args.invariant else tuning_log(M)
+                print(f"  tuned {model} {proj} M={M} in {tune_s:.1f} s: {config} | {log}",
                       file=sys.stderr, flush=True)
                 fn_unfused(0)
                 ref = fn_ref()
