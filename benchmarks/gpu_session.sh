@@ -4,14 +4,16 @@
 #   tests      GPU tests: kernels (bf16, graphs), CUDA-graph decode, EAGLE losslessness, stream plans (CSAN, stress)
 #   ar         benchmarks/bench_ar.py (needs the SmolLM2 GGUF and MT-bench; see benchmarks/offline_gpu_env.sh)
 #   kernels    tree attention, tree/verify and model-kernel benchmarks
-#   ablation   the overlap ablation on random Llama-3.1-8B weights, then its report
+#   ablation   the overlap ablations (ABLATION_EXP, default both: ablate_overlap on random Llama-3.1-8B weights,
+#              ablate_overlap_smollm2 on the embedded default), one tree shape per GPU, then their report
 #   train      regenerate ShareGPT answers with SmolLM2, measure training tokens/s on one GPU and all (DDP), train
 #              its EAGLE-3 head; results packed into OUT/train.tgz.* parts (needs the ShareGPT subset in .asset4,
 #              see offline_gpu_env.sh)
 #   experiments after train: EAGLE-1 and multi-layer heads, then compare_heads, datasets and sweep_tree
 #   scaling    training tokens/s on one GPU and on all (DDP), the throughput probes of `train` alone
 #   lossless   bf16 greedy speculative vs plain decoding on the 80 MT-bench first turns (invariant numerics):
-#              the shipped EAGLE-3 head x chain/eagle2 x B 1/8, random EAGLE-1 and multi-layer heads at B 8
+#              each head kind of LOSSLESS_HEADS (default eagle3 eagle1 multi_layer) x chain/eagle2 x B 1/8; the
+#              shipped EAGLE-3 head, EAGLE-1 and multi-layer heads trained here for HEAD_S seconds each
 # Results go to OUT (default $OUT, else ./gpu_out); tables are printed last.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -56,6 +58,22 @@ probes() {  # one-GPU and DDP throughput: PROBE_STEPS steps each, batches drawn 
   [[ -n $rn ]] || { echo "[gpu_session] the DDP probe failed: training on one GPU"; ngpu=1; rn=$r1; }
   echo "[gpu_session] training tokens/s: 1 GPU $r1, $ngpu GPUs (DDP) $rn = $(python -c "print(f'{$rn/$r1:.2f}')")x"
 }
+train_head() {  # kind, heads folder [, overrides...]: an EAGLE-1 or multi-layer head trained for HEAD_S seconds
+  # on one GPU into <heads>/smollm2_135m_<kind> (these heads train on the default 8 sequences per step)
+  local k=$1 heads=$2 hs=${HEAD_S:-120}; shift 2
+  # one GPU's training tokens/s and tokens per sequence: `train`'s probe, else the H200's (39-48 k at 16 sequences)
+  local r1 per_seq steps
+  r1=$([[ -f $T/probe_1gpu/train_log.jsonl ]] && rate $T/probe_1gpu || echo 40000)
+  per_seq=$([[ -f $T/probe_1gpu/metrics.json ]] && python -c "import json; m = json.load(open('$T/probe_1gpu/metrics.json'))
+print(m['num_tokens'] / m['num_sequences'])" || echo 586)
+  # steps that fit HEAD_S at the kind's rate over EAGLE-3's (2 for EAGLE-1, 1 for 3 layers: a guess; the time
+  # limit holds either way), so that the LR schedule ends near the limit
+  steps=$(python -c "print(int(($hs - 40) * {'eagle1': 2}.get('$k', 1) * $r1 / ($per_seq * 8)))")
+  python train_draft.py hydra.run.dir=$T/$k train/head=$k "${train_args[@]}" train.steps=$steps \
+    train.time_limit_s=$hs "$@" > $T/$k.log 2>&1 || tail -3 $T/$k.log
+  grep "^\[eaglet\]" $T/$k.log | tail -2 | sed "s/^/[$k] /"
+  cp -r $T/$k/head "$heads/smollm2_135m_$k"
+}
 sweep() {  # log file, sweep dir, overrides...: one Hydra multirun of run_spec.py (within SWEEP_S seconds)
   local log=$1 dir=$2; shift 2
   timeout "${SWEEP_S:-36000}" python run_spec.py -m logger=none print_answers=0 \
@@ -78,16 +96,22 @@ case $stage in
     python benchmarks/profile_decode.py --context 512 --invariant 2>&1 | tail -30
     python benchmarks/bench_tree_verify.py --out "$out/tree_verify_h200.md" 2>&1 | tail -15 ;;
   ablation)
-    # one tree shape per GPU when there are two (24 runs took ~400 s on one H200), else all on one;
-    # ABLATION_S: a time limit for the sweep (the report then covers the runs that finished)
-    trees=(simulate simulate_wide); (( $(nvidia-smi -L | wc -l) > 1 )) || trees=(simulate,simulate_wide)
-    for i in "${!trees[@]}"; do
-      CUDA_VISIBLE_DEVICES=$i SWEEP_S=${ABLATION_S:-3600} sweep /tmp/ablation_$i.log /tmp/ablate_overlap \
-        +experiment=ablate_overlap tree="${trees[$i]}" &
+    # each experiment's tree shapes split over the GPUs (all on one GPU when there is one), so that every plan and
+    # repeat of a (target, tree) point runs on the same GPU; ABLATION_S: a time limit per sweep (the report then
+    # covers the runs that finished). 24 runs took ~400 s on one H200 (random Llama-3.1-8B).
+    [[ -f $smol/model.safetensors ]] || python -m eaglet.models.checkpoint convert "$gguf" "$smol" --dtype float32
+    for e in ${ABLATION_EXP:-ablate_overlap ablate_overlap_smollm2}; do
+      read -ra trees <<< "$(sed -n 's/^ *tree: *//p' conf/experiment/$e.yaml | tr , ' ')"
+      (( ngpu > 1 )) || trees=("$(IFS=,; echo "${trees[*]}")")
+      extra=(); [[ $e == *smollm2* ]] && extra=(target.path="$smol")
+      for i in "${!trees[@]}"; do
+        CUDA_VISIBLE_DEVICES=$((i % ngpu)) SWEEP_S=${ABLATION_S:-3600} sweep /tmp/${e}_$i.log /tmp/ablation/$e \
+          +experiment=$e tree="${trees[$i]}" "${extra[@]}" &
+      done
+      wait
     done
-    wait
-    python -m eaglet.experiments.report /tmp/ablate_overlap --out "$out/ablate_overlap"
-    tar cz -C /tmp --exclude=wandb --exclude=trace.json --exclude=outputs.jsonl ablate_overlap > "$out/ablate_runs.tgz"
+    python -m eaglet.experiments.report /tmp/ablation/* --out "$out/ablate_overlap"
+    tar cz -C /tmp --exclude=wandb --exclude=trace.json --exclude=outputs.jsonl ablation > "$out/ablate_runs.tgz"
     cat "$out/ablate_overlap/overlap.md" ;;
   train)
     # regeneration on every GPU (REGEN_CACHE: a folder of an earlier run's data.cache_dir files, which skips it), a
@@ -131,22 +155,9 @@ print(int(($(left) - $ev - 40) * $rn / (m['num_tokens'] / m['num_sequences'] * $
     [[ -d $heads/smollm2_135m_eagle3 ]] || cp -r heads/smollm2_135m_eagle3 $heads/
     smol_run=(target.path="$smol")  # SmolLM2 runs
     e3=("${smol_run[@]}" draft.path=$heads/smollm2_135m_eagle3)  # ... with the EAGLE-3 head of `train`
-    hs=${HEAD_S:-120}
-    # one GPU's training tokens/s and tokens per sequence: `train`'s probe, else the H200's (39-48 k at 16 sequences)
-    r1=$([[ -f $T/probe_1gpu/train_log.jsonl ]] && rate $T/probe_1gpu || echo 40000)
-    per_seq=$([[ -f $T/probe_1gpu/metrics.json ]] && python -c "import json; m = json.load(open('$T/probe_1gpu/metrics.json'))
-print(m['num_tokens'] / m['num_sequences'])" || echo 586)
     (
       export CUDA_VISIBLE_DEVICES=1
-      for kind in eagle1:2 multi_layer:1; do  # head kind : its rate over EAGLE-3's (a guess; the time limit holds)
-        k=${kind%:*}
-        # the probe's rate at its batch; these heads train on the default 8 sequences
-        steps=$(python -c "print(int(($hs - 40) * ${kind#*:} * $r1 / ($per_seq * 8)))")
-        python train_draft.py hydra.run.dir=$T/$k train/head=$k "${train_args[@]}" train.steps=$steps \
-          train.time_limit_s=$hs > $T/$k.log 2>&1 || tail -3 $T/$k.log
-        grep "^\[eaglet\]" $T/$k.log | tail -2 | sed "s/^/[$k] /"
-        cp -r $T/$k/head $heads/smollm2_135m_$k
-      done
+      train_head eagle1 $heads; train_head multi_layer $heads
       sweep $X/compare_heads_gpu1.log $X/compare_heads +experiment=compare_heads "${smol_run[@]}" heads_dir=$heads \
         draft=eagle1,multi_layer gen.batch_size=1,8
       sweep $X/sweep_tree_7.log $X/sweep_tree +experiment=sweep_tree "${e3[@]}" tree.steps=7
@@ -172,17 +183,24 @@ print(m['num_tokens'] / m['num_sequences'])" || echo 586)
     probes
     tar cz -C $T --exclude=head --exclude=.hydra --exclude=checkpoints probe_ddp probe_1gpu > "$out/scaling.tgz" ;;
   lossless)
-    [[ -f $smol/model.safetensors ]] || python -m eaglet.models.checkpoint convert "$gguf" "$smol" --dtype float32
-    L=/tmp/lossless sub='hydra.sweep.subdir=${draft.name}_${tree.name}_b${gen.batch_size}'; mkdir -p $L
-    one=(target.path="$smol" data.max_turns=1 "$sub")
-    CUDA_VISIBLE_DEVICES=0 sweep $L/eagle3.log $L/runs "${one[@]}" draft=eagle3 tree=chain,eagle2 gen.batch_size=1 &
-    (
-      export CUDA_VISIBLE_DEVICES=1
-      sweep $L/eagle3_b8.log $L/runs "${one[@]}" draft=eagle3 tree=chain,eagle2 gen.batch_size=8
-      # ++: a multirun first composes the default draft (none), which has no random_init key
-      sweep $L/random.log $L/runs "${one[@]}" draft=eagle1,multi_layer ++draft.random_init=true tree=eagle2 \
-        gen.batch_size=8
-    )
+    # one head kind after another on each GPU (round robin); EAGLE-1 and multi-layer heads are trained here first:
+    # HEAD_S seconds on ShareGPT's own answers (no regeneration), enough for the drafts to be accepted at times,
+    # which is all losslessness needs of a head
+    train_setup
+    L=/tmp/lossless heads=$T/heads sub='hydra.sweep.subdir=${draft.name}_${tree.name}_b${gen.batch_size}'
+    mkdir -p $L $heads && cp -r heads/smollm2_135m_eagle3 $heads/
+    kinds=(${LOSSLESS_HEADS:-eagle3 eagle1 multi_layer})
+    for g in $(seq 0 $((ngpu - 1))); do
+      (
+        export CUDA_VISIBLE_DEVICES=$g
+        for ((j = g; j < ${#kinds[@]}; j += ngpu)); do
+          k=${kinds[$j]}
+          [[ -d $heads/smollm2_135m_$k ]] || train_head $k $heads data.regenerate=false data.limit=${HEAD_DATA:-3000}
+          sweep $L/$k.log $L/runs target.path="$smol" data.max_turns=1 "$sub" draft=$k \
+            draft.path=$heads/smollm2_135m_$k tree=chain,eagle2 gen.batch_size=1,8
+        done
+      ) &
+    done
     wait
     python -m eaglet.experiments.report $L/runs --out "$out/lossless" | tail -1
     tar cz -C $L --exclude=wandb --exclude=trace.json --exclude=outputs.jsonl --exclude=.hydra runs > "$out/lossless.tgz"

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -239,7 +240,7 @@ def save_samples(path: Path, samples: list[Sample]) -> None:
     tensors = {"ids": torch.cat([s.ids for s in samples]).int(), "mask": torch.cat([s.mask for s in samples]),
                "offsets": lens.cumsum(0)}
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")  # two jobs rendering the same data must not share one
     save_file(tensors, str(tmp))
     tmp.replace(path)
 
