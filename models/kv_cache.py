@@ -31,6 +31,17 @@ class ForwardBatch:
     max_prefix_len: int | None = None  # host-side bound on prefix_lens (sizes split-KV grids)
 
 
+def to_device(values: list[int], device: torch.device, dtype: torch.dtype = torch.long) -> torch.Tensor:
+    """A host list as a device tensor without a stream sync. `torch.tensor(values, device=cuda)` is a blocking
+    copy, which synchronises the stream: once per decode step it made the host wait for the GPU to drain, so
+    the host's launch work for the next step was never overlapped with the GPU's work on this one. Staged in
+    pinned memory, the copy is queued in stream order and the host returns at once."""
+    t = torch.tensor(values, dtype=dtype)  # [n] on the host
+    if torch.device(device).type == "cpu":
+        return t
+    return t.pin_memory().to(device, non_blocking=True)
+
+
 def slots_for(page_table: torch.Tensor, positions: torch.Tensor, page_size: int) -> torch.Tensor:
     """page_table [B, P], positions [B, T] -> flat pool slots [B, T] int64 (no host sync)."""
     pages = page_table.gather(1, (positions // page_size).long()).long()  # [B, T]
@@ -101,8 +112,8 @@ class KVCache:
         new = [self._free_pages.pop() for _ in range(need)]
         start = len(pages)
         pages.extend(new)
-        # One small H2D copy per new page run; no device value is read back.
-        self.req_to_page[r, start:start + need] = torch.tensor(new, dtype=torch.int32).to(self.device, non_blocking=True)
+        # one small H2D copy per new page run, in stream order; no device value is read back
+        self.req_to_page[r, start:start + need] = to_device(new, self.device, torch.int32)
 
     def free_request(self, r: int) -> None:
         self._free_pages.extend(reversed(self._pages.pop(r)))

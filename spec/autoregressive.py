@@ -15,7 +15,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from eaglet.models.kv_cache import ForwardBatch, KVCache, slots_for
+from eaglet.models.kv_cache import ForwardBatch, KVCache, slots_for, to_device
 from eaglet.models.llama import Transformer
 from eaglet.spec.cuda_graph import GraphRunner
 from eaglet.spec.sampling import SamplingParams, sample
@@ -83,7 +83,7 @@ def pad_prompts(reqs: list[Request], device) -> tuple[torch.Tensor, torch.Tensor
     tokens = torch.zeros(len(reqs), T, dtype=torch.long)  # [n, T]
     for i, r in enumerate(reqs):
         tokens[i, : lens[i]] = torch.tensor(r.prompt_ids)
-    lens_t = torch.tensor(lens, device=device)  # [n]
+    lens_t = to_device(lens, device)  # [n]
     positions = torch.arange(T, device=device).expand(len(reqs), T)  # [n, T]
     return tokens.to(device), positions, positions < lens_t[:, None], lens_t
 
@@ -162,7 +162,7 @@ class AREngine:
         """Ragged prompts, right-padded to the longest -> first new token of each [n]."""
         dev = self.device
         tokens, positions, valid, lens_t = pad_prompts(reqs, dev)  # [n, T] x3, [n]
-        page_table = self.kv.req_to_page[torch.tensor([r.row for r in reqs], device=dev)]  # [n, P]
+        page_table = self.kv.req_to_page[to_device([r.row for r in reqs], dev)]  # [n, P]
         # padded positions write the dummy slot 0; causal masking keeps them out of real rows
         out_slots = torch.where(valid, slots_for(page_table, positions, self.kv.page_size), 0)  # [n, T]
         batch = ForwardBatch(page_table, torch.zeros_like(lens_t, dtype=torch.int32), out_slots, None, 0)
@@ -183,7 +183,7 @@ class AREngine:
         for i, r in enumerate(active):
             if i not in keep:
                 self.kv.free_request(r.row)
-        idx = torch.tensor(keep, dtype=torch.long, device=self.device)
+        idx = to_device(keep, self.device)
         return [active[i] for i in keep], tokens[idx], positions[idx]
 
     def generate(self, requests: list[Request], on_token: Callable[[Request, int], None] | None = None,
@@ -211,7 +211,7 @@ class AREngine:
                 inflight.append(_HostCopy(first, new))
                 active += new
                 tokens = torch.cat([tokens, first])
-                positions = torch.cat([positions, torch.tensor([len(r.prompt_ids) for r in new], device=self.device)])
+                positions = torch.cat([positions, to_device([len(r.prompt_ids) for r in new], self.device)])
                 sync()
                 stats.prefill_s += time.perf_counter() - tp
             active, tokens, positions = self._retire(active, tokens, positions)
@@ -219,7 +219,7 @@ class AREngine:
                 for r in active:
                     self.kv.reserve(r.row, len(r.prompt_ids) + r.launched + 1)
                     r.launched += 1
-                rows = torch.tensor([r.row for r in active], device=self.device)
+                rows = to_device([r.row for r in active], self.device)  # [B]
                 nxt = self._decode(tokens, positions, self.kv.req_to_page[rows]).clone()  # [B]
                 stats.decode_steps += 1
                 if on_step is not None:

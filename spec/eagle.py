@@ -30,7 +30,7 @@ import torch
 from eaglet.kernels.kv_ops import commit_kv
 from eaglet.kernels.tree_mask import build_tree, num_candidates
 from eaglet.kernels.verify import VerifyResult, verify_greedy, verify_sampling
-from eaglet.models.kv_cache import ForwardBatch, KVCache, slots_for
+from eaglet.models.kv_cache import ForwardBatch, KVCache, slots_for, to_device
 from eaglet.models.llama import Transformer
 from eaglet.spec.autoregressive import Request, _HostCopy, admit, check_request, default_min_admit, emit, pad_prompts
 from eaglet.spec.cuda_graph import GraphRunner
@@ -290,7 +290,7 @@ class EagleEngine:
         dev, K = self.device, self.tree.topk
         tokens, pos, valid, lens_t = pad_prompts(reqs, dev)  # [n, T] x3, [n]
         n = len(reqs)
-        rows = torch.tensor([r.row for r in reqs], device=dev)  # [n]
+        rows = to_device([r.row for r in reqs], dev)  # [n]
         zeros = torch.zeros(n, dtype=torch.int32, device=dev)
         pt_t, pt_d = self.kv_t.req_to_page[rows], self.kv_d.req_to_page[rows]  # [n, P]
         slots = torch.where(valid, slots_for(pt_t, pos, self.kv_t.page_size), 0)  # [n, T]
@@ -315,13 +315,6 @@ class EagleEngine:
         plan = self.stream_plan
         seq_lens = state["seq_lens"]
         plan.before_draft()
-        planned = None
-        if plan.name == "overlap_split":  # slots and page table need only the previous step
-            plan.read_on_plan_stream(seq_lens, rows)
-            with plan.context():
-                timer.start("plan")
-                planned = self._plan(seq_lens, rows)
-                timer.stop("plan")
         timer.start("draft")
         tokens, positions, next_tok, next_sib, mask = self._draft(
             seq_lens, self.kv_d.req_to_page[rows], state["top_lp"], state["top_tok"], state["hidden"], state["roots"])
@@ -331,8 +324,10 @@ class EagleEngine:
         plan.read_on_plan_stream(seq_lens, rows, tokens, positions, mask)
         with plan.context():
             timer.start("plan")
-            if planned is None:
-                planned = self._plan(seq_lens, rows)
+            planned = self._plan(seq_lens, rows)  # slots and page table need only the previous step
+            timer.stop("plan")
+            plan.wait_for_draft()
+            timer.start("plan")
             inputs = (tokens, positions, planned[0], seq_lens, planned[1], mask)
             B = self._verify.stage(*inputs)  # copies into the verify's static buffers (graph or eager)
             timer.stop("plan")
@@ -397,7 +392,7 @@ class EagleEngine:
                     bound = len(r.prompt_ids) + len(r.output_ids) + unseen + self.lookahead
                     for kv in (self.kv_t, self.kv_d):
                         kv.reserve(r.row, min(bound, kv.max_context))
-                rows = torch.tensor([r.row for r in active], device=self.device)
+                rows = to_device([r.row for r in active], self.device)  # [B]
                 out = self._step(state, rows, timer)
                 stats.steps += 1
                 if on_step is not None:
@@ -429,7 +424,7 @@ class EagleEngine:
             if i not in keep:
                 self.kv_t.free_request(r.row)
                 self.kv_d.free_request(r.row)
-        idx = torch.tensor(keep, dtype=torch.long, device=self.device)
+        idx = to_device(keep, self.device)
         return [active[i] for i in keep], {k: v[idx] for k, v in state.items()}
 
 

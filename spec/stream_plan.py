@@ -5,12 +5,21 @@
 | serial              | (no plan stream: the plan runs on main after the draft)                   |
 | overlap_wait_stream | `plan.wait_stream(main)` after the draft is enqueued: all main work so far |
 | overlap_event       | `plan.wait_event(draft_done)`, recorded on main right after the draft     |
-| overlap_split       | draft-independent planning starts before the draft (waiting only for the  |
-|                     | previous step); the draft-dependent part waits on `draft_done`            |
+| overlap_split       | draft-independent planning waits only for `step_start` (the previous      |
+|                     | step's results), so it runs beside the draft; the rest waits `draft_done` |
 | unsafe_no_sync      | nothing before reading draft outputs (refused unless stream.allow_unsafe) |
 
 In every plan, main waits for the plan stream before the verify. One implementation serves every
-draft head (single- and multi-layer): the engine calls the same four hooks.
+draft head (single- and multi-layer): the engine calls the same hooks, in this order:
+
+    before_draft(); <draft on main>; after_draft()
+    with context(): <independent plan>; wait_for_draft(); <draft-dependent plan>
+    before_verify(...); <verify on main>
+
+The host enqueues all planning after the draft, in every plan: the engine's host work before the draft's
+first launch is GPU idle time whenever the host is not ahead of the GPU. overlap_split first enqueued its
+independent part before the draft, which cost 0.2-0.9 ms per step on an H200 (0.94x serial on random
+Llama-3.1-8B); its stream order, not its host order, is what lets it run beside the draft.
 
 The user decides, never the platform: overlap is on or off by config, and the environment
 variable EAGLET_ENABLE_OVERLAP_PLAN_STREAM=0|1 overrides it. Nothing here looks at the vendor:
@@ -65,7 +74,7 @@ def resolve_plan(stream_cfg, device: torch.device) -> ResolvedPlan:
 
 
 class StreamPlan:
-    """The four hooks the engine calls around the draft and the plan (see the table above)."""
+    """The hooks the engine calls around the draft and the plan (see the table and the order above)."""
 
     def __init__(self, plan: ResolvedPlan, device: torch.device, stress_sleep_cycles: int = 0):
         self.plan = plan
@@ -74,6 +83,7 @@ class StreamPlan:
         self.mod = torch.get_device_module(device) if device.type != "cpu" else None
         self.stream = self.mod.Stream() if self.name != "serial" else None  # the plan stream
         self.main = None
+        self.step_start = self.draft_done = None  # overlap_split's events of the current step
 
     @property
     def overlap(self) -> bool:
@@ -88,8 +98,9 @@ class StreamPlan:
         `with stream(plan)`, current_stream() would be the plan stream itself."""
         self.main = self.mod.current_stream() if self.mod is not None else None
         if self.name == "overlap_split":
-            # the independent part reads the previous step's results (seq_lens, page tables)
-            self.stream.wait_stream(self.main)
+            # main's work so far: the previous step's results (seq_lens, page tables), which the
+            # independent part reads
+            self.step_start = self._record(self.main)
         if self.stress_sleep_cycles and self.mod is not None:
             # stress mode: hold main back so the draft finishes late and any plan that reads its
             # outputs without waiting reads stale ones
@@ -99,11 +110,22 @@ class StreamPlan:
         """Draft enqueued on main: order the plan stream after it, as the plan says."""
         if self.name == "overlap_wait_stream":
             self.stream.wait_stream(self.main)  # captures everything enqueued on main until now
-        elif self.name in ("overlap_event", "overlap_split"):
-            draft_done = self.mod.Event()
-            draft_done.record(self.main)
-            self.stream.wait_event(draft_done)  # only the work up to the draft
+        elif self.name == "overlap_event":
+            self.stream.wait_event(self._record(self.main))  # only the work up to the draft
+        elif self.name == "overlap_split":
+            self.draft_done = self._record(self.main)
+            self.stream.wait_event(self.step_start)  # the independent part: beside the draft
         # unsafe_no_sync: no edge (the hazard); serial: same stream, program order
+
+    def wait_for_draft(self) -> None:
+        """Inside `context()`, between the independent and the draft-dependent planning."""
+        if self.name == "overlap_split":
+            self.stream.wait_event(self.draft_done)
+
+    def _record(self, stream):
+        event = self.mod.Event()
+        event.record(stream)
+        return event
 
     def before_verify(self, *planned: torch.Tensor) -> None:
         """Main waits for the plan; tensors made on the plan stream and read on main are marked
