@@ -100,6 +100,12 @@ class GenStats:
         return self.new_tokens / self.total_s if self.total_s else 0.0
 
 
+def synchronizer(device: torch.device) -> Callable[[], None]:
+    """Waits for all work queued on the device (nothing to wait for on a CPU); through torch.get_device_module,
+    so the same code runs on CUDA and ROCm."""
+    return (lambda: None) if device.type == "cpu" else torch.get_device_module(device).synchronize
+
+
 class _HostCopy:
     """Tokens of one step on their way to the host: a non-blocking copy behind an event."""
 
@@ -107,8 +113,8 @@ class _HostCopy:
         self.reqs = reqs
         self.host = tokens.to("cpu", non_blocking=True)  # [B]
         self.event = None
-        if tokens.is_cuda:
-            self.event = torch.cuda.Event()
+        if tokens.device.type != "cpu":
+            self.event = torch.get_device_module(tokens.device).Event()
             self.event.record()
 
     def get(self) -> list[int]:
@@ -191,7 +197,7 @@ class AREngine:
         for r in requests:
             check_request(r, self.kv.max_context)
         stats = GenStats()
-        sync = torch.cuda.synchronize if self.device.type == "cuda" else (lambda: None)
+        sync = synchronizer(self.device)
         sync()
         t0 = time.perf_counter()
         waiting = deque(requests)

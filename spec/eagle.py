@@ -32,7 +32,8 @@ from eaglet.kernels.tree_mask import build_tree, num_candidates
 from eaglet.kernels.verify import VerifyResult, verify_greedy, verify_sampling
 from eaglet.models.kv_cache import ForwardBatch, KVCache, slots_for, to_device
 from eaglet.models.llama import Transformer
-from eaglet.spec.autoregressive import Request, _HostCopy, admit, check_request, default_min_admit, emit, pad_prompts
+from eaglet.spec.autoregressive import (Request, _HostCopy, admit, check_request, default_min_admit, emit, pad_prompts,
+                                       synchronizer)
 from eaglet.spec.cuda_graph import GraphRunner
 from eaglet.spec.sampling import SamplingParams, probs_from_logits, sample
 from eaglet.spec.stream_plan import ResolvedPlan, StreamPlan
@@ -359,7 +360,7 @@ class EagleEngine:
         for r in requests:
             check_request(r, self.max_context)
         stats = StepStats()
-        sync = torch.cuda.synchronize if self.device.type == "cuda" else (lambda: None)
+        sync = synchronizer(self.device)
         timer = _PhaseTimer(self.time_phases, self.device)
         sync()
         t0 = time.perf_counter()

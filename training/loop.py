@@ -511,8 +511,8 @@ def train(cfg: DictConfig, output_dir: str | Path, target: Transformer | None = 
         """Run fn with its time kept out of train/tokens_per_s (the device drained first)."""
         def run(*args, **kw):
             nonlocal win_pause
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
+            if device.type != "cpu":
+                torch.get_device_module(device).synchronize(device)
             t0 = time.perf_counter()
             fn(*args, **kw)
             win_pause += time.perf_counter() - t0
