@@ -6,9 +6,9 @@
 #   kernels    tree attention, tree/verify and model-kernel benchmarks
 #   ablation   the overlap ablations (ABLATION_EXP, default both: ablate_overlap on random Llama-3.1-8B weights,
 #              ablate_overlap_smollm2 on the embedded default), one tree shape per GPU, then their report
-#   train      regenerate ShareGPT answers with SmolLM2, measure training tokens/s on one GPU and all (DDP), train
-#              its EAGLE-3 head; results packed into OUT/train.tgz.* parts (needs the ShareGPT subset in .asset4,
-#              see offline_gpu_env.sh)
+#   train      regenerate ShareGPT answers with SmolLM2, measure training tokens/s on one GPU and all (DDP; PROBES=0
+#              skips that), train its EAGLE-3 head; results packed into OUT/train.tgz.* parts (needs a ShareGPT
+#              subset, see offline_gpu_env.sh)
 #   experiments after train: EAGLE-1 and multi-layer heads, then compare_heads, datasets and sweep_tree
 #   scaling    training tokens/s on one GPU and on all (DDP), the throughput probes of `train` alone
 #   lossless   bf16 greedy speculative vs plain decoding on the 80 MT-bench first turns (invariant numerics):
@@ -118,12 +118,22 @@ case $stage in
     # one-GPU and a DDP throughput probe (60 steps each), the EAGLE-3 head trained on every GPU for what is left of
     # BUDGET_S minus EVAL_S (its LR schedule sized to fit), then it decodes MT-bench at B=1 and 8 against AR and
     # HumanEval and held-out ShareGPT at B=8; full logs in $T/*.log, results packed into OUT/train.tgz.* parts
+    # PROBES=0 skips the probes (DDP scaling is in benchmarks/results/ddp_scaling_h200/): the step count then comes
+    # from RATE (tokens/s on all GPUs; the shipped head's run: 163 k on two at 32 sequences) and PER_SEQ (tokens per
+    # regenerated first exchange: 583 there), and the regeneration (REGEN_S, ~100 s for 10,952 first exchanges on
+    # two H200s) happens inside the training run
     train_setup
-    probes
+    ev=${EVAL_S:-100} regen_s=0
+    if [[ ${PROBES:-1} == 0 ]]; then
+      rn=${RATE:-150000} per_seq=${PER_SEQ:-583}
+      [[ -n ${REGEN_CACHE:-} ]] || regen_s=${REGEN_S:-120}
+    else
+      probes
+      per_seq=$(python -c "import json; m=json.load(open('$T/probe_1gpu/metrics.json'))
+print(m['num_tokens'] / m['num_sequences'])")
+    fi
     # optimiser steps that fit the time left (minus loading, evaluations, export): the cosine decay ends on time
-    ev=${EVAL_S:-100}
-    steps=$(python -c "import json; m=json.load(open('$T/probe_1gpu/metrics.json'))
-print(int(($(left) - $ev - 40) * $rn / (m['num_tokens'] / m['num_sequences'] * $bs * $ngpu)))")
+    steps=$(python -c "print(int(($(left) - $ev - 40 - $regen_s) * $rn / ($per_seq * $bs * $ngpu)))")
     echo "[gpu_session] EAGLE-3: $steps steps on $ngpu GPUs"
     launch "$ngpu" $T/eagle3 train.steps=$steps eval.every=$((steps / 2)) train.ckpt_every=$((steps / 2)) \
       train.profile_steps=3 train.time_limit_s=$(($(left) - ev - 10))
@@ -138,7 +148,7 @@ print(int(($(left) - $ev - 40) * $rn / (m['num_tokens'] / m['num_sequences'] * $
       data.path="$SHAREGPT" gen.compare_ar=false
     # in 15 MB parts, as a device call returns files of at most 16 MiB (cat train.tgz.* | tar xz to unpack)
     tar cz -C $T --exclude=wandb --exclude=checkpoints --exclude=trace.json --exclude=.hydra --exclude='*/head' \
-      --exclude=outputs.jsonl --exclude=regen probe_ddp probe_1gpu eagle3 $(cd $T && ls ./*.log) heads eval \
+      --exclude=outputs.jsonl --exclude=regen $(cd $T && ls -d probe_ddp probe_1gpu 2>/dev/null) eagle3 $(cd $T && ls ./*.log) heads eval \
       | split -b 15M - "$out/train.tgz."
     [[ -f $T/eagle3/trace.json ]] && gzip -c $T/eagle3/trace.json | split -b 15M - "$out/train_trace.json.gz."
     # the regenerated data and its rendering, for REGEN_CACHE next time (cat regen.txz.* | tar xJ)
