@@ -49,3 +49,18 @@ def test_sampling_under_cuda_graphs_is_seeded_and_random():
     a, b = sampled(7), sampled(7)
     assert a == b
     assert a[0] != a[1] and len(set(a[0])) > 5
+
+
+def test_host_lists_reach_the_device_without_a_stream_sync():
+    """The decode loops send host lists (active rows, new page runs) with `to_device`: it must not wait for
+    the work already queued, or the host never runs ahead of the GPU (a blocking `torch.tensor(..., device=cuda)`
+    synchronised every step: the serial SmolLM2 EAGLE step was 13-16% longer on an H200)."""
+    from eaglet.models.kv_cache import to_device
+
+    stream = torch.cuda.current_stream()
+    to_device([0], torch.device("cuda"))  # the pinned-memory cache's first block (allocating one may sync)
+    torch.cuda.synchronize()
+    torch.cuda._sleep(500_000_000)  # ~0.25 s of GPU time queued before the copy
+    rows = to_device([3, 1, 2], torch.device("cuda"))
+    assert not stream.query(), "to_device waited for the queued work"
+    assert rows.tolist() == [3, 1, 2] and rows.dtype == torch.long
