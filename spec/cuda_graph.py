@@ -72,11 +72,12 @@ class GraphRunner:
                 self._graphs[Bp] = (None, list(self.example_inputs(Bp)), ())
         return self._graphs[Bp][1]
 
-    def stage(self, *inputs: torch.Tensor) -> int:
-        """Copy inputs [B, ...] into the static buffers (the rows past B zeroed for a graph); the copies are
-        enqueued on the current stream. Returns B."""
+    def stage(self, *inputs: torch.Tensor, first: int = 0) -> int:
+        """Copy inputs [B, ...] into the static buffers first, first+1, ... (the rows past B zeroed for a graph);
+        the copies are enqueued on the current stream, so inputs can be staged in parts, on different streams.
+        Returns B."""
         B = inputs[0].shape[0]
-        for dst, src in zip(self._static(B), inputs):
+        for dst, src in zip(self._static(B)[first:], inputs):
             dst[:B].copy_(src)
             if self.enabled:
                 dst[B:].zero_()

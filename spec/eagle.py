@@ -161,7 +161,7 @@ class EagleEngine:
 
         self._draft = runner(self._draft_fn, z(dtype=i32), z(P_d, dtype=i32), z(K, dtype=torch.float32), z(K),
                              z(H, dtype=dt), z())
-        self._verify = runner(self._verify_fn, z(N), z(N), z(N), z(dtype=i32), z(P_t, dtype=i32), z(N, N, dtype=b8))
+        self._verify = runner(self._verify_fn, z(N), z(dtype=i32), z(P_t, dtype=i32), z(N), z(N), z(N, N, dtype=b8))
         self._accept = runner(self._accept_fn, z(N), z(N), z(N), z(N), z(N, N, dtype=b8), z(dtype=i32), z(P_t, dtype=i32),
                               *([z(N, target.args.vocab_size, dtype=torch.float32)] if not sampling.greedy else []))
         self._extend = runner(self._extend_fn, z(N), z(N, F, dtype=dt), z(S + 1), z(dtype=i32), z(), z(dtype=i32),
@@ -219,8 +219,9 @@ class EagleEngine:
         return slots, page_table  # [B, N], [B, P]
 
     @torch.inference_mode()
-    def _verify_fn(self, tokens, positions, out_slots, seq_lens, page_table, mask):
-        """-> target logits [B, N, V] fp32 and draft features at every tree node [B, N, F]."""
+    def _verify_fn(self, out_slots, seq_lens, page_table, tokens, positions, mask):
+        """-> target logits [B, N, V] fp32 and draft features at every tree node [B, N, F]. The inputs that do not
+        depend on the draft come first: the plan stages them before it waits for the draft."""
         batch = ForwardBatch(page_table, seq_lens, out_slots, mask, self.max_context)
         hidden, captured = self.target(tokens, positions, batch, self.kv_t, capture_layers=self.capture)
         feats = self.head.target_feature(hidden, captured)  # [B, N, F]
@@ -324,13 +325,15 @@ class EagleEngine:
         plan.after_draft()
         plan.read_on_plan_stream(seq_lens, rows, tokens, positions, mask)
         with plan.context():
+            # copies into the verify's static buffers (graph or eager): first what needs only the previous step
+            # (slots, seq_lens, page table), then, after overlap_split's wait, the draft's tree
             timer.start("plan")
-            planned = self._plan(seq_lens, rows)  # slots and page table need only the previous step
+            planned = self._plan(seq_lens, rows)  # [B, N] slots, [B, P] page table
+            B = self._verify.stage(planned[0], seq_lens, planned[1])
             timer.stop("plan")
             plan.wait_for_draft()
             timer.start("plan")
-            inputs = (tokens, positions, planned[0], seq_lens, planned[1], mask)
-            B = self._verify.stage(*inputs)  # copies into the verify's static buffers (graph or eager)
+            self._verify.stage(tokens, positions, mask, first=3)
             timer.stop("plan")
         plan.before_verify(*planned)
         timer.stop("plan_wait")

@@ -13,7 +13,8 @@ In every plan, main waits for the plan stream before the verify. One implementat
 draft head (single- and multi-layer): the engine calls the same hooks, in this order:
 
     before_draft(); <draft on main>; after_draft()
-    with context(): <independent plan>; wait_for_draft(); <draft-dependent plan>
+    with context(): <independent plan: slots, page table, their copies into the verify's buffers>
+                    wait_for_draft(); <draft-dependent plan: the tree's copies>
     before_verify(...); <verify on main>
 
 The host enqueues all planning after the draft, in every plan: the engine's host work before the draft's
