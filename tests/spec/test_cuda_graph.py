@@ -1,8 +1,9 @@
 """GraphRunner without graphs (CPU, eager): stage + replay is the function on the staged inputs."""
 
+import pytest
 import torch
 
-from eaglet.spec.cuda_graph import GraphRunner
+from eaglet.spec.cuda_graph import GraphRunner, copy_all
 
 
 def test_disabled_runner_stages_into_static_buffers_and_runs_on_them():
@@ -31,3 +32,37 @@ def test_inputs_staged_in_parts_equal_staged_at_once():
     assert torch.equal(runner.replay(3), fn(a, b, c))
     runner.stage(a, first=2)  # a later part replaces only its own buffers
     assert torch.equal(runner.replay(3), fn(a, b, a))
+
+
+def _pairs(device):
+    """Staging pairs of several dtypes and shapes, with a strided source, a broadcast source and a dtype cast (the
+    three that cannot go through the byte copy)."""
+    g = torch.Generator().manual_seed(0)
+    srcs = [torch.randn(3, 4, generator=g).bfloat16(), torch.randint(0, 99, (3,), generator=g, dtype=torch.int32),
+            torch.rand(3, 5, 5, generator=g) > 0.5, torch.randint(0, 9, (3, 8), generator=g),
+            torch.randn(6, 3, generator=g).t(), torch.randn(1, 2, generator=g), torch.arange(6).view(3, 2)]
+    dsts = [torch.zeros_like(s) for s in srcs[:5]] + [torch.zeros(3, 2), torch.zeros(3, 2)]
+    return [d.to(device) for d in dsts], [s.to(device) for s in srcs]
+
+
+def test_copy_all_equals_copy_per_pair():
+    dsts, srcs = _pairs("cpu")
+    want = [d.clone().copy_(s) for d, s in zip(dsts, srcs)]
+    copy_all(dsts, srcs)
+    assert all(torch.equal(d, w) and d.dtype == w.dtype for d, w in zip(dsts, want))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA/ROCm GPU")
+def test_copy_all_is_one_launch_for_dense_pairs():
+    from torch.profiler import ProfilerActivity, profile
+
+    dsts, srcs = _pairs("cuda")
+    dense = 4  # the first four pairs are dense with equal shapes and dtypes
+    copy_all(dsts[:dense], srcs[:dense])  # warm-up
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        copy_all(dsts[:dense], srcs[:dense])
+        torch.cuda.synchronize()
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    assert len(kernels) == 1, [e.name for e in kernels]
+    assert all(torch.equal(d, s) for d, s in zip(dsts[:dense], srcs[:dense]))
