@@ -7,7 +7,7 @@ Reads every metrics.json under the given folders and writes into --out what the 
   overlap.md                per (target, tree, batch) with several stream plans: each plan's step time split by
                             phase, the share of plan time hidden, and the speedup over `serial` in the same sweep
                             (medians over a sweep point's repeats; with repeats, whether a plan is slower or
-                            faster than serial beyond their run-to-run spread)
+                            faster than serial beyond the sweep's run-to-run noise: `versus_serial`)
   step_time_by_phase.png    stacked step time per plan (draft, exposed plan, verify, accept, extend)
   speedup_vs_serial.png     speedup of each overlap plan over serial, by batch size
   trees.md                  per (target, draft, data, batch) with several tree shapes: tau, per-depth acceptance,
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 from collections import defaultdict
 from pathlib import Path
@@ -85,25 +86,49 @@ TIMINGS = ("step_ms", "draft_ms", "plan_ms", "plan_wait_ms", "verify_ms", "accep
 
 
 def merge_repeats(ms: list[dict]) -> dict:
-    """Repeats of one sweep point -> the first's metrics with the median of each timing, the number of repeats and
-    the step time's range (min, max)."""
+    """Repeats of one sweep point -> the first's metrics with the median of each timing, the number of repeats, the
+    step times of the repeats and their range (min, max)."""
     out = dict(ms[0])
     for k in TIMINGS:
         vals = [m[k] for m in ms if m.get(k) is not None]
         if vals:
             out[k] = statistics.median(vals)
     steps = [m["step_ms"] for m in ms]
-    out.update(repeats=len(ms), step_ms_range=(min(steps), max(steps)))
+    out.update(repeats=len(ms), step_ms_repeats=steps, step_ms_range=(min(steps), max(steps)))
     return out
 
 
-def versus_serial(m: dict, base: dict) -> str:
-    """Whether a plan is slower or faster than serial beyond the run-to-run spread: every repeat of one is slower
-    than every repeat of the other. One run each gives no spread to judge by."""
-    if m["repeats"] < 2 or base["repeats"] < 2:
+# A plan is slower (faster) than serial beyond noise when its median step time is more than this many standard
+# errors above (below) serial's. With 3, pure noise calls one of a sweep's ~36 comparisons slower about 5% of the time.
+NOISE_SE = 3.0
+
+
+def run_noise(groups: dict[tuple, dict[str, dict]]) -> dict[str, float]:
+    """target -> run-to-run standard deviation of log(step time), i.e. the relative spread of one run, pooled over
+    every (tree, batch, plan) point of the target that has repeats. Robust: 1.4826 x the median absolute residual
+    about each point's mean, each residual scaled by sqrt(n / (n - 1)) for the fitted mean, so a single outlier
+    run moves it little."""
+    residuals: dict[str, list[float]] = defaultdict(list)
+    for (target, _, _), plans in groups.items():
+        for m in plans.values():
+            logs = [math.log(t) for t in m.get("step_ms_repeats", [])]
+            n = len(logs)
+            if n > 1:
+                mean = sum(logs) / n
+                residuals[target] += [abs(x - mean) * math.sqrt(n / (n - 1)) for x in logs]
+    return {t: 1.4826 * statistics.median(r) for t, r in residuals.items()}
+
+
+def versus_serial(m: dict, base: dict, sigma: float | None) -> str:
+    """Whether a plan's median step time differs from serial's by more than NOISE_SE standard errors. sigma: the
+    target's run-to-run relative spread (`run_noise`); the standard error of a median of n runs is taken as
+    sqrt(pi / 2) sigma / sqrt(n) (the large-n value; for 2-3 repeats it overstates it a little). Without repeats there is no spread to judge by. (Non-overlapping ranges of two
+    repeats each, the earlier rule, flag one in three comparisons of identical plans.)"""
+    if m["repeats"] < 2 or base["repeats"] < 2 or not sigma:
         return "-"
-    (lo, hi), (base_lo, base_hi) = m["step_ms_range"], base["step_ms_range"]
-    return "slower" if lo > base_hi else "faster" if hi < base_lo else "within noise"
+    se = math.sqrt(math.pi / 2) * sigma * math.sqrt(1 / m["repeats"] + 1 / base["repeats"])
+    d = math.log(m["step_ms"] / base["step_ms"])
+    return "slower" if d > NOISE_SE * se else "faster" if d < -NOISE_SE * se else "within noise"
 
 
 def tree_groups(runs: list[dict]) -> dict[tuple, list[dict]]:
@@ -196,12 +221,13 @@ def overlap_table(groups: dict[tuple, dict[str, dict]]) -> str:
              "| accept | extend | plan hidden | speedup vs serial | beyond noise | verify / weight-read floor "
              "| step / floor |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    sigma = run_noise(groups)
     for (target, tree, B), plans in groups.items():
         base = plans.get("serial")
         for plan in sorted(plans, key=PLAN_ORDER.index):
             m = plans[plan]
             sp = f"{base['step_ms'] / m['step_ms']:.3f}" if base else "-"
-            noise = versus_serial(m, base) if base and plan != "serial" else "-"
+            noise = versus_serial(m, base, sigma.get(target)) if base and plan != "serial" else "-"
             lo, hi = m["step_ms_range"]
             ran = plan if m["stream_plan"] == plan else f"{plan} (ran as {m['stream_plan']})"
             floor = m.get("weight_read_floor_ms")  # GPU runs only
@@ -210,6 +236,9 @@ def overlap_table(groups: dict[tuple, dict[str, dict]]) -> str:
                          f"| {m['draft_ms']:.3f} | {m['plan_ms']:.3f} | {m['plan_wait_ms']:.3f} | {m['verify_ms']:.3f} "
                          f"| {m['accept_ms']:.3f} | {m['extend_ms']:.3f} | {100 * m['plan_hidden_fraction']:.0f}% | {sp} "
                          f"| {noise} | {vs_floor} |")
+    for target, sd in sigma.items():
+        lines.append(f"\nBeyond noise: more than {NOISE_SE:g} standard errors from serial's median step time; "
+                     f"{target}'s run-to-run spread (pooled, robust) is {100 * sd:.2f}% of a step.")
     return "\n".join(lines) + "\n"
 
 

@@ -27,25 +27,32 @@ def test_overlap_table_compares_each_plan_with_serial(tmp_path):
 
 
 def test_repeats_merge_into_medians_and_a_noise_verdict():
-    """Repeats of a sweep point give median timings, and a plan is called slower than serial only when all its
-    repeats are slower than all of serial's."""
-    from eaglet.experiments.report import overlap_groups, overlap_table
+    """Repeats of a sweep point give median timings; a plan is called slower or faster than serial only beyond
+    3 standard errors of the run-to-run spread pooled over the sweep."""
+    from eaglet.experiments.report import overlap_groups, overlap_table, run_noise
 
-    def run(plan, step, repeat):
+    def run(plan, step, repeat, B=1):
         return {"target": "t", "tree": {"name": "simulate", "steps": 7, "topk": 1, "num_draft_tokens": 8},
-                "batch_size": 1, "stream_plan": plan, "config": {"stream": {"name": plan}, "repeat": repeat},
+                "batch_size": B, "stream_plan": plan, "config": {"stream": {"name": plan}, "repeat": repeat},
                 "step_ms": step, "draft_ms": 1.0, "plan_ms": 0.1, "plan_wait_ms": 0.0, "verify_ms": 2.0,
                 "accept_ms": 0.1, "extend_ms": 0.1, "plan_hidden_fraction": 1.0}
 
     runs = [run("serial", s, i) for i, s in enumerate((10.0, 10.2, 10.1))]
-    runs += [run("overlap_event", s, i) for i, s in enumerate((10.5, 10.4, 10.6))]  # all slower than serial's worst
-    runs += [run("overlap_split", s, i) for i, s in enumerate((10.15, 9.9, 10.0))]  # overlaps serial's range
-    (plans,) = overlap_groups(runs).values()
+    runs += [run("overlap_event", s, i) for i, s in enumerate((11.0, 10.9, 11.1))]  # 9% slower: ~5 SE
+    runs += [run("overlap_split", s, i) for i, s in enumerate((10.5, 10.4, 10.6))]  # 4% slower: ~2 SE
+    runs += [run("overlap_wait_stream", s, i) for i, s in enumerate((9.2, 9.3, 9.1))]  # 9% faster
+    # a second point with one outlier run: it moves the pooled spread little (robust estimate)
+    runs += [run(p, s, i, B=8) for p in ("serial", "overlap_event") for i, s in enumerate((20.0, 20.1, 26.0))]
+    groups = overlap_groups(runs)
+    plans = groups[("t", "simulate (7/1/8)", 1)]
     assert plans["serial"]["step_ms"] == 10.1 and plans["serial"]["repeats"] == 3
-    assert plans["overlap_event"]["step_ms_range"] == (10.4, 10.6)
-    verdicts = {r.split("|")[4].strip(): r.split("|")[16].strip() for r in overlap_table(overlap_groups(runs))
-                .splitlines()[2:]}
-    assert verdicts == {"serial": "-", "overlap_event": "slower", "overlap_split": "within noise"}
+    assert plans["overlap_event"]["step_ms_range"] == (10.9, 11.1)
+    sigma = run_noise(groups)["t"]
+    assert 0.01 < sigma < 0.03  # about 2% per run: the outlier (30%) did not inflate it
+    verdicts = {(r.split("|")[3].strip(), r.split("|")[4].strip()): r.split("|")[16].strip()
+                for r in overlap_table(groups).splitlines()[2:] if r.startswith("| t ")}
+    assert verdicts == {("1", "serial"): "-", ("1", "overlap_event"): "slower", ("1", "overlap_split"): "within noise",
+                        ("1", "overlap_wait_stream"): "faster", ("8", "serial"): "-", ("8", "overlap_event"): "within noise"}
 
 
 def test_report_rebuilds_the_tree_sweep_and_head_comparison(tmp_path):
