@@ -45,8 +45,9 @@ SWEEP = [
     {"_PROGRAMS_PER_SM": 8},
     {"_CHUNK_PER_ROW": 2},
     {"_CHUNK_PER_ROW": 32},
+    {"_MIN_CHUNK": 128},
     {"_PROGRAMS_PER_SM": 8, "_CHUNK_PER_ROW": 2, "_MIN_CHUNK": 128},
-    {"_PROGRAMS_PER_SM": 16, "_CHUNK_PER_ROW": 0, "_MIN_CHUNK": 128},
+    {"_MAX_SPLITS": 64, "_CHUNK_PER_ROW": 2},
     {"_MAX_BLOCK_M": 64},
 ]
 
@@ -134,14 +135,19 @@ def run_row(B, L, N, providers, ceilings, sweep):
     out = eaglet()  # [B, N, Hq, D]; the first call of a shape class autotunes
     row["config"] = str(ta._fwd_kernel.best_config)
     for variant in sweep:  # host-side plan knobs, e.g. {"_PROGRAMS_PER_SM": 2}, timed as graph replays
-        saved = {name: getattr(ta, name) for name in variant}
+        saved = {name: getattr(ta, name) for name in variant}  # AttributeError for a misspelt knob
         for name, value in variant.items():
             setattr(ta, name, value)
         ta._plan.cache_clear()
-        row.setdefault("sweep", []).append((variant, bench_graph(eaglet), ta._plan(B, N, HQ, HKV, L + N, num_sms)))
+        ta._prepare.cache_clear()  # its recipes hold the plan and the kernel's constexprs
+        t = bench_graph(eaglet)
+        plan = (*ta._plan(B, N, HQ, HKV, L + N, num_sms), str(ta._fwd_kernel.best_config),
+                f"rel err vs default {rel_err(eaglet(), out):.1e}")
+        row.setdefault("sweep", []).append((variant, t, plan))
         for name, value in saved.items():
             setattr(ta, name, value)
         ta._plan.cache_clear()
+        ta._prepare.cache_clear()
     row["eaglet"] = bench(eaglet)
     row["host"] = host_time(eaglet)
     row["graph"] = bench_graph(eaglet)

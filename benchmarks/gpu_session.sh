@@ -99,8 +99,11 @@ case $stage in
     # each experiment's tree shapes split over the GPUs (all on one GPU when there is one), so that every plan and
     # repeat of a (target, tree) point runs on the same GPU; ABLATION_S: a time limit per sweep (the report then
     # covers the runs that finished). 24 runs took ~400 s on one H200 (random Llama-3.1-8B).
-    [[ -f $smol/model.safetensors ]] || python -m eaglet.models.checkpoint convert "$gguf" "$smol" --dtype float32
-    for e in ${ABLATION_EXP:-ablate_overlap ablate_overlap_smollm2}; do
+    exps=${ABLATION_EXP:-ablate_overlap ablate_overlap_smollm2}
+    # only the SmolLM2 ablation needs the GGUF (random Llama-3.1-8B runs without any file)
+    [[ $exps != *smollm2* || -f $smol/model.safetensors ]] ||
+      python -m eaglet.models.checkpoint convert "$gguf" "$smol" --dtype float32
+    for e in $exps; do
       read -ra trees <<< "$(sed -n 's/^ *tree: *//p' conf/experiment/$e.yaml | tr , ' ')"
       (( ngpu > 1 )) || trees=("$(IFS=,; echo "${trees[*]}")")
       extra=(); [[ $e == *smollm2* ]] && extra=(target.path="$smol")
