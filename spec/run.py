@@ -280,6 +280,7 @@ def combine_spec_stats(runs, steps: int) -> dict:
         total.prefill_s += r.prefill_s
         for k, v in r.phase_ms.items():
             total.phase_ms[k] += v
+        total.step_periods_ms += r.step_periods_ms
     return total.summary(steps)
 
 

@@ -9,7 +9,7 @@ from eaglet.models.eagle import new_draft_head
 from eaglet.models.kv_cache import KVCache
 from eaglet.models.llama import ModelArgs, Transformer
 from eaglet.spec.autoregressive import AREngine, Request
-from eaglet.spec.eagle import EagleEngine, SimulatedAcceptance, TreeSpec
+from eaglet.spec.eagle import EagleEngine, SimulatedAcceptance, StepStats, TreeSpec
 
 TREES = {"chain": TreeSpec(4, 1, 5), "eagle2": TreeSpec(4, 3, 8)}
 ARGS = ModelArgs(family="llama", vocab_size=256, dim=128, n_layers=8, n_heads=2, n_kv_heads=1, head_dim=64,
@@ -79,11 +79,19 @@ def test_greedy_is_lossless(target, kind, tree):
     got, stats = spec_outputs(target, head, spec, PROMPTS, 30, batch=2)
     assert got == want
     summary = stats.summary(spec.steps)
+    # one step period per pair of consecutive steps (one generate call: no gap between calls to bridge)
+    assert len(stats.step_periods_ms) == stats.steps - 1 and summary["step_median_ms"] > 0
     if not kind.endswith("random") and kind != "eagle3":  # the oracle-like heads must exercise deep paths
         assert summary["tau"] > 1.5, summary
         assert sum(summary["accept_hist"][2:]) > 0, summary  # paths of two or more draft tokens
         if spec.topk == 1:
             assert summary["accept_hist"][-1] > 0, summary  # whole chains accepted
+
+
+def test_the_median_step_ignores_a_stalled_step():
+    stats = StepStats(steps=5, total_s=1.0, step_periods_ms=[2.0, 2.1, 400.0, 1.9])
+    summary = stats.summary(max_depth=3)
+    assert summary["step_median_ms"] == 2.05 and summary["step_ms"] == 200.0  # the mean carries the stall
 
 
 def test_bad_trees_are_refused(target):
