@@ -5,7 +5,8 @@
 #   ar         benchmarks/bench_ar.py (needs the SmolLM2 GGUF and MT-bench; see benchmarks/offline_gpu_env.sh)
 #   kernels    tree attention, tree/verify and model-kernel benchmarks
 #   ablation   the overlap ablations (ABLATION_EXP, default both: ablate_overlap on random Llama-3.1-8B weights,
-#              ablate_overlap_smollm2 on the embedded default), one tree shape per GPU, then their report
+#              ablate_overlap_smollm2 on the embedded default), one tree shape per GPU (ABLATION_GPUS=1: all on one),
+#              then their report
 #   train      regenerate ShareGPT answers with SmolLM2, measure training tokens/s on one GPU and all (DDP; PROBES=0
 #              skips that), train its EAGLE-3 head; results packed into OUT/train.tgz.* parts (needs a ShareGPT
 #              subset, see offline_gpu_env.sh)
@@ -103,12 +104,15 @@ case $stage in
     # only the SmolLM2 ablation needs the GGUF (random Llama-3.1-8B runs without any file)
     [[ $exps != *smollm2* || -f $smol/model.safetensors ]] ||
       python -m eaglet.models.checkpoint convert "$gguf" "$smol" --dtype float32
+    # ABLATION_GPUS=1 runs the trees one after the other on one GPU: the SmolLM2 step is close to host-bound, and two
+    # sweeps at once share the host
+    ab_gpus=${ABLATION_GPUS:-$ngpu}
     for e in $exps; do
       read -ra trees <<< "$(sed -n 's/^ *tree: *//p' conf/experiment/$e.yaml | tr , ' ')"
-      (( ngpu > 1 )) || trees=("$(IFS=,; echo "${trees[*]}")")
+      (( ab_gpus > 1 )) || trees=("$(IFS=,; echo "${trees[*]}")")
       extra=(); [[ $e == *smollm2* ]] && extra=(target.path="$smol")
       for i in "${!trees[@]}"; do
-        CUDA_VISIBLE_DEVICES=$((i % ngpu)) SWEEP_S=${ABLATION_S:-3600} sweep /tmp/${e}_$i.log /tmp/ablation/$e \
+        CUDA_VISIBLE_DEVICES=$((i % ab_gpus)) SWEEP_S=${ABLATION_S:-3600} sweep /tmp/${e}_$i.log /tmp/ablation/$e \
           +experiment=$e tree="${trees[$i]}" "${extra[@]}" &
       done
       wait

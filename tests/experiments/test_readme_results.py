@@ -72,4 +72,4 @@ def test_readme_results_agree_with_the_committed_metrics():
     slower = [p for (target, _, _), g in groups.items() for p, m in g.items()
               if p != "serial" and versus_serial(m, g["serial"], sigma[target]) == "slower"]
     points = sum(len(g) - 1 for g in groups.values())
-    assert f"{len(slower)} of {points} points" in rows["overlap plans slower than serial beyond noise (2 repeats)"]
+    assert f"{len(slower)} of {points} points" in rows["overlap plans slower than serial beyond noise (3 repeats, 3 standard errors)"]
