@@ -97,23 +97,40 @@ class KVCache:
 
     def reserve(self, r: int, length: int) -> None:
         """Make request row r hold pages for positions [0, length)."""
-        if length > self.max_context:
-            raise ValueError(f"request needs {length} positions but the KV cache context is {self.max_context}; "
-                             "shorten the prompt or lower gen.max_new_tokens")
-        pages = self._pages[r]
-        need = math.ceil(length / self.page_size) - len(pages)
-        if need <= 0:
-            return
-        if need > len(self._free_pages):
-            raise KVPoolExhausted(
-                f"KV pool exhausted: a request needs {need} more pages of {self.page_size} tokens but only "
-                f"{len(self._free_pages)} of {self.num_pages - 1} are free; raise kv.num_pages (or leave it null "
-                "to size the pool for the batch), or lower gen.batch_size / gen.max_new_tokens")
-        new = [self._free_pages.pop() for _ in range(need)]
-        start = len(pages)
-        pages.extend(new)
-        # one small H2D copy per new page run, in stream order; no device value is read back
-        self.req_to_page[r, start:start + need] = to_device(new, self.device, torch.int32)
+        self.reserve_many([(r, length)])
+
+    def reserve_many(self, wants: list[tuple[int, int]]) -> None:
+        """reserve(r, length) for every (r, length), with one host-to-device copy and one scatter into the page
+        table for all of them. A decode step reserves for every request: at B=32, tau ~2 and 16-token pages, about
+        4 requests cross a page per step, and a copy and a scatter each put ~8 small ops per cache on the GPU's
+        timeline between two steps."""
+        rows: list[int] = []
+        cols: list[int] = []
+        new: list[int] = []
+        try:
+            for r, length in wants:
+                if length > self.max_context:
+                    raise ValueError(f"request needs {length} positions but the KV cache context is "
+                                     f"{self.max_context}; shorten the prompt or lower gen.max_new_tokens")
+                pages = self._pages[r]
+                need = math.ceil(length / self.page_size) - len(pages)
+                if need <= 0:
+                    continue
+                if need > len(self._free_pages):
+                    raise KVPoolExhausted(
+                        f"KV pool exhausted: a request needs {need} more pages of {self.page_size} tokens but only "
+                        f"{len(self._free_pages)} of {self.num_pages - 1} are free; raise kv.num_pages (or leave it "
+                        "null to size the pool for the batch), or lower gen.batch_size / gen.max_new_tokens")
+                got = [self._free_pages.pop() for _ in range(need)]
+                rows += [r] * need
+                cols += range(len(pages), len(pages) + need)
+                new += got
+                pages.extend(got)
+        finally:  # the pages handed out before an error are in the page table too
+            if new:
+                # in stream order; no device value is read back
+                rc = to_device(rows + cols, self.device).view(2, -1)  # [2, n]
+                self.req_to_page[rc[0], rc[1]] = to_device(new, self.device, torch.int32)
 
     def free_request(self, r: int) -> None:
         self._free_pages.extend(reversed(self._pages.pop(r)))

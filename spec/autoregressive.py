@@ -210,8 +210,8 @@ class AREngine:
             if new:
                 for r in new:
                     r.row = self.kv.alloc_request()
-                    self.kv.reserve(r.row, len(r.prompt_ids) + 1)
                     r.launched = 1
+                self.kv.reserve_many([(r.row, len(r.prompt_ids) + 1) for r in new])
                 tp = time.perf_counter()
                 first = self._prefill(new)  # [n]
                 inflight.append(_HostCopy(first, new))
@@ -222,8 +222,8 @@ class AREngine:
                 stats.prefill_s += time.perf_counter() - tp
             active, tokens, positions = self._retire(active, tokens, positions)
             if active:
+                self.kv.reserve_many([(r.row, len(r.prompt_ids) + r.launched + 1) for r in active])
                 for r in active:
-                    self.kv.reserve(r.row, len(r.prompt_ids) + r.launched + 1)
                     r.launched += 1
                 rows = to_device([r.row for r in active], self.device)  # [B]
                 nxt = self._decode(tokens, positions, self.kv.req_to_page[rows]).clone()  # [B]

@@ -383,8 +383,8 @@ class EagleEngine:
                     r.row = self.kv_t.alloc_request()
                     if self.kv_d.alloc_request() != r.row:
                         raise RuntimeError("target and draft KV rows diverged")
-                    for kv in (self.kv_t, self.kv_d):
-                        kv.reserve(r.row, len(r.prompt_ids) + 1)
+                for kv in (self.kv_t, self.kv_d):
+                    kv.reserve_many([(r.row, len(r.prompt_ids) + 1) for r in new])
                 tp = time.perf_counter()
                 roots, lens, top_lp, top_tok, hidden = self._prefill(new)
                 inflight.append((_HostCopy(roots, new), False))
@@ -397,10 +397,9 @@ class EagleEngine:
             if active:
                 # pages for the longest possible outcome of the steps still in flight, plus this one
                 unseen = (S + 1) * sum(is_step for _, is_step in inflight)
-                for r in active:
-                    bound = len(r.prompt_ids) + len(r.output_ids) + unseen + self.lookahead
-                    for kv in (self.kv_t, self.kv_d):
-                        kv.reserve(r.row, min(bound, kv.max_context))
+                bounds = [(r.row, len(r.prompt_ids) + len(r.output_ids) + unseen + self.lookahead) for r in active]
+                for kv in (self.kv_t, self.kv_d):
+                    kv.reserve_many([(row, min(bound, kv.max_context)) for row, bound in bounds])
                 rows = to_device([r.row for r in active], self.device)  # [B]
                 out = self._step(state, rows, timer)
                 stats.steps += 1
