@@ -42,6 +42,7 @@ from eaglet.models.eagle import KINDS, DraftHead, load_draft_head, new_draft_hea
 from eaglet.models.llama import Transformer
 from eaglet.spec.tracking import Tracker, environment
 from eaglet.training.data import BatchSchedule, Sample, collate, draft_vocab, load_samples
+from eaglet.training.chain_replay import step_hits
 from eaglet.training.features import OfflineFeatures, OnlineFeatures, build_offline_cache, cache_bytes
 from eaglet.training.losses import STATS, draft_loss, step_counts
 
@@ -367,17 +368,25 @@ def eval_prompts(ec: DictConfig, dc: DictConfig, tokenizer, vocab_size: int, see
 
 def evaluate_tau(target: Transformer, head: DraftHead, tree_cfg, prompts: list[list[int]], max_new_tokens: int,
                  batch_size: int, eos_ids) -> dict:
-    """Greedy decoding of `prompts` with the real EagleEngine and this head -> {"tau", "accept_rate_depth"}."""
+    """Greedy decoding of `prompts` with the real EagleEngine and this head -> {"tau", "accept_rate_depth", "acc"}.
+    acc [steps]: each draft step's teacher-forced accuracy on the same answers (the target's own), which is what
+    train/acc_k measures on training batches: side by side they show the generalisation gap (the engine accepts
+    exactly what this forward predicts: training/chain_replay.py)."""
     from eaglet.spec.autoregressive import Request
     from eaglet.spec.eagle import EagleEngine, TreeSpec
 
     tree = TreeSpec(tree_cfg.steps, tree_cfg.topk, tree_cfg.num_draft_tokens)
     ctx = min(max(len(p) for p in prompts) + max_new_tokens + 1, target.args.max_seq_len)
-    engine = EagleEngine(target, copy_head(head, target.dtype), tree, max_batch=min(batch_size, len(prompts)),
-                         max_context=ctx, eos_ids=sorted(eos_ids), use_cuda_graph=False)
-    stats = engine.generate([Request(list(p), max_new_tokens, rid=i) for i, p in enumerate(prompts)])
-    s = stats.summary(tree.steps)
-    return {"tau": s["tau"], "accept_rate_depth": s["accept_rate_depth"]}
+    draft = copy_head(head, target.dtype)
+    engine = EagleEngine(target, draft, tree, max_batch=min(batch_size, len(prompts)), max_context=ctx,
+                         eos_ids=sorted(eos_ids), use_cuda_graph=False)
+    reqs = [Request(list(p), max_new_tokens, rid=i) for i, p in enumerate(prompts)]
+    s = engine.generate(reqs).summary(tree.steps)
+    feats = OnlineFeatures(target, draft)
+    hits = torch.cat([step_hits(target, draft, feats, r.prompt_ids + r.output_ids, len(r.prompt_ids), tree.steps)
+                      for r in reqs])  # [rows, steps]
+    acc = (hits.float().sum(0) / max(len(hits), 1)).tolist()
+    return {"tau": s["tau"], "accept_rate_depth": s["accept_rate_depth"], "acc": acc}
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -537,8 +546,9 @@ def train(cfg: DictConfig, output_dir: str | Path, target: Transformer | None = 
         if dd.main and prompts:
             r = evaluate_tau(target, whole, cfg.tree, prompts, ec.max_new_tokens, ec.batch_size, eos)
             evals.append({"step": at, **r})
-            tracker.log({"eval/tau": r["tau"]}, step=at)
-            bar.write(f"[eaglet] step {at}: eval/tau {r['tau']:.3f} on {len(prompts)} held-out prompts")
+            tracker.log({"eval/tau": r["tau"], **{f"eval/acc_{k}": a for k, a in enumerate(r["acc"])}}, step=at)
+            bar.write(f"[eaglet] step {at}: eval/tau {r['tau']:.3f}, eval/acc_0 {r['acc'][0]:.3f} on "
+                      f"{len(prompts)} held-out prompts")
         dd.barrier()
 
     try:
@@ -615,12 +625,14 @@ def train(cfg: DictConfig, output_dir: str | Path, target: Transformer | None = 
         "world_size": dd.world, "train_s": train_s, "tokens_seen": tokens_total,
         "peak_memory_gb": torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None,
         **last_log,
-        "eval/tau": evals[-1]["tau"] if evals else None, "eval_history": evals,
+        "eval/tau": evals[-1]["tau"] if evals else None, "eval/acc_0": evals[-1]["acc"][0] if evals else None,
+        "eval_history": evals,
         **env, "config": config,
     }
     if dd.main:
         say(f"[eaglet] {step} steps in {train_s:.1f}s; " + ", ".join(
-            f"{k} {metrics[k]:.4g}" for k in ("train/loss", "train/acc_0", "eval/tau") if metrics.get(k) is not None))
+            f"{k} {metrics[k]:.4g}" for k in ("train/loss", "train/acc_0", "eval/acc_0", "eval/tau")
+            if metrics.get(k) is not None))
         tracker.finish(metrics)
     dd.close()
     return metrics

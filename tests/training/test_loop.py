@@ -120,6 +120,9 @@ def test_saved_head_loads_in_the_public_layout(target, tmp_path, small_cfg, kind
     loaded = head.public_state_dict()
     assert loaded.keys() == ck.keys() and all(torch.equal(loaded[k], v) for k, v in ck.items())
     assert len(m["eval_history"]) == 2 and m["eval/tau"] >= 1.0  # step 1 and the end
+    # held-out teacher-forced accuracy per draft step, beside the engine's tau
+    assert all(len(e["acc"]) == cfg.tree.steps and all(0.0 <= a <= 1.0 for a in e["acc"]) for e in m["eval_history"])
+    assert m["eval/acc_0"] == m["eval_history"][-1]["acc"][0]
     assert json.loads((tmp_path / "run" / "metrics.json").read_text())["steps"] == 2
 
 
