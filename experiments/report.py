@@ -81,8 +81,8 @@ def overlap_groups(runs: list[dict]) -> dict[tuple, dict[str, dict]]:
             for k, v in sorted(groups.items(), key=lambda kv: kv[0]) if len(v) > 1}
 
 
-TIMINGS = ("step_ms", "step_median_ms", "draft_ms", "plan_ms", "plan_wait_ms", "verify_ms", "accept_ms", "extend_ms",
-           "plan_hidden_fraction", "weight_read_floor_ms")
+TIMINGS = ("step_ms", "step_median_ms", "draft_ms", "plan_ms", "plan_wait_ms", "verify_ms", "accept_ms",
+           "extend_ms", "plan_hidden_fraction", "weight_read_floor_ms")
 
 
 def step_time(m: dict) -> float:
@@ -129,8 +129,9 @@ def run_noise(groups: dict[tuple, dict[str, dict]]) -> dict[str, float]:
 def versus_serial(m: dict, base: dict, sigma: float | None) -> str:
     """Whether a plan's median step time differs from serial's by more than NOISE_SE standard errors. sigma: the
     target's run-to-run relative spread (`run_noise`); the standard error of a median of n runs is taken as
-    sqrt(pi / 2) sigma / sqrt(n) (the large-n value; for 2-3 repeats it overstates it a little). Without repeats there is no spread to judge by. (Non-overlapping ranges of two
-    repeats each, the earlier rule, flag one in three comparisons of identical plans.)"""
+    sqrt(pi / 2) sigma / sqrt(n) (the large-n value; for 2-3 repeats it overstates it a little). Without repeats
+    there is no spread to judge by. (Non-overlapping ranges of two repeats each, the earlier rule, flag one in
+    three comparisons of identical plans.)"""
     if m["repeats"] < 2 or base["repeats"] < 2 or not sigma:
         return "-"
     se = math.sqrt(math.pi / 2) * sigma * math.sqrt(1 / m["repeats"] + 1 / base["repeats"])
@@ -239,7 +240,8 @@ def overlap_table(groups: dict[tuple, dict[str, dict]]) -> str:
             ran = plan if m["stream_plan"] == plan else f"{plan} (ran as {m['stream_plan']})"
             floor = m.get("weight_read_floor_ms")  # GPU runs only
             vs_floor = (f"{m['verify_ms'] / floor:.2f}x | {m['step_ms'] / floor:.2f}x" if floor else "- | -")
-            lines.append(f"| {target} | {tree} | {B} | {ran} | {m['repeats']} | {m['step_compare_ms']:.3f} | {lo:.3f}–{hi:.3f} "
+            lines.append(f"| {target} | {tree} | {B} | {ran} | {m['repeats']} | {m['step_compare_ms']:.3f} "
+                         f"| {lo:.3f}–{hi:.3f} "
                          f"| {m['draft_ms']:.3f} | {m['plan_ms']:.3f} | {m['plan_wait_ms']:.3f} | {m['verify_ms']:.3f} "
                          f"| {m['accept_ms']:.3f} | {m['extend_ms']:.3f} | {100 * m['plan_hidden_fraction']:.0f}% | {sp} "
                          f"| {noise} | {vs_floor} |")

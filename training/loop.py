@@ -41,8 +41,8 @@ from tqdm import tqdm
 from eaglet.models.eagle import KINDS, DraftHead, load_draft_head, new_draft_head
 from eaglet.models.llama import Transformer
 from eaglet.spec.tracking import Tracker, environment
-from eaglet.training.data import BatchSchedule, Sample, collate, draft_vocab, load_samples
 from eaglet.training.chain_replay import step_hits
+from eaglet.training.data import BatchSchedule, Sample, collate, draft_vocab, load_samples
 from eaglet.training.features import OfflineFeatures, OnlineFeatures, build_offline_cache, cache_bytes
 from eaglet.training.losses import STATS, draft_loss, step_counts
 
