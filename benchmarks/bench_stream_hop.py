@@ -9,7 +9,11 @@ behind a sleep so the host is never what the GPU waits for:
 
   * same stream: a kernel, a small copy, a kernel, all on main (the serial plan's shape);
   * via plan stream: the same three with the copy on a side stream between the two edges (the split plan's shape);
-  * via plan stream, nothing: the two edges alone around an empty plan stream.
+  * via plan stream, nothing: the two edges alone around an empty plan stream;
+  * via plan stream with timing events: the second shape with the timing events that the engine's phase timer
+    records on that path: four when every phase had its own start and stop events, one (the dependent part's end)
+    since phases that meet share an event (does measuring the exposed time cost what it measures?);
+  * same stream with one timing event: the first shape with one event after the copy (the serial plan's).
 
 The difference between the first two is the cost of the edges beyond the copy itself.
 """
@@ -51,21 +55,47 @@ def main() -> None:
     src = torch.randint(0, 9, (32 * 8 * 3,), device="cuda")  # a verify's tree inputs at B=32, N=8 (int64)
     dst = torch.empty_like(src)
 
-    def via_plan(copy: bool):
+    def event(stream):
+        e = mod.Event(enable_timing=True)
+        e.record(stream)
+
+    def via_plan(copy: bool, timing_events: int = 0):
+        """timing_events: 4 = the engine's former events on this path (plan_wait start, the dependent part's
+        start and stop, plan_wait stop), 1 = its events now (the dependent part's end)."""
         def body():
+            if timing_events == 4:
+                event(main_s)
             plan.wait_stream(main_s)
             if copy:
                 with mod.stream(plan):
+                    if timing_events == 4:
+                        event(plan)
                     dst.copy_(src)
+                    if timing_events:
+                        event(plan)
             main_s.wait_stream(plan)
+            if timing_events == 4:
+                event(main_s)
         return body
+
+    def same_stream_timed():
+        dst.copy_(src)
+        event(main_s)
 
     rows = [("same stream: kernel, copy, kernel", timed(lambda: dst.copy_(src), mod, main_s)),
             ("via plan stream: kernel, [wait, copy, wait], kernel", timed(via_plan(True), mod, main_s)),
             ("via plan stream, nothing on it: kernel, [wait, wait], kernel", timed(via_plan(False), mod, main_s)),
+            ("via plan stream, 4 timing events (every phase its own start and stop)",
+             timed(via_plan(True, 4), mod, main_s)),
+            ("via plan stream, 1 timing event (phases share their boundary events)",
+             timed(via_plan(True, 1), mod, main_s)),
+            ("same stream, 1 timing event after the copy", timed(same_stream_timed, mod, main_s)),
             ("same stream, no copy: kernel, kernel", timed(lambda: None, mod, main_s))]
     table = ["| shape | µs (median of 200) |", "|---|---|"] + [f"| {name} | {t:.2f} |" for name, t in rows]
     table.append(f"| the two edges' cost beyond the copy (row 2 - row 1) | {rows[1][1] - rows[0][1]:.2f} |")
+    table.append(f"| 4 timing events' cost (row 4 - row 2) | {rows[3][1] - rows[1][1]:.2f} |")
+    table.append(f"| 1 timing event's cost on the plan stream (row 5 - row 2) | {rows[4][1] - rows[1][1]:.2f} |")
+    table.append(f"| 1 timing event's cost on one stream (row 6 - row 1) | {rows[5][1] - rows[0][1]:.2f} |")
     text = provenance() + "\n" + "\n".join(table) + "\n"
     if args.md:
         with open(args.md, "w") as f:

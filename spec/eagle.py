@@ -322,30 +322,33 @@ class EagleEngine:
         plan = self.stream_plan
         seq_lens = state["seq_lens"]
         plan.before_draft()
-        timer.start("draft")
+        t_draft = timer.mark()
         tokens, positions, next_tok, next_sib, mask = self._draft(
             seq_lens, self.kv_d.req_to_page[rows], state["top_lp"], state["top_tok"], state["hidden"], state["roots"])
-        timer.stop("draft")
-        timer.start("plan_wait")
+        t_drafted = timer.mark()
+        timer.span("draft", t_draft, t_drafted)
         plan.after_draft()
         plan.read_on_plan_stream(seq_lens, rows, tokens, positions, mask)
         with plan.context():
             # copies into the verify's static buffers (graph or eager): first what needs only the previous step
-            # (slots, seq_lens, page table), then, after overlap_split's wait, the draft's tree
-            timer.start("plan")
+            # (slots, seq_lens, page table), then, after overlap_split's wait, the draft's tree. A plan that waits
+            # for the draft first starts at the draft's end event (no event of its own on the critical path).
+            t_plan = t_drafted if plan.draft_edge == "plan" else timer.mark()
             planned = self._plan(seq_lens, rows)  # [B, N] slots, [B, P] page table
             B = self._verify.stage(planned[0], seq_lens, planned[1])
-            timer.stop("plan")
+            t_indep = timer.mark()
+            timer.span("plan", t_plan, t_indep)
             plan.wait_for_draft()
-            timer.start("plan")
             self._verify.stage(tokens, positions, mask, first=3)
-            timer.stop("plan")
+            t_planned = timer.mark()
+            # overlap_split's dependent part starts at the later of the independent part's end and the draft's
+            timer.span("plan", (t_indep, t_drafted) if plan.draft_edge == "dependent" else t_indep, t_planned)
         plan.before_verify(*planned)
-        timer.stop("plan_wait")
-        timer.start("verify")
+        t_verify = timer.mark()
+        timer.span("plan_wait", t_drafted, t_verify)
         logits, feats = self._verify.replay(B)
-        timer.stop("verify")
-        timer.start("accept")
+        t_verified = timer.mark()
+        timer.span("verify", t_verify, t_verified)
         pt_t = planned[1]
         if self.sampling.greedy:
             acc = self._accept(tokens, logits.argmax(-1), next_tok, next_sib, mask, seq_lens, pt_t)
@@ -353,11 +356,11 @@ class EagleEngine:
             probs = probs_from_logits(logits, self.sampling)  # [B, N, V]
             acc = self._accept(tokens, tokens, next_tok, next_sib, mask, seq_lens, pt_t, probs)
         accept_index, accept_len, bonus, new_lens = (t.clone() for t in acc)
-        timer.stop("accept")
-        timer.start("extend")
+        t_accepted = timer.mark()
+        timer.span("accept", t_verified, t_accepted)
         emitted, top_lp, top_tok, hidden = self._extend(tokens, feats, accept_index, accept_len, bonus, seq_lens,
                                                         self.kv_d.req_to_page[rows])
-        timer.stop("extend")
+        timer.span("extend", t_accepted, timer.mark())
         state.update(roots=bonus, seq_lens=new_lens, top_lp=top_lp.clone(), top_tok=top_tok.clone(),
                      hidden=hidden.clone())
         return torch.cat([accept_len[:, None].long(), emitted], dim=1)  # [B, 1 + S+1]
@@ -438,42 +441,48 @@ class EagleEngine:
 
 
 class _PhaseTimer:
-    """Device events around each phase, recorded on the stream the phase runs on (the plan on the
-    plan stream, the rest on main); read once at the end, no sync in the loop. `plan_wait` is the
-    gap on main between the draft's end and the verify's start: the plan time left exposed."""
+    """Device events at the phase boundaries, recorded on the stream a phase runs on (the plan on the plan
+    stream, the rest on main); read once at the end, no sync in the loop. `plan_wait` is the gap on main
+    between the draft's end and the verify's start: the plan time left exposed.
+
+    Two phases that meet share one event: each timing event on the critical path lengthens it. On an H200,
+    four events on overlap_split's draft -> plan stream -> verify path (`benchmarks/bench_stream_hop.py`)
+    added 12.6 µs, as much as the split plan's whole measured exposed time (12 µs at B=32, random
+    Llama-3.1-8B) when every phase had its own start and stop events."""
 
     def __init__(self, enabled: bool, device: torch.device):
         self.enabled = enabled
         # CPU work is synchronous: host clock stamps time it; a GPU needs device events
         self.mod = torch.get_device_module(device) if device.type != "cpu" else None
-        self.open: dict = {}
-        self.spans: list = []  # (phase, start, end)
+        self.spans: list = []  # (phase, starts, end)
 
-    def _event(self):
+    def mark(self):
+        """An event on the current stream (a host time stamp on CPU); None when timing is off."""
+        if not self.enabled:
+            return None
         if self.mod is None:
             return time.perf_counter()
         e = self.mod.Event(enable_timing=True)
         e.record()
         return e
 
-    def _ms(self, a, b) -> float:
-        return 1e3 * (b - a) if self.mod is None else a.elapsed_time(b)
-
-    def start(self, phase: str) -> None:
+    def span(self, phase: str, start, end) -> None:
+        """One interval of a phase, from `start` (an event, or a tuple of events: the latest of them) to `end`."""
         if self.enabled:
-            self.open[phase] = self._event()
+            self.spans.append((phase, start if isinstance(start, tuple) else (start,), end))
 
-    def stop(self, phase: str) -> None:
-        if self.enabled:
-            self.spans.append((phase, self.open.pop(phase), self._event()))
+    def _ms(self, starts: tuple, end) -> float:
+        if self.mod is None:
+            return 1e3 * (end - max(starts))
+        return min(a.elapsed_time(end) for a in starts)
 
     def periods(self, phase: str) -> list[float]:
         """ms between consecutive starts of a phase: one step's period, its gaps included."""
-        starts = [a for p, a, _ in self.spans if p == phase]
-        return [self._ms(a, b) for a, b in zip(starts, starts[1:])]
+        starts = [s for p, s, _ in self.spans if p == phase]
+        return [self._ms(a, b[0]) for a, b in zip(starts, starts[1:])]
 
     def totals(self) -> dict[str, float]:
         out = {p: 0.0 for p in PHASES}
-        for phase, a, b in self.spans:
-            out[phase] += self._ms(a, b)
+        for phase, starts, end in self.spans:
+            out[phase] += self._ms(starts, end)
         return out

@@ -91,6 +91,13 @@ class StreamPlan:
     def overlap(self) -> bool:
         return self.stream is not None
 
+    @property
+    def draft_edge(self) -> str:
+        """Which planning is ordered after the draft: "plan" (all of it: serial by stream order, the
+        wait_stream and event plans by their edge), "dependent" (overlap_split) or "nothing"
+        (unsafe_no_sync). The phase timer takes its plan start events from it."""
+        return {"overlap_split": "dependent", "unsafe_no_sync": "nothing"}.get(self.name, "plan")
+
     def context(self):
         """Run the enclosed planning on the plan stream (on main for `serial`)."""
         return self.mod.stream(self.stream) if self.overlap else contextlib.nullcontext()

@@ -9,7 +9,7 @@ from eaglet.models.eagle import new_draft_head
 from eaglet.models.kv_cache import KVCache
 from eaglet.models.llama import ModelArgs, Transformer
 from eaglet.spec.autoregressive import AREngine, Request
-from eaglet.spec.eagle import EagleEngine, SimulatedAcceptance, StepStats, TreeSpec
+from eaglet.spec.eagle import EagleEngine, SimulatedAcceptance, StepStats, TreeSpec, _PhaseTimer
 
 TREES = {"chain": TreeSpec(4, 1, 5), "eagle2": TreeSpec(4, 3, 8)}
 ARGS = ModelArgs(family="llama", vocab_size=256, dim=128, n_layers=8, n_heads=2, n_kv_heads=1, head_dim=64,
@@ -92,6 +92,30 @@ def test_the_median_step_ignores_a_stalled_step():
     stats = StepStats(steps=5, total_s=1.0, step_periods_ms=[2.0, 2.1, 400.0, 1.9])
     summary = stats.summary(max_depth=3)
     assert summary["step_median_ms"] == 2.05 and summary["step_ms"] == 200.0  # the mean carries the stall
+
+
+def test_phase_timer_shares_boundaries_and_takes_the_latest_start():
+    timer = _PhaseTimer(True, torch.device("cpu"))  # host time stamps on CPU: seconds as floats
+    timer.span("draft", 1.0, 1.5)
+    timer.span("plan", 1.2, 1.3)  # beside the draft
+    timer.span("plan", (1.3, 1.5), 1.6)  # after the later of the independent part's end and the draft's
+    timer.span("plan_wait", 1.5, 1.7)
+    timer.span("draft", 2.0, 2.5)
+    totals = timer.totals()
+    assert totals["draft"] == pytest.approx(1000.0) and totals["plan"] == pytest.approx(200.0)
+    assert totals["plan_wait"] == pytest.approx(200.0) and timer.periods("draft") == [pytest.approx(1000.0)]
+    off = _PhaseTimer(False, torch.device("cpu"))
+    off.span("draft", off.mark(), off.mark())
+    assert off.mark() is None and off.totals()["draft"] == 0.0
+
+
+def test_serial_plan_time_is_all_exposed(target):
+    head = new_draft_head("eagle1", target, dtype=torch.float32, device="cpu")
+    _, stats = spec_outputs(target, head, TREES["eagle2"], PROMPTS[:2], 6, batch=2)
+    s = stats.summary(TREES["eagle2"].steps)
+    # serial: the plan runs between the draft's end and the verify's start, all of it on the critical path
+    assert s["plan_wait_ms"] >= s["plan_ms"] > 0 and s["plan_hidden_fraction"] == 0.0
+    assert min(s[f"{p}_ms"] for p in ("draft", "verify", "accept", "extend")) > 0
 
 
 def test_bad_trees_are_refused(target):

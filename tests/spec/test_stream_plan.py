@@ -8,6 +8,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -66,6 +67,14 @@ def test_unsafe_needs_opt_in(monkeypatch):
         resolve_plan(cfg("overlap"), CUDA)
 
 
+@pytest.mark.parametrize("name, edge", [("serial", "plan"), ("overlap_wait_stream", "plan"), ("overlap_event", "plan"),
+                                        ("overlap_split", "dependent"), ("unsafe_no_sync", "nothing")])
+def test_draft_edge(name, edge):
+    """What each plan orders after the draft (the phase timer's plan start events follow it). A CPU has no
+    plan stream, so the property is read off a bare object with the plan's name."""
+    assert StreamPlan.draft_edge.fget(SimpleNamespace(name=name)) == edge
+
+
 def test_cpu_runs_serial(monkeypatch):
     monkeypatch.delenv(ENV, raising=False)
     plan = resolve_plan(cfg("overlap_split"), torch.device("cpu"))
@@ -108,8 +117,9 @@ SCRIPT = textwrap.dedent("""
                       use_cuda_graph={graphs}, stream_plan=plan)
     eng.warmup()
     reqs = [Request(p, {max_new}, rid=i) for i, p in enumerate(PROMPTS)]
-    eng.generate(reqs)
+    summary = eng.generate(reqs).summary(TREES["eagle2"].steps)
     print("IDENTICAL" if [r.output_ids for r in reqs] == want else "MISMATCH")
+    print("PHASES", *(summary[k] for k in ("draft_ms", "plan_ms", "plan_wait_ms", "verify_ms", "plan_hidden_fraction")))
 """)
 
 
@@ -132,6 +142,14 @@ def test_safe_plans_are_identical_to_plain_decoding(plan):
     out = run_plan(plan)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "IDENTICAL" in out.stdout
+    # the phase timer on the device: serial exposes all of its plan; the split plan's independent part runs
+    # beside the draft, so some of its plan is hidden
+    draft, plan_ms, wait, verify, hidden = map(float, out.stdout.split("PHASES")[1].split())
+    assert draft > 0 and plan_ms > 0 and wait > 0 and verify > 0
+    if plan == "serial":
+        assert hidden == 0.0 and wait >= plan_ms
+    if plan == "overlap_split":
+        assert hidden > 0.0
 
 
 @gpu
