@@ -23,9 +23,10 @@ out=${2:-${OUT:-gpu_out}}
 mkdir -p "$out"
 source benchmarks/offline_gpu_env.sh
 # train and experiments: SmolLM2 as an HF directory (made by train), and the training overrides both stages use
-# (the regeneration settings are part of the regenerated data's cache key); TRAIN_ARGS: more (a CPU dry run)
+# (the regeneration settings are part of the regenerated data's cache key); TRAIN_ARGS: more (a CPU dry run);
+# MAX_TURNS: exchanges per conversation (default 1; null: all, with SHAREGPT_XZ from sharegpt_subset.py --user-turns)
 T=/tmp/train smol=$KEEP/smollm2_hf
-train_args=(logger=none target.path="$smol" data.path="$SHAREGPT" data.max_turns=1 data.regen.max_new_tokens=512
+train_args=(logger=none target.path="$smol" data.path="$SHAREGPT" data.max_turns=${MAX_TURNS:-1} data.regen.max_new_tokens=512
             data.regen.batch_size=128 data.cache_dir=$T/regen train.progress=false train.optim.lr=${LR:-3e-4}
             eval.num_prompts=16 train.compile=${COMPILE:-false} ${TRAIN_ARGS:-})
 rate() {  # training tokens/s of a run: the mean of its log windows after the first (warm-up, autotuning)

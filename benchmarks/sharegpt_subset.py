@@ -3,10 +3,13 @@ the first N conversations of the embedded file plus every held-out one, as one x
 
     python benchmarks/sharegpt_subset.py --first 9000 --out .asset4/ShareGPT_V3_unfiltered_cleaned_split.json.xz
     python benchmarks/sharegpt_subset.py --first 0 --first-exchange --out .asset6/sharegpt_first_exchange.json.xz
+    python benchmarks/sharegpt_subset.py --first 0 --user-turns --out .asset7/sharegpt_user_turns.json.xz
 
 --first-exchange keeps of each training conversation only the raw messages of its first user/assistant
 exchange (what `data.max_turns=1` trains on; the assistant turn is regenerated anyway): all 17,671 conversations
-then fit in a few MB. Held-out conversations stay whole.
+then fit in a few MB. --user-turns keeps every turn but replaces each assistant message's text by "." (what
+`data.max_turns=null` with regeneration reads: the user turns, replayed one by one). Held-out conversations stay
+whole.
 """
 
 import argparse
@@ -14,7 +17,7 @@ import json
 import lzma
 
 from eaglet.data.assets import asset_path
-from eaglet.data.prompts import _normalise, sharegpt_split
+from eaglet.data.prompts import _ROLES, _normalise, sharegpt_split
 
 
 def first_exchange(conv: dict) -> dict:
@@ -25,10 +28,22 @@ def first_exchange(conv: dict) -> dict:
     return {**conv, "conversations": turns[:keep]}
 
 
+def user_turns(conv: dict) -> dict:
+    """conv with each non-empty assistant message's text replaced by "." and banners emptied: the same normalised
+    roles and user turns (regeneration replays the user turns and writes its own answers), in fewer bytes."""
+    def cut(t: dict) -> dict:
+        role = _ROLES.get(t["from"], "user")  # an unknown speaker stays as it is: the loader names it
+        if role is None:
+            return {**t, "value": ""}
+        return {**t, "value": "."} if role == "assistant" and t["value"].strip() else t
+    return {**conv, "conversations": [cut(t) for t in conv["conversations"]]}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--first", type=int, default=9000, help="leading conversations kept (train and held-out); 0: all")
     ap.add_argument("--first-exchange", action="store_true", help="training conversations: their first exchange only")
+    ap.add_argument("--user-turns", action="store_true", help="training conversations: every turn, assistant text cut")
     ap.add_argument("--out", required=True, help="output .json.xz")
     a = ap.parse_args()
     text = asset_path("sharegpt").read_text()
@@ -42,7 +57,9 @@ def main() -> None:
             break
         heldout = sharegpt_split(conv["id"]) == "heldout"
         if a.first == 0 or seen < a.first or heldout:
-            kept.append(first_exchange(conv) if a.first_exchange and not heldout else conv)
+            if not heldout:
+                conv = first_exchange(conv) if a.first_exchange else user_turns(conv) if a.user_turns else conv
+            kept.append(conv)
         seen += 1
     with lzma.open(a.out, "wt", preset=6) as f:
         json.dump(kept, f)
