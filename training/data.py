@@ -11,7 +11,8 @@ target says, not what ShareGPT's ChatGPT said): the user turns are replayed thro
 conversation per line: its messages as text and the generated token ids) under a name hashed from
 everything that determines them, with the config beside it; generation runs in chunks appended as they
 finish, so an interrupted regeneration resumes, and each process of a torchrun job regenerates its own
-chunks.
+chunks. `data.regen.samples` > 1 (with a temperature > 0) answers every prompt that many times, each answer a
+training sequence: more, and more varied, answers from the same prompts.
 
 The held-out ShareGPT split never enters training: only `split="train"` conversations are loaded, and
 every one is checked again against `sharegpt_split` of its id.
@@ -132,6 +133,7 @@ class RegenConfig:
     batch_size: int = 64  # requests decoded together
     max_context: int = 2048  # prompt + answer tokens; longer conversations stop at the last turn that fits
     chunk: int = 512  # conversations per cached chunk (the resume granularity)
+    samples: int = 1  # answers per prompt; > 1 needs temperature > 0 (each sampled answer is a training sequence)
 
 
 def generate_answers(target: Transformer, prompts: list[list[int]], rc: RegenConfig, eos_ids,
@@ -335,9 +337,24 @@ def load_samples(dc, target: Transformer, tokenizer, cache_dir: Path, target_key
                  log: Callable[[str], None] = print) -> list[Sample]:
     """The training sequences described by the `data` config block (conf/train_draft.yaml)."""
     rc = RegenConfig(**dc.regen)
-    # not `limit` / `num`: records are per conversation, so a larger run reuses a smaller one's
+    if rc.samples < 1 or (rc.samples > 1 and rc.temperature == 0):
+        raise ValueError(f"data.regen.samples={rc.samples}: use 1, or more with data.regen.temperature > 0 (greedy "
+                         "answers to one prompt are all the same)")
+    # not `limit` / `num`: records are per conversation, so a larger run reuses a smaller one's; not `samples`:
+    # sample 0 is a one-answer run's records, each further sample has its own key (`regenerated`)
     key = {"target": target_key, "source": dc.source, "path": dc.get("path"), "max_turns": dc.get("max_turns"),
-           "regen": {k: v for k, v in dc.regen.items() if k != "chunk"}, "seed": seed}
+           "regen": {k: v for k, v in dc.regen.items() if k not in ("chunk", "samples")}, "seed": seed}
+
+    def regenerated(kind: str, ids: list[str], make: Callable[[list[int], int], list[dict]]) -> list[dict]:
+        """Every sample's records for `ids`, sample after sample; make(item indices, seed) makes one chunk's."""
+        out = []
+        for s in range(rc.samples):
+            k = key if s == 0 else {**key, "sample": s}
+            out += cached_records(cache_dir / f"regen-{kind}-{config_hash(k)}", k, ids,
+                                  lambda idx, c, s=s: make(idx, seed + 1_000_000 * s + 1000 * c),
+                                  rc.chunk, rank, world, barrier, log)
+        return out
+
     if dc.source == "synthetic":
         sc = dc.synthetic
         key["synthetic"] = {k: v for k, v in sc.items() if k != "num"}
@@ -345,10 +362,8 @@ def load_samples(dc, target: Transformer, tokenizer, cache_dir: Path, target_key
         if not dc.regenerate:
             return [Sample(s.ids[: dc.max_len], s.mask[: dc.max_len]) for s in base]
         prompts = [(f"synthetic-{i}", s.ids[~s.mask].tolist()) for i, s in enumerate(base)]
-        recs = cached_records(cache_dir / f"regen-synthetic-{config_hash(key)}", key, [p for p, _ in prompts],
-                              lambda idx, c: regenerate_synthetic([prompts[i] for i in idx], target, rc, eos_ids,
-                                                                  seed + 1000 * c),
-                              rc.chunk, rank, world, barrier, log)
+        recs = regenerated("synthetic", [p for p, _ in prompts],
+                           lambda idx, sd: regenerate_synthetic([prompts[i] for i in idx], target, rc, eos_ids, sd))
         out = []
         for r in recs:
             ids = torch.tensor(r["prompt_ids"] + r["output_ids"], dtype=torch.long)[: dc.max_len]  # [T]
@@ -363,16 +378,15 @@ def load_samples(dc, target: Transformer, tokenizer, cache_dir: Path, target_key
     # bytes (another file at the same path must not reuse it; regenerated records are per conversation id)
     skey = {**key, "regenerate": dc.regenerate, "limit": dc.get("limit"), "max_len": dc.max_len,
             "tokenizer": getattr(tokenizer, "name_or_path", None), "template": tokenizer.chat_template,
-            "data_sha256": file_digest(Path(dc.path) if dc.get("path") else asset_path("sharegpt"))}
+            "data_sha256": file_digest(Path(dc.path) if dc.get("path") else asset_path("sharegpt")),
+            **({"samples": rc.samples} if rc.samples > 1 and dc.regenerate else {})}
     rendered = cache_dir / f"samples-sharegpt-{config_hash(skey)}.safetensors"
     if rendered.is_file():
         return read_samples(rendered)
     convs = train_conversations(dc.get("path"), dc.get("limit"), dc.get("max_turns"))
     if dc.regenerate:
-        recs = cached_records(cache_dir / f"regen-sharegpt-{config_hash(key)}", key, [c.id for c in convs],
-                              lambda idx, c: regenerate_chats([convs[i] for i in idx], target, tokenizer, rc, eos_ids,
-                                                              seed + 1000 * c),  # + turn inside
-                              rc.chunk, rank, world, barrier, log)
+        recs = regenerated("sharegpt", [c.id for c in convs],  # the seed + the turn inside
+                           lambda idx, sd: regenerate_chats([convs[i] for i in idx], target, tokenizer, rc, eos_ids, sd))
         messages = [r["messages"] for r in recs]
     else:
         messages = [c.messages for c in convs]

@@ -85,6 +85,26 @@ def test_synthetic_regeneration_is_the_targets_greedy_answer_and_is_cached(targe
     assert len(logs) == 4
 
 
+def test_several_sampled_answers_per_prompt(target, tmp_path):
+    """data.regen.samples: each prompt answered that many times at temperature > 0, each answer its own training
+    sequence and cache; sample 0 is a one-answer run's (same key and seed), so a larger run reuses it."""
+    one = regen_cfg(tmp_path, regen={**regen_cfg(tmp_path).regen, "temperature": 1.0})
+    logs = []
+    first = load_samples(one, target, None, tmp_path, {"t": 1}, [], seed=0, log=logs.append)
+    two = regen_cfg(tmp_path, regen={**one.regen, "samples": 2})
+    both = load_samples(two, target, None, tmp_path, {"t": 1}, [], seed=0, log=logs.append)
+    assert len(first) == 6 and len(both) == 12 and len(logs) == 4  # sample 1's two chunks only: sample 0 was cached
+    metas = [json.loads(p.read_text()) for p in tmp_path.glob("regen-synthetic-*.json")]
+    assert sorted(m.get("sample", 0) for m in metas) == [0, 1] and all("samples" not in m["regen"] for m in metas)
+    assert all(torch.equal(a.ids, b.ids) for a, b in zip(first, both[:6]))
+    prompts = [s.ids[~s.mask].tolist() for s in both]
+    assert prompts[:6] == prompts[6:]  # the same prompts, answered again
+    assert any(not torch.equal(a.ids, b.ids) for a, b in zip(both[:6], both[6:]))  # with other sampled answers
+    with pytest.raises(ValueError, match="data.regen.samples=2"):
+        load_samples(regen_cfg(tmp_path, regen={**regen_cfg(tmp_path).regen, "samples": 2}), target, None, tmp_path,
+                     {"t": 1}, [], seed=0)
+
+
 def test_cached_records_resume_after_a_crash_and_shard_by_rank(tmp_path):
     ids = [f"c{i}" for i in range(10)]
     made, crash = [], [True]
