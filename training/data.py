@@ -337,9 +337,9 @@ def load_samples(dc, target: Transformer, tokenizer, cache_dir: Path, target_key
                  log: Callable[[str], None] = print) -> list[Sample]:
     """The training sequences described by the `data` config block (conf/train_draft.yaml)."""
     rc = RegenConfig(**dc.regen)
-    if rc.samples < 1 or (rc.samples > 1 and rc.temperature == 0):
-        raise ValueError(f"data.regen.samples={rc.samples}: use 1, or more with data.regen.temperature > 0 (greedy "
-                         "answers to one prompt are all the same)")
+    if rc.samples < 1 or (rc.samples > 1 and (rc.temperature == 0 or not dc.regenerate)):
+        raise ValueError(f"data.regen.samples={rc.samples}: use 1, or more with data.regenerate=true and "
+                         "data.regen.temperature > 0 (greedy answers to one prompt are all the same)")
     # not `limit` / `num`: records are per conversation, so a larger run reuses a smaller one's; not `samples`:
     # sample 0 is a one-answer run's records, each further sample has its own key (`regenerated`)
     key = {"target": target_key, "source": dc.source, "path": dc.get("path"), "max_turns": dc.get("max_turns"),
@@ -379,7 +379,7 @@ def load_samples(dc, target: Transformer, tokenizer, cache_dir: Path, target_key
     skey = {**key, "regenerate": dc.regenerate, "limit": dc.get("limit"), "max_len": dc.max_len,
             "tokenizer": getattr(tokenizer, "name_or_path", None), "template": tokenizer.chat_template,
             "data_sha256": file_digest(Path(dc.path) if dc.get("path") else asset_path("sharegpt")),
-            **({"samples": rc.samples} if rc.samples > 1 and dc.regenerate else {})}
+            **({"samples": rc.samples} if rc.samples > 1 else {})}
     rendered = cache_dir / f"samples-sharegpt-{config_hash(skey)}.safetensors"
     if rendered.is_file():
         return read_samples(rendered)

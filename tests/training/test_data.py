@@ -100,9 +100,11 @@ def test_several_sampled_answers_per_prompt(target, tmp_path):
     prompts = [s.ids[~s.mask].tolist() for s in both]
     assert prompts[:6] == prompts[6:]  # the same prompts, answered again
     assert any(not torch.equal(a.ids, b.ids) for a, b in zip(both[:6], both[6:]))  # with other sampled answers
-    with pytest.raises(ValueError, match="data.regen.samples=2"):
-        load_samples(regen_cfg(tmp_path, regen={**regen_cfg(tmp_path).regen, "samples": 2}), target, None, tmp_path,
-                     {"t": 1}, [], seed=0)
+    for bad in (regen_cfg(tmp_path, regen={**regen_cfg(tmp_path).regen, "samples": 2}),  # greedy
+                regen_cfg(tmp_path, regenerate=False, regen={**two.regen}),  # nothing regenerated
+                regen_cfg(tmp_path, regen={**one.regen, "samples": 0})):
+        with pytest.raises(ValueError, match=f"data.regen.samples={bad.regen.samples}: use 1"):
+            load_samples(bad, target, None, tmp_path, {"t": 1}, [], seed=0)
 
 
 def test_cached_records_resume_after_a_crash_and_shard_by_rank(tmp_path):
