@@ -371,7 +371,13 @@ def evaluate_tau(target: Transformer, head: DraftHead, tree_cfg, prompts: list[l
     """Greedy decoding of `prompts` with the real EagleEngine and this head -> {"tau", "accept_rate_depth", "acc"}.
     acc [steps]: each draft step's teacher-forced accuracy on the same answers (the target's own), which is what
     train/acc_k measures on training batches: side by side they show the generalisation gap (the engine accepts
-    exactly what this forward predicts: training/chain_replay.py)."""
+    exactly what this forward predicts: training/chain_replay.py).
+
+    The decoding runs with the target's invariant numerics, as `run_spec.py` does by default: the answers are then
+    the target's plain greedy answers whatever the head. With the fastest kernels per shape, a bf16 speculative
+    answer depends on the head's accept pattern (the verify's shapes), so two evaluations one optimiser step apart
+    could score different texts (an H200 run logged eval/acc_0 0.482 and 0.464 at steps 1,526 and 1,527; how much
+    of that was the texts was not measured)."""
     from eaglet.spec.autoregressive import Request
     from eaglet.spec.eagle import EagleEngine, TreeSpec
 
@@ -381,7 +387,12 @@ def evaluate_tau(target: Transformer, head: DraftHead, tree_cfg, prompts: list[l
     engine = EagleEngine(target, draft, tree, max_batch=min(batch_size, len(prompts)), max_context=ctx,
                          eos_ids=sorted(eos_ids), use_cuda_graph=False)
     reqs = [Request(list(p), max_new_tokens, rid=i) for i, p in enumerate(prompts)]
-    s = engine.generate(reqs).summary(tree.steps)
+    numerics = target.invariant
+    try:
+        target.set_invariant(True)
+        s = engine.generate(reqs).summary(tree.steps)
+    finally:
+        target.set_invariant(numerics)  # the teacher-forced pass below: the training's numerics
     feats = OnlineFeatures(target, draft)
     hits = torch.cat([step_hits(target, draft, feats, r.prompt_ids + r.output_ids, len(r.prompt_ids), tree.steps)
                       for r in reqs])  # [rows, steps]

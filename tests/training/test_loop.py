@@ -85,10 +85,19 @@ def test_interrupted_run_resumes_bitwise(target, tmp_path, small_cfg):
 
 
 @pytest.mark.parametrize("kind", ["eagle1", "eagle3", "multi_layer"])
-def test_saved_head_loads_in_the_public_layout(target, tmp_path, small_cfg, kind):
+def test_saved_head_loads_in_the_public_layout(target, tmp_path, small_cfg, kind, monkeypatch):
     cfg = small_cfg(kind, "train.steps=2", "train.head.export_dtype=float32", "eval.every=1",
                     "eval.num_prompts=2", "eval.max_new_tokens=6", "eval.prompt_len=8")
+    from eaglet.spec.eagle import EagleEngine
+    decode, numerics = EagleEngine.generate, []
+
+    def recording(self, *args, **kw):  # the evaluation decodes with invariant numerics (the target's own answers)
+        numerics.append(self.target.invariant)
+        return decode(self, *args, **kw)
+
+    monkeypatch.setattr(EagleEngine, "generate", recording)
     m = train(cfg, tmp_path / "run", target=target)
+    assert numerics == [True, True] and target.invariant is False  # both evaluations; the training's numerics after
     head_dir = Path(m["head_dir"])
     head = load_draft_head(head_dir, target)
     assert head.KIND == kind
