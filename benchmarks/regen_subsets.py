@@ -17,16 +17,19 @@ import argparse
 import json
 from pathlib import Path
 
+from eaglet.data.prompts import _iter_json_array
+
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("cache_dir", type=Path, help="folder of regen-*.part*.jsonl files")
-    ap.add_argument("sharegpt", type=Path, help="the ShareGPT JSON file the regeneration read (its order)")
+    ap.add_argument("sharegpt", type=Path, help="the ShareGPT JSON file the regeneration read (its order), or the "
+                    "embedded one (the same order)")
     ap.add_argument("--split-at", type=int, required=True, help="file position of the first unseen conversation")
     ap.add_argument("--num", type=int, default=24, help="answers per subset")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
-    order = {c["id"]: i for i, c in enumerate(json.loads(args.sharegpt.read_text()))}
+    order = {c["id"]: i for i, c in enumerate(_iter_json_array(args.sharegpt))}  # also reads a cut-off file
     parts = sorted(args.cache_dir.glob("regen-*.part*.jsonl"))
     if not parts:
         raise SystemExit(f"{args.cache_dir}: no regen-*.part*.jsonl files; pass a training run's data.cache_dir")
