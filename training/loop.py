@@ -11,6 +11,8 @@ Run directory (Hydra's, `hydra.run.dir`):
                             train_state.pt (optimiser, scheduler, RNG states, data position; plain tensors and
                             dicts read back with torch.load(weights_only=True))
     head/                   the final head in the public layout (train.head.export_dtype): load_draft_head reads it
+    head_best/              with evaluations: the head of the evaluation with the best held-out eval/acc_0 so far
+                            (its eval.json says which), the same layout: heads memorise their training answers
     train_log.jsonl         every logged step's metrics
     metrics.json            the run's summary (also mirrored to W&B, offline by default)
 
@@ -424,6 +426,7 @@ def train(cfg: DictConfig, output_dir: str | Path, target: Transformer | None = 
     dd.init(device.type)
     # every process must write to one run directory: rank 0's (Hydra's ${now:...} may differ per process)
     run_dir = Path(dd.broadcast(str(output_dir)))
+    best_file = run_dir / "head_best" / "eval.json"  # survives a resume, so a resumed run keeps the best so far
     say = print if dd.main else (lambda *a, **k: None)
     t_start = time.perf_counter()
 
@@ -455,6 +458,8 @@ def train(cfg: DictConfig, output_dir: str | Path, target: Transformer | None = 
     # ---- resume (the weights before sharding, the optimiser's state once it exists) ---------------------
     start_step, position, state = 0, 0, None  # position: global micro-batches consumed (the data position)
     ckpt = resolve_resume(tc.resume, run_dir)
+    if ckpt is None and dd.main:
+        shutil.rmtree(best_file.parent, ignore_errors=True)  # another run's best: this one starts afresh
     if ckpt is not None:
         state = load_checkpoint(ckpt, head)
         if bool(state.get("fsdp", False)) != fsdp:
@@ -557,6 +562,9 @@ def train(cfg: DictConfig, output_dir: str | Path, target: Transformer | None = 
         if dd.main and prompts:
             r = evaluate_tau(target, whole, cfg.tree, prompts, ec.max_new_tokens, ec.batch_size, eos)
             evals.append({"step": at, **r})
+            if not best_file.is_file() or r["acc"][0] > json.loads(best_file.read_text())["acc"][0]:
+                whole.save_pretrained(best_file.parent, dtype=EXPORT_DTYPES[hc.export_dtype])
+                best_file.write_text(json.dumps({"step": at, **r}))
             tracker.log({"eval/tau": r["tau"], **{f"eval/acc_{k}": a for k, a in enumerate(r["acc"])}}, step=at)
             bar.write(f"[eaglet] step {at}: eval/tau {r['tau']:.3f}, eval/acc_0 {r['acc'][0]:.3f} on "
                       f"{len(prompts)} held-out prompts")
@@ -638,6 +646,7 @@ def train(cfg: DictConfig, output_dir: str | Path, target: Transformer | None = 
         **last_log,
         "eval/tau": evals[-1]["tau"] if evals else None, "eval/acc_0": evals[-1]["acc"][0] if evals else None,
         "eval_history": evals,
+        "head_best": json.loads(best_file.read_text()) if best_file.is_file() else None,
         **env, "config": config,
     }
     if dd.main:

@@ -96,8 +96,16 @@ def test_saved_head_loads_in_the_public_layout(target, tmp_path, small_cfg, kind
         return decode(self, *args, **kw)
 
     monkeypatch.setattr(EagleEngine, "generate", recording)
+    stale = tmp_path / "run" / "head_best" / "eval.json"  # another run's best in this folder: not this run's
+    stale.parent.mkdir(parents=True)
+    stale.write_text(json.dumps({"step": 9, "acc": [2.0]}))
     m = train(cfg, tmp_path / "run", target=target)
     assert numerics == [True, True] and target.invariant is False  # both evaluations; the training's numerics after
+    # the head of the best held-out evaluation, first of equals
+    accs = [e["acc"][0] for e in m["eval_history"]]
+    best = json.loads(stale.read_text())
+    assert best["step"] == m["eval_history"][accs.index(max(accs))]["step"] and best == m["head_best"]
+    assert load_draft_head(stale.parent, target).KIND == kind
     head_dir = Path(m["head_dir"])
     head = load_draft_head(head_dir, target)
     assert head.KIND == kind
