@@ -264,7 +264,7 @@ def build_head(draft, target_cfg, target: Transformer, dtype, device):
     if not draft.get("random_init"):
         raise ValueError(f"draft={draft.name} needs draft.path=<head directory>, or draft.random_init=true for a "
                          f"random head (losslessness and latency checks only: it accepts almost nothing); eaglet "
-                         f"ships no {draft.name} head for target={target_cfg.name}")
+                         f"ships no {draft.name} head for target={target_cfg.name}. draft=none decodes without one")
     return new_draft_head(draft.name, target, num_layers=draft.num_layers if draft.name == "multi_layer" else None,
                           draft_vocab_size=draft.get("draft_vocab_size"), dtype=dtype, device=device)
 

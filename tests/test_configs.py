@@ -30,6 +30,14 @@ def test_compose(group, option):
         assert cfg[group] is not None
 
 
+def test_the_default_serves_the_shipped_head():
+    """`python run_spec.py` decodes the embedded default target with the EAGLE-3 head eaglet ships for it."""
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose("run_spec")
+    shipped = CONF.parent / cfg.target.heads[cfg.draft.name]
+    assert cfg.draft.name == "eagle3" and cfg.draft.path is None and (shipped / "model.safetensors").is_file()
+
+
 def test_every_group_has_options():
     assert {"target", "draft", "tree", "stream", "data", "logger", "hardware"} <= set(GROUPS)
     assert all(options(g) for g in GROUPS)
