@@ -39,7 +39,7 @@ from eaglet.spec.cuda_graph import GraphRunner
 from eaglet.spec.sampling import SamplingParams, probs_from_logits, sample
 from eaglet.spec.stream_plan import ResolvedPlan, StreamPlan
 
-PHASES = ("draft", "plan", "plan_wait", "verify", "accept", "extend")
+PHASES = ("draft", "plan_beside", "plan_wait", "verify", "accept", "extend")
 
 
 @dataclass(frozen=True)
@@ -110,8 +110,11 @@ class StepStats:
         reach = [sum(hist[d:]) for d in range(max_depth + 1)]
         rates = [reach[d] / reach[d - 1] if reach[d - 1] else 0.0 for d in range(1, max_depth + 1)]
         decode_s = self.total_s - self.prefill_s
-        plan, wait = self.phase_ms["plan"], self.phase_ms["plan_wait"]
+        # the plan's device time: the part that ran beside the draft plus the part main waited for
+        wait = self.phase_ms["plan_wait"]
+        plan = self.phase_ms["plan_beside"] + wait
         return {
+            "plan_ms": plan / self.steps if self.steps else 0.0,
             # share of the plan's device time that did not delay the verify (0 when serial)
             "plan_hidden_fraction": max(0.0, 1.0 - wait / plan) if plan else 0.0,
             "tau": sum(self.accept_lens) / n if n else 0.0,
@@ -331,18 +334,19 @@ class EagleEngine:
         plan.read_on_plan_stream(seq_lens, rows, tokens, positions, mask)
         with plan.context():
             # copies into the verify's static buffers (graph or eager): first what needs only the previous step
-            # (slots, seq_lens, page table), then, after overlap_split's wait, the draft's tree. A plan that waits
-            # for the draft first starts at the draft's end event (no event of its own on the critical path).
-            t_plan = t_drafted if plan.draft_edge == "plan" else timer.mark()
+            # (slots, seq_lens, page table), then, after overlap_split's wait, the draft's tree. Each timing event on
+            # the critical path lengthens it (~3.3 µs on an H200, benchmarks/bench_stream_hop.py), so every plan has
+            # the same two there, the draft's end and the verify's start (plan_wait: what main waited for). Only the
+            # planning that runs beside the draft is timed on the plan stream, up to the draft's end at most.
+            beside = plan.draft_edge != "plan"
+            t_plan = timer.mark() if beside else None
             planned = self._plan(seq_lens, rows)  # [B, N] slots, [B, P] page table
             B = self._verify.stage(planned[0], seq_lens, planned[1])
-            t_indep = timer.mark()
-            timer.span("plan", t_plan, t_indep)
+            t_beside = timer.mark() if plan.draft_edge == "dependent" else None
             plan.wait_for_draft()
             self._verify.stage(tokens, positions, mask, first=3)
-            t_planned = timer.mark()
-            # overlap_split's dependent part starts at the later of the independent part's end and the draft's
-            timer.span("plan", (t_indep, t_drafted) if plan.draft_edge == "dependent" else t_indep, t_planned)
+            if beside:
+                timer.span("plan_beside", t_plan, (t_beside if t_beside is not None else timer.mark(), t_drafted))
         plan.before_verify(*planned)
         t_verify = timer.mark()
         timer.span("plan_wait", t_drafted, t_verify)
@@ -448,7 +452,8 @@ class _PhaseTimer:
     Two phases that meet share one event: each timing event on the critical path lengthens it. On an H200,
     four events on overlap_split's draft -> plan stream -> verify path (`benchmarks/bench_stream_hop.py`)
     added 12.6 µs, as much as the split plan's whole measured exposed time (12 µs at B=32, random
-    Llama-3.1-8B) when every phase had its own start and stop events."""
+    Llama-3.1-8B) when every phase had its own start and stop events. `plan_beside` is the planning that ran
+    beside the draft (on the plan stream, off the critical path)."""
 
     def __init__(self, enabled: bool, device: torch.device):
         self.enabled = enabled
@@ -467,19 +472,22 @@ class _PhaseTimer:
         return e
 
     def span(self, phase: str, start, end) -> None:
-        """One interval of a phase, from `start` (an event, or a tuple of events: the latest of them) to `end`."""
+        """One interval of a phase, from `start` to `end`: events, or tuples of events (the latest start, the
+        earliest end)."""
         if self.enabled:
-            self.spans.append((phase, start if isinstance(start, tuple) else (start,), end))
+            self.spans.append((phase, start, end))
 
-    def _ms(self, starts: tuple, end) -> float:
+    def _ms(self, start, end) -> float:
+        starts = start if isinstance(start, tuple) else (start,)
+        ends = end if isinstance(end, tuple) else (end,)
         if self.mod is None:
-            return 1e3 * (end - max(starts))
-        return min(a.elapsed_time(end) for a in starts)
+            return max(0.0, 1e3 * (min(ends) - max(starts)))
+        return max(0.0, min(a.elapsed_time(b) for a in starts for b in ends))
 
     def periods(self, phase: str) -> list[float]:
         """ms between consecutive starts of a phase: one step's period, its gaps included."""
         starts = [s for p, s, _ in self.spans if p == phase]
-        return [self._ms(a, b[0]) for a, b in zip(starts, starts[1:])]
+        return [self._ms(a, b) for a, b in zip(starts, starts[1:])]
 
     def totals(self) -> dict[str, float]:
         out = {p: 0.0 for p in PHASES}

@@ -95,7 +95,7 @@ class StreamPlan:
     def draft_edge(self) -> str:
         """Which planning is ordered after the draft: "plan" (all of it: serial by stream order, the
         wait_stream and event plans by their edge), "dependent" (overlap_split) or "nothing"
-        (unsafe_no_sync). The phase timer takes its plan start events from it."""
+        (unsafe_no_sync). The phase timer times on the plan stream only the planning that runs beside the draft."""
         return {"overlap_split": "dependent", "unsafe_no_sync": "nothing"}.get(self.name, "plan")
 
     def context(self):

@@ -94,15 +94,16 @@ def test_the_median_step_ignores_a_stalled_step():
     assert summary["step_median_ms"] == 2.05 and summary["step_ms"] == 200.0  # the mean carries the stall
 
 
-def test_phase_timer_shares_boundaries_and_takes_the_latest_start():
+def test_phase_timer_spans_from_the_latest_start_to_the_earliest_end():
     timer = _PhaseTimer(True, torch.device("cpu"))  # host time stamps on CPU: seconds as floats
     timer.span("draft", 1.0, 1.5)
-    timer.span("plan", 1.2, 1.3)  # beside the draft
-    timer.span("plan", (1.3, 1.5), 1.6)  # after the later of the independent part's end and the draft's
-    timer.span("plan_wait", 1.5, 1.7)
+    timer.span("plan_beside", 1.2, (1.3, 1.5))  # beside the draft, ends before it
+    timer.span("plan_beside", 1.2, (1.7, 1.5))  # runs past the draft's end: that part is plan_wait's
+    timer.span("plan_wait", (1.4, 1.5), 1.7)  # the draft's end, whatever else is listed first
+    timer.span("plan_wait", 1.9, 1.8)  # an end before its start counts as nothing
     timer.span("draft", 2.0, 2.5)
     totals = timer.totals()
-    assert totals["draft"] == pytest.approx(1000.0) and totals["plan"] == pytest.approx(200.0)
+    assert totals["draft"] == pytest.approx(1000.0) and totals["plan_beside"] == pytest.approx(400.0)
     assert totals["plan_wait"] == pytest.approx(200.0) and timer.periods("draft") == [pytest.approx(1000.0)]
     off = _PhaseTimer(False, torch.device("cpu"))
     off.span("draft", off.mark(), off.mark())
@@ -114,7 +115,7 @@ def test_serial_plan_time_is_all_exposed(target):
     _, stats = spec_outputs(target, head, TREES["eagle2"], PROMPTS[:2], 6, batch=2)
     s = stats.summary(TREES["eagle2"].steps)
     # serial: the plan runs between the draft's end and the verify's start, all of it on the critical path
-    assert s["plan_wait_ms"] >= s["plan_ms"] > 0 and s["plan_hidden_fraction"] == 0.0
+    assert s["plan_ms"] == s["plan_wait_ms"] > 0 and s["plan_beside_ms"] == 0.0 and s["plan_hidden_fraction"] == 0.0
     assert min(s[f"{p}_ms"] for p in ("draft", "verify", "accept", "extend")) > 0
 
 
