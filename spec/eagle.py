@@ -449,11 +449,10 @@ class _PhaseTimer:
     stream, the rest on main); read once at the end, no sync in the loop. `plan_wait` is the gap on main
     between the draft's end and the verify's start: the plan time left exposed.
 
-    Two phases that meet share one event: each timing event on the critical path lengthens it. On an H200,
-    four events on overlap_split's draft -> plan stream -> verify path (`benchmarks/bench_stream_hop.py`)
-    added 12.6 µs, as much as the split plan's whole measured exposed time (12 µs at B=32, random
-    Llama-3.1-8B) when every phase had its own start and stop events. `plan_beside` is the planning that ran
-    beside the draft (on the plan stream, off the critical path)."""
+    Two phases that meet share one event, and no event lies between the draft's end and the verify's start:
+    each timing event on the critical path lengthens it (~3.3 µs on an H200, `benchmarks/bench_stream_hop.py`).
+    With four there, overlap_split's measured exposed time was 12 µs at B=32 on random Llama-3.1-8B; with none,
+    7 µs. `plan_beside` is the planning that ran beside the draft (on the plan stream, off the critical path)."""
 
     def __init__(self, enabled: bool, device: torch.device):
         self.enabled = enabled

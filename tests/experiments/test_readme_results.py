@@ -69,7 +69,7 @@ def test_readme_results_agree_with_the_committed_metrics():
                     for t in ("simulate (7/1/8)", "simulate_wide (6/4/32)"))
     assert f"{hidden[0]}–{hidden[1]}%" in rows["overlap_split plan hidden at B=32, random Llama-3.1-8B"]
     sigma = run_noise(groups)
-    slower = [p for (target, _, _), g in groups.items() for p, m in g.items()
-              if p != "serial" and versus_serial(m, g["serial"], sigma[target]) == "slower"]
+    slower = [p for key, g in groups.items() for p, m in g.items()
+              if p != "serial" and versus_serial(m, g["serial"], sigma[key]) == "slower"]
     points = sum(len(g) - 1 for g in groups.values())
     assert f"{len(slower)} of {points} points" in rows["overlap plans slower than serial beyond noise (3 repeats, 3 standard errors)"]
