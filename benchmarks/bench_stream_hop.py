@@ -61,8 +61,8 @@ def main() -> None:
 
     def via_plan(copy: bool, timing_events: int = 0):
         """timing_events: 4 = the phase timer's events on this path before commit 82d754f (plan_wait start, the
-        dependent part's start and stop, plan_wait stop), 1 = its events from 82d754f to ee876e7 (the dependent
-        part's end); since ee876e7 none lies between the draft's end and the verify's start."""
+        dependent part's start and stop, plan_wait stop), 1 = its events from 82d754f to c813f2f (the dependent
+        part's end); since c813f2f none lies between the draft's end and the verify's start."""
         def body():
             if timing_events == 4:
                 event(main_s)
