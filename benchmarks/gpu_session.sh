@@ -10,6 +10,9 @@
 #   train      regenerate ShareGPT answers with SmolLM2, measure training tokens/s on one GPU and all (DDP; PROBES=0
 #              skips that), train its EAGLE-3 head; results packed into OUT/train.tgz.* parts (needs a ShareGPT
 #              subset, see offline_gpu_env.sh)
+#   regen      only the regeneration of `train`'s data, on every GPU, for BUDGET_S seconds (it resumes by chunk), packed
+#              into OUT/regen.txz.* parts: carry them to a later session's `train` as REGEN_CACHE (a call cannot
+#              regenerate all ShareGPT user turns, ~3.4x the first exchanges, and train in its 10 minutes)
 #   experiments after train: EAGLE-1 and multi-layer heads, then compare_heads, datasets and sweep_tree
 #   scaling    training tokens/s on one GPU and on all (DDP), the throughput probes of `train` alone
 #   lossless   bf16 greedy speculative vs plain decoding on the 80 MT-bench first turns (invariant numerics):
@@ -18,7 +21,7 @@
 # Results go to OUT (default $OUT, else ./gpu_out); tables are printed last.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-stage=${1:?stage: tests | ar | kernels | ablation | train | experiments | scaling | lossless}
+stage=${1:?stage: tests | ar | kernels | ablation | regen | train | experiments | scaling | lossless}
 out=${2:-${OUT:-gpu_out}}
 mkdir -p "$out"
 source benchmarks/offline_gpu_env.sh
@@ -121,6 +124,13 @@ case $stage in
     python -m eaglet.experiments.report /tmp/ablation/* --out "$out/ablate_overlap"
     tar cz -C /tmp --exclude=wandb --exclude=trace.json --exclude=outputs.jsonl ablation > "$out/ablate_runs.tgz"
     cat "$out/ablate_overlap/overlap.md" ;;
+  regen)
+    # one optimiser step after the data is complete (the regeneration happens while the run loads its data); a
+    # cut-off run keeps its finished chunks
+    train_setup
+    launch "$ngpu" $T/regen_run train.steps=1 eval.every=0 train.ckpt_every=0 train.group_by_length=false
+    tar cJ -C $T/regen . | split -b 15M - "$out/regen.txz."
+    grep -h "regenerating chunk" $T/regen_run.log | tail -2; ls -la "$out" ;;
   train)
     # regeneration on every GPU (REGEN_CACHE: a folder of an earlier run's data.cache_dir files, which skips it), a
     # one-GPU and a DDP throughput probe (60 steps each), the EAGLE-3 head trained on every GPU for what is left of
