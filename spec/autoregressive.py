@@ -132,13 +132,7 @@ class AREngine:
         self.sampling = sampling
         self.eos_ids = set(eos_ids)
         self.device = model.device
-        # CUDA graphs replay the default generator's philox offsets correctly (it is registered with
-        # every capture); a private generator would not be, so on a GPU the seed goes to the default one
-        if self.device.type == "cpu":
-            self.generator = torch.Generator().manual_seed(seed)
-        else:
-            self.generator = None
-            torch.manual_seed(seed)
+        self.reseed(seed)
         if use_cuda_graph is None:
             use_cuda_graph = self.device.type == "cuda"
         P = kv.pages_per_req
@@ -148,6 +142,16 @@ class AREngine:
                        torch.zeros(B, dtype=torch.long, device=self.device),
                        torch.zeros(B, P, dtype=torch.int32, device=self.device)),
             max_batch=max_batch, enabled=use_cuda_graph)
+
+    def reseed(self, seed: int) -> None:
+        """Restart sampling from `seed`. CUDA graphs replay the default generator's philox offsets correctly (it
+        is registered with every capture); a private generator would not be, so on a GPU the seed goes to the
+        default one."""
+        if self.device.type == "cpu":
+            self.generator = torch.Generator().manual_seed(seed)
+        else:
+            self.generator = None
+            torch.manual_seed(seed)
 
     def warmup(self) -> None:
         """Capture the decode graphs of every batch bucket before anything is timed."""

@@ -13,6 +13,7 @@ from omegaconf import OmegaConf
 from eaglet.models.kv_cache import KVCache
 from eaglet.spec.autoregressive import AREngine, Request
 from eaglet.training.data import (
+    AnswerGenerator,
     BatchSchedule,
     RegenConfig,
     Sample,
@@ -188,13 +189,32 @@ def test_assistant_mask_and_regeneration_on_real_sharegpt(tokenizer, tmp_path):
     tgt = Transformer(ModelArgs(vocab_size=len(tokenizer), dim=64, n_layers=2, n_heads=1, n_kv_heads=1, head_dim=64,
                                 intermediate_size=128, max_seq_len=4096)).eval()
     rc = RegenConfig(max_new_tokens=5, batch_size=2, max_context=4096)
-    recs = regenerate_chats(multi[:2], tgt, tokenizer, rc, eos_ids=[2], seed=0)
+    recs = regenerate_chats(multi[:2], AnswerGenerator(tgt, rc, eos_ids=[2]), tokenizer, seed=0)
     for rec, c in zip(recs, multi):
         assert [r for r, _ in rec["messages"]] == ["user", "assistant"] * 2
         assert [t for r, t in rec["messages"] if r == "user"] == [t for r, t in c.messages if r == "user"]
         assert all(1 <= len(o) <= 5 for o in rec["output_ids"])
         s = render_conversation(tokenizer, rec["messages"], max_len=100_000)
         assert s is not None and s.mask.any()
+
+
+def test_answer_generator_reuses_one_engine_and_restarts_sampling_from_the_seed():
+    """One KV pool and engine serve every call (a pool per call leaked until an H200 ran out of memory), and a
+    call's sampled answers depend on its seed only, not on the calls before it (chunks resume identically)."""
+    from eaglet.models.llama import ModelArgs, Transformer
+
+    torch.manual_seed(0)
+    tgt = Transformer(ModelArgs(vocab_size=64, dim=64, n_layers=1, n_heads=1, n_kv_heads=1, head_dim=64,
+                                intermediate_size=64, max_seq_len=256)).eval()
+    gen = AnswerGenerator(tgt, RegenConfig(max_new_tokens=8, temperature=1.0, batch_size=2, max_context=256),
+                          eos_ids=[])
+    prompts = [[1, 2, 3], [4, 5]]
+    first = gen(prompts, seed=7)
+    engine = gen.engine
+    gen([[9, 9, 9, 9]], seed=1)
+    assert gen(prompts, seed=7) == first and gen.engine is engine
+    assert gen(prompts, seed=8) != first  # 16 tokens sampled from 64: equal by chance ~never
+    assert [len(o) for o in first] == [8, 8]
 
 
 def test_rendered_samples_follow_the_data_file_not_its_path(tmp_path, monkeypatch):
