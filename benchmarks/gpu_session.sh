@@ -135,7 +135,8 @@ case $stage in
     # regeneration on every GPU (REGEN_CACHE: a folder of an earlier run's data.cache_dir files, which skips it), a
     # one-GPU and a DDP throughput probe (60 steps each), the EAGLE-3 head trained on every GPU for what is left of
     # BUDGET_S minus EVAL_S (its LR schedule sized to fit), then it decodes MT-bench at B=1 and 8 against AR and
-    # HumanEval and held-out ShareGPT at B=8; full logs in $T/*.log, results packed into OUT/train.tgz.* parts
+    # HumanEval and held-out ShareGPT at B=8 (and head_best/ on MT-bench); full logs in $T/*.log, results packed into
+    # OUT/train.tgz.* parts
     # PROBES=0 skips the probes (DDP scaling is in benchmarks/results/ddp_scaling_h200/): the step count then comes
     # from RATE (tokens/s on all GPUs; the shipped head's run: 163 k on two at 32 sequences) and PER_SEQ (tokens per
     # regenerated first exchange: 583 there), and the regeneration (REGEN_S, ~100 s for 10,952 first exchanges on
@@ -164,6 +165,9 @@ print(m['num_tokens'] / m['num_sequences'])")
       gen.compare_ar=false
     SWEEP_S=$(left) sweep $T/eval_sharegpt.log $T/eval/datasets +experiment=datasets "${e3[@]}" data=sharegpt \
       data.path="$SHAREGPT" gen.compare_ar=false
+    # the head of the best held-out eval/acc_0 (it may be an earlier one than the last) on MT-bench: early stopping
+    [[ -d $T/eagle3/head_best ]] && SWEEP_S=$(left) sweep $T/eval_best.log $T/eval/datasets_best +experiment=datasets \
+      "${e3[@]}" draft.path=$T/eagle3/head_best data=mt_bench gen.compare_ar=false
     # in 15 MB parts, as a device call returns files of at most 16 MiB (cat train.tgz.* | tar xz to unpack)
     tar cz -C $T --exclude=wandb --exclude=checkpoints --exclude=trace.json --exclude=.hydra --exclude='*/head' \
       --exclude=outputs.jsonl --exclude=regen $(cd $T && ls -d probe_ddp probe_1gpu 2>/dev/null) eagle3 $(cd $T && ls ./*.log) heads eval \
