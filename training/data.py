@@ -20,6 +20,7 @@ every one is checked again against `sharegpt_split` of its id.
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import json
 import os
@@ -160,6 +161,12 @@ class AnswerGenerator:
         reqs = [Request(p, self.rc.max_new_tokens, rid=i) for i, p in enumerate(prompts)]
         self.engine.generate(reqs)
         return [r.output_ids for r in reqs]
+
+    def close(self) -> None:
+        """Free the KV pool and the graphs for training (the engine and its graph runner form a reference cycle,
+        which only the cyclic collector frees)."""
+        self.engine = None
+        gc.collect()
 
 
 def regenerate_chats(convs: list[Conversation], generate: AnswerGenerator, tokenizer, seed: int) -> list[dict]:
@@ -365,6 +372,7 @@ def load_samples(dc, target: Transformer, tokenizer, cache_dir: Path, target_key
             out += cached_records(cache_dir / f"regen-{kind}-{config_hash(k)}", k, ids,
                                   lambda idx, c, s=s: make(idx, seed + 1_000_000 * s + 1000 * c),
                                   rc.chunk, rank, world, barrier, log)
+        generate.close()
         return out
 
     if dc.source == "synthetic":

@@ -215,6 +215,8 @@ def test_answer_generator_reuses_one_engine_and_restarts_sampling_from_the_seed(
     assert gen(prompts, seed=7) == first and gen.engine is engine
     assert gen(prompts, seed=8) != first  # 16 tokens sampled from 64: equal by chance ~never
     assert [len(o) for o in first] == [8, 8]
+    gen.close()
+    assert gen.engine is None and gen(prompts, seed=7) == first  # a closed generator makes a new engine
 
 
 def test_rendered_samples_follow_the_data_file_not_its_path(tmp_path, monkeypatch):
