@@ -129,7 +129,8 @@ case $stage in
     # cut-off run keeps its finished chunks
     train_setup
     launch "$ngpu" $T/regen_run train.steps=1 eval.every=0 train.ckpt_every=0 train.group_by_length=false
-    tar cJ -C $T/regen . | split -b 15M - "$out/regen.txz."
+    # the records only: their rendering (samples-*.safetensors) is remade in seconds, and a carry is small
+    tar cJ -C $T/regen --exclude='samples-*' . | split -b 15M - "$out/regen.txz."
     grep -h "regenerating chunk" $T/regen_run.log | tail -2; ls -la "$out" ;;
   train)
     # regeneration on every GPU (REGEN_CACHE: a folder of an earlier run's data.cache_dir files, which skips it), a
