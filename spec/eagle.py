@@ -451,8 +451,8 @@ class _PhaseTimer:
 
     Two phases that meet share one event, and no event lies between the draft's end and the verify's start:
     each timing event on the critical path lengthens it (~3.3 µs on an H200, `benchmarks/bench_stream_hop.py`).
-    With four there, overlap_split's measured exposed time was 12 µs at B=32 on random Llama-3.1-8B; with none,
-    7 µs. `plan_beside` is the planning that ran beside the draft (on the plan stream, off the critical path)."""
+    With four there, overlap_split's measured exposed time was 12-14 µs at B=32 on random Llama-3.1-8B; with none,
+    7-9 µs. `plan_beside` is the planning that ran beside the draft (on the plan stream, off the critical path)."""
 
     def __init__(self, enabled: bool, device: torch.device):
         self.enabled = enabled
