@@ -171,6 +171,7 @@ print(m['num_tokens'] / m['num_sequences'])")
       "${e3[@]}" draft.path=$T/eagle3/head_best data=mt_bench gen.compare_ar=false
     # in 15 MB parts, as a device call returns files of at most 16 MiB (cat train.tgz.* | tar xz to unpack)
     tar cz -C $T --exclude=wandb --exclude=checkpoints --exclude=trace.json --exclude=.hydra --exclude='*/head' \
+      --exclude='head_best/*.safetensors' \
       --exclude=outputs.jsonl --exclude=regen $(cd $T && ls -d probe_ddp probe_1gpu 2>/dev/null) eagle3 $(cd $T && ls ./*.log) heads eval \
       | split -b 15M - "$out/train.tgz."
     [[ -f $T/eagle3/trace.json ]] && gzip -c $T/eagle3/trace.json | split -b 15M - "$out/train_trace.json.gz."
