@@ -110,9 +110,9 @@ def merge_repeats(ms: list[dict]) -> dict:
 NOISE_SE = 3.0
 
 
-def _spread(plans) -> list[float]:
-    """Robust residuals of log(step time) about each plan's mean over its repeats, each scaled by sqrt(n / (n - 1))
-    for the fitted mean (1.4826 x their median estimates the run-to-run standard deviation)."""
+def _residuals(plans) -> list[float]:
+    """Residuals of log(step time) about each plan's mean over its repeats, each scaled by sqrt(n / (n - 1)) for the
+    fitted mean (1.4826 x their median: a robust estimate of the run-to-run standard deviation)."""
     residuals = []
     for m in plans:
         logs = [math.log(t) for t in m.get("step_ms_repeats", [])]
@@ -132,11 +132,11 @@ def run_noise(groups: dict[tuple, dict[str, dict]]) -> dict[tuple, float]:
     step against a pooled spread of 0.24% (experiments/results/ablate_overlap_h200/rerun_wide_b32/)."""
     by_target: dict[str, list[float]] = defaultdict(list)
     for (target, _, _), plans in groups.items():
-        by_target[target] += _spread(plans.values())
+        by_target[target] += _residuals(plans.values())
     pooled = {t: 1.4826 * statistics.median(r) for t, r in by_target.items() if r}
     out = {}
     for key, plans in groups.items():
-        own = _spread(plans.values())
+        own = _residuals(plans.values())
         if key[0] in pooled:  # without repeats there is no spread to judge by
             out[key] = max(pooled[key[0]], 1.4826 * statistics.median(own) if own else 0.0)
     return out
