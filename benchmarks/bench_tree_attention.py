@@ -141,7 +141,7 @@ def run_row(B, L, N, providers, ceilings, sweep):
         ta._plan.cache_clear()
         ta._prepare.cache_clear()  # its recipes hold the plan and the kernel's constexprs
         t = bench_graph(eaglet)
-        plan = (*ta._plan(B, N, HQ, HKV, L + N, num_sms), str(ta._fwd_kernel.best_config),
+        plan = (*ta._plan(B, N, HQ, HKV, L + N, N, num_sms), str(ta._fwd_kernel.best_config),
                 f"rel err vs default {rel_err(eaglet(), out):.1e}")
         row.setdefault("sweep", []).append((variant, t, plan))
         for name, value in saved.items():
@@ -151,7 +151,7 @@ def run_row(B, L, N, providers, ceilings, sweep):
     row["eaglet"] = bench(eaglet)
     row["host"] = host_time(eaglet)
     row["graph"] = bench_graph(eaglet)
-    row["splits"] = ta._plan(B, N, HQ, HKV, L + N, num_sms)[2]
+    row["splits"] = ta._plan(B, N, HQ, HKV, L + N, N, num_sms)[2]
 
     allowed = torch.cat([torch.ones(B, N, L, dtype=torch.bool, device=DEV), tree_mask], dim=2)  # [B, N, L+N]
     qh = q.transpose(1, 2).contiguous()  # [B, Hq, N, D]

@@ -130,7 +130,9 @@ def _fwd_configs() -> list:
         ]
     return [
         triton.Config({"BLOCK_N": bn}, num_warps=w, num_stages=s)
-        for bn, w, s in ((64, 4, 3), (64, 4, 2), (64, 4, 4), (32, 4, 4), (64, 8, 3), (128, 8, 2), (128, 8, 3))
+        for bn, w, s in (
+            (64, 4, 3), (64, 4, 2), (64, 4, 4), (32, 4, 4), (32, 8, 3), (32, 8, 4), (64, 8, 3), (128, 8, 2), (128, 8, 3)
+        )
     ]
 
 
@@ -196,6 +198,7 @@ def _attend(
     PAGE_SIZE: tl.constexpr,
     DOT_DTYPE: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    GROUP: tl.constexpr,
 ):
     """Online softmax of the packed rows over key positions [lo, hi). TREE tiles apply the
     tree (or causal) mask; prefix tiles only the length bound."""
@@ -203,7 +206,9 @@ def _attend(
     pt_row = PT + b * stride_ptb
     pos = lo + tl.arange(0, BLOCK_N)  # [BLOCK_N] key positions of the current tile
     page = tl.load(pt_row + pos // PAGE_SIZE, mask=pos < hi, other=0)  # [BLOCK_N]
-    for _ in range(lo, hi, BLOCK_N):
+    # The tree tiles (at most NK keys, one split's tail) are not software-pipelined: their own prologue, live
+    # beside the prefix loop's, pushed the kernel to 255 registers (sm_90, BLOCK_M 64; 239 without it).
+    for _ in tl.range(lo, hi, BLOCK_N, num_stages=1 if TREE else None):
         kv_ok = pos < hi  # [BLOCK_N]
         # The next tile's page ids are loaded one iteration ahead, so the K/V loads never wait
         # on a page-table load issued in the same iteration (a dependent-latency chain).
@@ -217,7 +222,17 @@ def _attend(
         valid = kv_ok[None, :]  # [1, BLOCK_N]
         if TREE:
             j = pos - prefix  # [BLOCK_N] index among the new tokens
-            if HAS_MASK:
+            if HAS_MASK and (GROUP & (GROUP - 1)) == 0:
+                # One mask row per token, broadcast to its GROUP packed rows: a per-row byte gather (64-bit
+                # address per element) spilled every BLOCK_N >= 64 config (sm_90: 255 registers -> 168 at
+                # BLOCK_N 32, no spills). Needs GROUP | BLOCK_M, i.e. GROUP a power of two.
+                TOKS: tl.constexpr = tok.shape[0] // GROUP  # tok is [BLOCK_M]
+                tok_t = tl.program_id(0) * TOKS + tl.arange(0, TOKS)  # [TOKS] this row tile's tokens
+                m_ptrs = MASK + b * stride_mb + tok_t[:, None] * stride_mi + j[None, :]  # [TOKS, BLOCK_N]
+                a_t = tl.load(m_ptrs, mask=(tok_t < N)[:, None] & kv_ok[None, :], other=0)  # [TOKS, BLOCK_N]
+                a_t = tl.broadcast_to(a_t[:, None, :], (TOKS, GROUP, BLOCK_N))  # [TOKS, GROUP, BLOCK_N]
+                allowed = tl.reshape(a_t, (TOKS * GROUP, BLOCK_N)) != 0  # [BLOCK_M, BLOCK_N]
+            elif HAS_MASK:
                 m_ptrs = MASK + b * stride_mb + tok[:, None] * stride_mi + j[None, :]
                 allowed = tl.load(m_ptrs, mask=row_ok[:, None] & kv_ok[None, :], other=0) != 0  # [BLOCK_M, BLOCK_N]
             else:
@@ -313,12 +328,12 @@ def _fwd_kernel(
     acc, l_i, m_i = _attend(
         acc, l_i, m_i, q, K, V, PT, MASK, b, kvh, tok, row_ok, prefix, lo, tl.minimum(hi, prefix), qk_scale,
         stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, stride_ptb, stride_mb, stride_mi,
-        N, False, HAS_MASK, HEAD_DIM, PAGE_SIZE, DOT_DTYPE, BLOCK_N,
+        N, False, HAS_MASK, HEAD_DIM, PAGE_SIZE, DOT_DTYPE, BLOCK_N, GROUP,
     )  # fmt: skip
     acc, l_i, m_i = _attend(
         acc, l_i, m_i, q, K, V, PT, MASK, b, kvh, tok, row_ok, prefix, tl.maximum(lo, prefix), hi, qk_scale,
         stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, stride_ptb, stride_mb, stride_mi,
-        N, True, HAS_MASK, HEAD_DIM, PAGE_SIZE, DOT_DTYPE, BLOCK_N,
+        N, True, HAS_MASK, HEAD_DIM, PAGE_SIZE, DOT_DTYPE, BLOCK_N, GROUP,
     )  # fmt: skip
 
     l_safe = tl.where(l_i > 0, l_i, 1.0)  # [BLOCK_M]; l == 0 only for rows with no key in this split
@@ -464,9 +479,9 @@ def _num_sms(device_index: int) -> int:
 
 
 @functools.lru_cache(maxsize=1024)
-def _plan(B: int, N: int, Hq: int, Hkv: int, kv_max: int, num_sms: int) -> tuple[int, int, int, int]:
+def _plan(B: int, N: int, Hq: int, Hkv: int, kv_max: int, nk: int, num_sms: int) -> tuple[int, int, int, int]:
     """Host-side grid plan -> (BLOCK_M, row tiles, num_splits, chunk). kv_max is a host upper
-    bound on prefix + N, so the plan never reads device values (graph-capturable).
+    bound on prefix + nk (nk: the new keys), so the plan never reads device values (graph-capturable).
 
     Packed rows per KV head: N * G. Splits: first fill one wave of SMs with chunks of at least
     _MIN_CHUNK keys; more splits (up to the resident programs per SM, at most _MAX_SPLITS)
@@ -484,9 +499,16 @@ def _plan(B: int, N: int, Hq: int, Hkv: int, kv_max: int, num_sms: int) -> tuple
         return block_m, m_tiles, 1, max(_CHUNK_ALIGN, triton.next_power_of_2(kv_max))
     target = kv_max / splits
     chunk = max(_CHUNK_ALIGN, triton.next_power_of_2(math.ceil(target / 1.5)))  # nearest power of two (log scale)
-    while _cdiv(kv_max, chunk) > _MERGE_SPLITS:
+    while _num_splits(kv_max, nk, chunk) > _MERGE_SPLITS:
         chunk *= 2
-    return block_m, m_tiles, _cdiv(kv_max, chunk), chunk
+    return block_m, m_tiles, _num_splits(kv_max, nk, chunk), chunk
+
+
+def _num_splits(kv_max: int, nk: int, chunk: int) -> int:
+    """Splits of the keys [0, kv_max) into chunk-long pieces. The last split also takes the nk new keys when they
+    fit in one chunk: a split of the tree keys alone is one more short program per row tile (B=1, L=4k, N=16 made
+    17 splits of 256, 136 programs on 132 SMs, a second wave behind every one-program-per-SM config)."""
+    return max(1, _cdiv(kv_max - nk, chunk)) if nk <= chunk else _cdiv(kv_max, chunk)
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -557,7 +579,7 @@ def _prepare(q, k, v, pt, pl, mask, sm_scale, max_prefix_len, interpret: bool, i
     else:
         # Interpreter: few SMs, still splits. (A CPU call without it takes the reference; the plan is unused.)
         num_sms = _num_sms(q_dev.index) if q_dev.type == "cuda" and not interpret else 8
-        block_m, m_tiles, num_splits, chunk = _plan(B, N, Hq, Hkv, kv_max, num_sms)
+        block_m, m_tiles, num_splits, chunk = _plan(B, N, Hq, Hkv, kv_max, NK, num_sms)
     split = num_splits > 1
     # fp32 inputs use exact fp32 dots (tf32 would miss 1e-4); the interpreter's bf16 is wrong, so upcast there.
     dot_dtype = tl.float32 if (q_dtype == torch.float32 or interpret) else (

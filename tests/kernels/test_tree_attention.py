@@ -66,6 +66,7 @@ CASES = [
     pytest.param(3, 9, 4, 1, 64, [130, 0, 17], 16, True, id="ragged-with-empty-prefix"),
     pytest.param(2, 12, 2, 2, 128, [300, 61], 1, True, id="page1-D128-MHA"),
     pytest.param(2, 16, 8, 2, 64, [1000, 999], 64, True, id="page64-group4"),
+    pytest.param(2, 10, 6, 2, 64, [300, 77], 16, True, id="group3-tree"),  # SmolLM2's GQA group: per-row mask loads
     pytest.param(2, 1, 4, 2, 128, [777, 5], 16, False, id="N1-decode"),
     pytest.param(1, 1, 2, 1, 64, [0], 16, True, id="N1-empty-prefix"),
     pytest.param(2, 150, 2, 1, 64, [0, 40], 16, False, id="chunked-prefill-causal"),
@@ -143,20 +144,22 @@ def test_sm_scale_and_noncontiguous_q():
 
 def test_grid_plan():
     """Host-side plan: splits cover the bound, chunks are powers of two (an autotune key) and long
-    enough, a full grid needs no split."""
+    enough, a full grid needs no split, no split holds only the new keys."""
     for B, N, Hq, Hkv, kv_max, sms in [(1, 16, 32, 8, 65552, 132), (1, 16, 32, 8, 1040, 132), (8, 64, 32, 8, 16448, 132), (1, 1, 1, 1, 10, 132), (1, 37, 4, 2, 4130, 8), (1, 64, 32, 8, 4160, 132)]:
-        block_m, m_tiles, splits, chunk = ta._plan(B, N, Hq, Hkv, kv_max, sms)
+        block_m, m_tiles, splits, chunk = ta._plan(B, N, Hq, Hkv, kv_max, N, sms)
         rows = N * Hq // Hkv
         assert 16 <= block_m <= 128 and (m_tiles - 1) * block_m < rows <= m_tiles * block_m
         assert chunk >= ta._CHUNK_ALIGN and chunk & (chunk - 1) == 0 and 1 <= splits <= ta._MERGE_SPLITS
-        assert (splits - 1) * chunk < kv_max <= splits * chunk
+        assert kv_max - N <= splits * chunk  # the last split also runs to the end: its chunk plus the new keys
+        assert splits == 1 or (splits - 1) * chunk < kv_max - N  # the last split starts inside the prefix
         assert splits == 1 or chunk >= ta._MIN_CHUNK // 2  # rounded to the nearest power of two
         programs = B * Hkv * m_tiles * splits
         # past one wave: long chunks (up to the power-of-two rounding)
         assert splits == 1 or programs <= 2 * sms or 2 * chunk >= ta._CHUNK_PER_ROW * rows
-    assert ta._plan(1, 16, 32, 8, 65552, 132)[2:] == (33, 2048)  # one request, 8 KV heads: many splits
-    assert ta._plan(64, 64, 32, 8, 65552, 132)[2] == 1  # the grid is already full
-    assert ta._plan(8, 64, 32, 8, 4160, 132)[2] == 1  # 128 heavy 128-row programs: one per SM already
+    assert ta._plan(1, 16, 32, 8, 65552, 16, 132)[2:] == (32, 2048)  # one request, 8 KV heads: many splits
+    assert ta._plan(1, 16, 32, 8, 4112, 16, 132)[2:] == (16, 256)  # one wave: 128 programs on 132 SMs, not 136
+    assert ta._plan(64, 64, 32, 8, 65552, 64, 132)[2] == 1  # the grid is already full
+    assert ta._plan(8, 64, 32, 8, 4160, 64, 132)[2] == 1  # 128 heavy 128-row programs: one per SM already
 
 
 def _chain(mask_row: torch.Tensor) -> list[int]:

@@ -1,0 +1,164 @@
+"""Where a short tree-attention call's time goes: each forward config and split length, timed from CUDA graphs.
+
+    python benchmarks/probe_tree_attention.py --configs 1x1024x16,1x4096x16,1x16384x16
+    ncu --clock-control none -k regex:_fwd_kernel --section SpeedOfLight --section WarpStateStats \
+        python benchmarks/probe_tree_attention.py --configs 1x4096x16 --ncu
+
+The table's rows use bench_tree_attention's inputs (bf16, Hq=32, Hkv=8, D=128, page_size 16, shuffled pages,
+branching tree masks). Every time is the median of a graph replay; "cold" zeroes a 256 MB buffer before each
+replay (as do_bench does: the K/V come from HBM), "warm" replays back to back (the K/V stay in the 60 MB L2, as
+when the autotuner times configs with do_bench_cudagraph). Printed per row:
+  * the launch floor: a graph of one and of two empty Triton kernels (what no kernel can go under);
+  * the autotuned config and its time, with and without the merge kernel;
+  * every forward config of the autotune grid at the planned split length, cold and warm;
+  * split lengths (chunk) from 128 to 2048 keys with the best cold config.
+--ncu launches each config once (for ncu's per-kernel report) and times nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+import torch
+import triton
+import triton.language as tl
+from bench_tree_attention import HKV, HQ, make_inputs
+
+import eaglet.kernels.tree_attention as ta
+
+FLUSH = torch.empty(256 * 2**20, dtype=torch.uint8, device="cuda")
+
+
+@triton.jit
+def _empty_kernel(X):
+    tl.store(X + tl.program_id(0), 0)
+
+
+def graph_us(fn, cold: bool, reps: int = 200) -> float:
+    """Median µs of replaying fn captured in a CUDA graph; cold: the L2 flushed before each replay."""
+    fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    for s, e in zip(starts, ends):
+        if cold:
+            FLUSH.zero_()
+        s.record()
+        graph.replay()
+        e.record()
+    torch.cuda.synchronize()
+    times = sorted(s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends))
+    return times[len(times) // 2]
+
+
+class Call:
+    """One tree_attention call with the launch recipe opened up: the forward config and the split length are
+    set here instead of by the autotuner and the plan. Buffers are allocated once (graph-capturable)."""
+
+    def __init__(self, B: int, L: int, N: int):
+        self.B, self.L, self.N = B, L, N
+        self.inputs = make_inputs(B, L, N)
+        q, k, v, pt, pl, mask = self.inputs
+        metas = [ta._meta(t) for t in self.inputs]
+        self.recipe = ta._prepare(*metas, None, L, False, False)
+        self.kv_max = L + N
+        self.out = torch.empty_like(q)  # [B, N, Hq, D]
+        self.mask = mask.view(torch.uint8)  # [B, N, N]
+
+    def default(self):
+        q, k, v, pt, pl, mask = self.inputs
+        return ta.tree_attention(q, k, v, pt, pl, mask, max_prefix_len=self.L)
+
+    def planned_chunk(self) -> int:
+        return self.recipe[2][1]
+
+    def launcher(self, chunk: int, cfg: dict, merge: bool = True):
+        """A callable running the forward (with cfg: BLOCK_N, num_warps, num_stages) and the merge."""
+        q, k, v, pt, pl, _ = self.inputs
+        _, (m_tiles, _, bh), fwd_args, fwd_kw, _, _ = self.recipe
+        splits = ta._num_splits(self.kv_max, self.N, chunk)
+        group = HQ // HKV
+        fwd_args = (fwd_args[0], chunk, splits, *fwd_args[3:])
+        kw = dict(fwd_kw, SPLIT=splits > 1, **cfg)
+        ws = torch.empty(self.B * HKV * splits * self.N * group * (q.shape[-1] + 1), device="cuda") if splits > 1 else self.out
+        merge_kw = dict(GROUP=group, HEAD_DIM=q.shape[-1], HAS_MASK=True, BLOCK_S=triton.next_power_of_2(splits),
+                        num_warps=4 if splits <= 32 else 8)  # fmt: skip
+
+        def run():
+            ta._fwd_kernel.fn[(m_tiles, splits, bh)](q, k, v, pt, pl, self.mask, ws, *fwd_args, **kw)
+            if merge and splits > 1:
+                ta._merge_kernel[(self.N * group, bh)](ws, pl, self.out, chunk, splits, self.N, self.N, HKV, **merge_kw)
+            return self.out
+
+        return run
+
+
+def fwd_configs(block_m: int) -> list[dict]:
+    kept = ta._prune_fwd_configs(ta._fwd_configs(), {}, BLOCK_M=block_m)
+    return [dict(BLOCK_N=c.kwargs["BLOCK_N"], num_warps=c.num_warps, num_stages=c.num_stages) for c in kept]
+
+
+def cfg_str(c: dict) -> str:
+    return f"BLOCK_N {c['BLOCK_N']}, {c['num_warps']} warps, {c['num_stages']} stages"
+
+
+def probe_row(B: int, L: int, N: int) -> list[str]:
+    call = Call(B, L, N)
+    ref = call.default()  # autotunes this shape class
+    best = ta._fwd_kernel.best_config
+    tuned = dict(BLOCK_N=best.kwargs["BLOCK_N"], num_warps=best.num_warps, num_stages=best.num_stages)
+    chunk = call.planned_chunk()
+    splits = ta._num_splits(call.kv_max, N, chunk)
+    lines = [f"## B={B} L={L} N={N}: plan {splits} splits x {chunk} keys; autotuned {cfg_str(tuned)}", ""]
+    lines.append(f"- autotuned, full call: cold {graph_us(call.default, True):.1f} µs, warm {graph_us(call.default, False):.1f}")
+    lines.append(f"- autotuned, forward only: cold {graph_us(call.launcher(chunk, tuned, merge=False), True):.1f} µs")
+    lines += ["", "| forward config | cold µs | warm µs | max abs diff vs default call |", "|---|---|---|---|"]
+    timed = []
+    for cfg in fwd_configs(call.recipe[3]["BLOCK_M"]):
+        run = call.launcher(chunk, cfg)
+        diff = (run().float() - ref.float()).abs().max().item()
+        cold, warm = graph_us(run, True), graph_us(run, False)
+        timed.append((cold, cfg))
+        lines.append(f"| {cfg_str(cfg)} | {cold:.1f} | {warm:.1f} | {diff:.1e} |")
+    best_cold = min(timed, key=lambda t: t[0])[1]
+    lines += ["", f"Split length with the best cold config ({cfg_str(best_cold)}):", "",
+              "| chunk | splits | cold µs |", "|---|---|---|"]  # fmt: skip
+    for c in (128, 256, 512, 1024, 2048):
+        s = ta._num_splits(call.kv_max, N, c)
+        if s <= ta._MERGE_SPLITS and c < 2 * call.kv_max:
+            lines.append(f"| {c} | {s} | {graph_us(call.launcher(c, best_cold), True):.1f} |")
+    return lines + [""]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--configs", default="1x1024x16,1x4096x16,1x16384x16,1x4096x64,8x4096x16")
+    ap.add_argument("--ncu", action="store_true", help="launch each config once, time nothing (for ncu)")
+    args = ap.parse_args()
+    rows = [tuple(map(int, c.split("x"))) for c in args.configs.split(",")]
+    if args.ncu:
+        for B, L, N in rows:
+            call = Call(B, L, N)
+            for cfg in fwd_configs(call.recipe[3]["BLOCK_M"]):
+                print(f"B={B} L={L} N={N} {cfg_str(cfg)}", flush=True)
+                call.launcher(call.planned_chunk(), cfg)()
+        torch.cuda.synchronize()
+        return
+    x = torch.zeros(1024, device="cuda")
+    one = lambda: _empty_kernel[(1,)](x)  # noqa: E731
+    two = lambda: (_empty_kernel[(1,)](x), _empty_kernel[(1,)](x))  # noqa: E731
+    out = [f"Launch floor (graph replay): one empty kernel cold {graph_us(one, True):.1f} µs, warm "
+           f"{graph_us(one, False):.1f}; two kernels cold {graph_us(two, True):.1f}, warm {graph_us(two, False):.1f}", ""]
+    for B, L, N in rows:
+        lines = probe_row(B, L, N)
+        print("\n".join(lines), flush=True)
+        out += lines
+    print("\n".join(out))
+
+
+if __name__ == "__main__":
+    main()
