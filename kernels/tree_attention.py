@@ -206,8 +206,8 @@ def _attend(
     pt_row = PT + b * stride_ptb
     pos = lo + tl.arange(0, BLOCK_N)  # [BLOCK_N] key positions of the current tile
     page = tl.load(pt_row + pos // PAGE_SIZE, mask=pos < hi, other=0)  # [BLOCK_N]
-    # The tree tiles (at most NK keys, one split's tail) are not software-pipelined: their own prologue, live
-    # beside the prefix loop's, pushed the kernel to 255 registers (sm_90, BLOCK_M 64; 239 without it).
+    # The tree tiles (at most NK keys, the tail of one split) are not software-pipelined: a second prologue, live
+    # beside the accumulator, costs registers in every program (sm_90, BLOCK_N 64, 4 warps: 255 -> 239).
     for _ in tl.range(lo, hi, BLOCK_N, num_stages=1 if TREE else None):
         kv_ok = pos < hi  # [BLOCK_N]
         # The next tile's page ids are loaded one iteration ahead, so the K/V loads never wait
