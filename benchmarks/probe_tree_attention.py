@@ -5,20 +5,21 @@
         python benchmarks/probe_tree_attention.py --configs 1x4096x16 --ncu
 
 The table's rows use bench_tree_attention's inputs (bf16, Hq=32, Hkv=8, D=128, page_size 16, shuffled pages,
-branching tree masks). Every time is the median of a graph replay; "cold" zeroes a 256 MB buffer before each
-replay (as do_bench does: the K/V come from HBM), "warm" replays back to back (the K/V stay in the 60 MB L2, as
-when the autotuner times configs with do_bench_cudagraph). Printed per row:
+branching tree masks). Every time is the median of a graph replay after zeroing a 256 MB buffer (as do_bench does:
+the K/V come from HBM, a cold L2). Replays back to back would time the host instead: a graph of one empty kernel
+replays every 16.6 µs that way on an H200. Printed per row:
   * the launch floor: a graph of one and of two empty Triton kernels (what no kernel can go under);
   * the autotuned config and its time, with and without the merge kernel;
-  * every forward config of the autotune grid at the planned split length, cold and warm;
-  * split lengths (chunk) from 128 to 2048 keys with the best cold config.
+  * every forward config of the autotune grid at the planned split length;
+  * split lengths (chunk) from 64 to 2048 keys with the best config, with the new keys in the last split (the
+    plan's rule, `_num_splits`) and in a split of their own (cdiv(L + N, chunk) splits: the second version's rule,
+    which runs the tree tiles beside the prefix tiles instead of after them).
 --ncu launches each config once (for ncu's per-kernel report) and times nothing.
 """
 
 from __future__ import annotations
 
 import argparse
-import math
 
 import torch
 import triton
@@ -36,8 +37,8 @@ def _empty_kernel(X):
     tl.store(X + tl.program_id(0), 0)
 
 
-def graph_us(fn, cold: bool, reps: int = 200) -> float:
-    """Median µs of replaying fn captured in a CUDA graph; cold: the L2 flushed before each replay."""
+def graph_us(fn, reps: int = 200) -> float:
+    """Median µs of replaying fn captured in a CUDA graph, the L2 flushed before each replay."""
     fn()
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
@@ -46,8 +47,7 @@ def graph_us(fn, cold: bool, reps: int = 200) -> float:
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
     for s, e in zip(starts, ends):
-        if cold:
-            FLUSH.zero_()
+        FLUSH.zero_()
         s.record()
         graph.replay()
         e.record()
@@ -77,11 +77,12 @@ class Call:
     def planned_chunk(self) -> int:
         return self.recipe[2][1]
 
-    def launcher(self, chunk: int, cfg: dict, merge: bool = True):
-        """A callable running the forward (with cfg: BLOCK_N, num_warps, num_stages) and the merge."""
+    def launcher(self, chunk: int, cfg: dict, merge: bool = True, tree_split: bool = False):
+        """A callable running the forward (with cfg: BLOCK_N, num_warps, num_stages) and the merge; tree_split:
+        cdiv(L + N, chunk) splits, so that the new keys get a split of their own when chunk divides L."""
         q, k, v, pt, pl, _ = self.inputs
         _, (m_tiles, _, bh), fwd_args, fwd_kw, _, _ = self.recipe
-        splits = ta._num_splits(self.kv_max, self.N, chunk)
+        splits = ta._cdiv(self.kv_max, chunk) if tree_split else ta._num_splits(self.kv_max, self.N, chunk)
         group = HQ // HKV
         fwd_args = (fwd_args[0], chunk, splits, *fwd_args[3:])
         kw = dict(fwd_kw, SPLIT=splits > 1, **cfg)
@@ -110,38 +111,40 @@ def cfg_str(c: dict) -> str:
 def probe_row(B: int, L: int, N: int) -> list[str]:
     call = Call(B, L, N)
     ref = call.default()  # autotunes this shape class
-    best = ta._fwd_kernel.best_config
-    tuned = dict(BLOCK_N=best.kwargs["BLOCK_N"], num_warps=best.num_warps, num_stages=best.num_stages)
+    bc = ta._fwd_kernel.best_config
+    tuned = dict(BLOCK_N=bc.kwargs["BLOCK_N"], num_warps=bc.num_warps, num_stages=bc.num_stages)
     chunk = call.planned_chunk()
     splits = ta._num_splits(call.kv_max, N, chunk)
     lines = [f"## B={B} L={L} N={N}: plan {splits} splits x {chunk} keys; autotuned {cfg_str(tuned)}", ""]
-    lines.append(f"- autotuned, full call: cold {graph_us(call.default, True):.1f} µs, warm {graph_us(call.default, False):.1f}")
-    lines.append(f"- autotuned, forward only: cold {graph_us(call.launcher(chunk, tuned, merge=False), True):.1f} µs")
-    lines += ["", "| forward config | cold µs | warm µs | max abs diff vs default call |", "|---|---|---|---|"]
+    lines.append(f"- autotuned, full call: {graph_us(call.default):.1f} µs")
+    lines.append(f"- autotuned, forward only: {graph_us(call.launcher(chunk, tuned, merge=False)):.1f} µs")
+    lines += ["", "| forward config | µs | max abs diff vs default call |", "|---|---|---|"]
     timed = []
     for cfg in fwd_configs(call.recipe[3]["BLOCK_M"]):
         run = call.launcher(chunk, cfg)
         try:
             diff = (run().float() - ref.float()).abs().max().item()
         except OutOfResources as e:  # the autotuner skips such configs the same way
-            lines.append(f"| {cfg_str(cfg)} | {e} | | |")
+            lines.append(f"| {cfg_str(cfg)} | {e} | |")
             continue
-        cold, warm = graph_us(run, True), graph_us(run, False)
-        timed.append((cold, cfg))
-        lines.append(f"| {cfg_str(cfg)} | {cold:.1f} | {warm:.1f} | {diff:.1e} |")
-    best_cold = min(timed, key=lambda t: t[0])[1]
-    lines += ["", f"Split length with the best cold config ({cfg_str(best_cold)}):", "",
-              "| chunk | splits | cold µs |", "|---|---|---|"]  # fmt: skip
-    for c in (128, 256, 512, 1024, 2048):
-        s = ta._num_splits(call.kv_max, N, c)
-        if s <= ta._MERGE_SPLITS and c < 2 * call.kv_max:
-            lines.append(f"| {c} | {s} | {graph_us(call.launcher(c, best_cold), True):.1f} |")
+        t = graph_us(run)
+        timed.append((t, cfg))
+        lines.append(f"| {cfg_str(cfg)} | {t:.1f} | {diff:.1e} |")
+    best = min(timed, key=lambda t: t[0])[1]
+    lines += ["", f"Split length with the best config ({cfg_str(best)}):", "",
+              "| chunk | splits | µs | splits, new keys apart | µs, new keys apart |", "|---|---|---|---|---|"]  # fmt: skip
+    for c in (64, 128, 256, 512, 1024, 2048):
+        s, s_apart = ta._num_splits(call.kv_max, N, c), ta._cdiv(call.kv_max, c)
+        if c >= best["BLOCK_N"] and s_apart <= ta._MERGE_SPLITS and c < 2 * call.kv_max:
+            t, t_apart = graph_us(call.launcher(c, best)), graph_us(call.launcher(c, best, tree_split=True))
+            lines.append(f"| {c} | {s} | {t:.1f} | {s_apart} | {t_apart:.1f} |")
     return lines + [""]
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--configs", default="1x1024x16,1x4096x16,1x16384x16,1x4096x64,8x4096x16")
+    # 1x1024x8: the shape of a B=1 verify of Llama-3.1-8B with 8 tree tokens (experiments' ablate_overlap)
+    ap.add_argument("--configs", default="1x1024x8,1x1024x16,1x4096x16,1x16384x16,1x4096x64")
     ap.add_argument("--ncu", action="store_true", help="launch each config once, time nothing (for ncu)")
     args = ap.parse_args()
     rows = [tuple(map(int, c.split("x"))) for c in args.configs.split(",")]
@@ -150,14 +153,16 @@ def main() -> None:
             call = Call(B, L, N)
             for cfg in fwd_configs(call.recipe[3]["BLOCK_M"]):
                 print(f"B={B} L={L} N={N} {cfg_str(cfg)}", flush=True)
-                call.launcher(call.planned_chunk(), cfg)()
+                try:
+                    call.launcher(call.planned_chunk(), cfg)()
+                except OutOfResources as e:
+                    print(f"  skipped: {e}", flush=True)
         torch.cuda.synchronize()
         return
     x = torch.zeros(1024, device="cuda")
     one = lambda: _empty_kernel[(1,)](x)  # noqa: E731
     two = lambda: (_empty_kernel[(1,)](x), _empty_kernel[(1,)](x))  # noqa: E731
-    out = [f"Launch floor (graph replay): one empty kernel cold {graph_us(one, True):.1f} µs, warm "
-           f"{graph_us(one, False):.1f}; two kernels cold {graph_us(two, True):.1f}, warm {graph_us(two, False):.1f}", ""]
+    out = [f"Launch floor (graph replay): one empty kernel {graph_us(one):.1f} µs, two {graph_us(two):.1f}", ""]
     for B, L, N in rows:
         lines = probe_row(B, L, N)
         print("\n".join(lines), flush=True)
