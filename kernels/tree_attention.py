@@ -225,7 +225,7 @@ def _attend(
                 # address per element) spilled every BLOCK_N >= 64 config (sm_90: 255 registers -> 168 at
                 # BLOCK_N 32, no spills). Needs GROUP | BLOCK_M, i.e. GROUP a power of two.
                 TOKS: tl.constexpr = tok.shape[0] // GROUP  # tok is [BLOCK_M]
-                tok_t = tl.program_id(0) * TOKS + tl.arange(0, TOKS)  # [TOKS] this row tile's tokens
+                tok_t = tl.program_id(0) * TOKS + tl.arange(0, TOKS)  # [TOKS] the tokens of row tile program_id(0)
                 m_ptrs = MASK + b * stride_mb + tok_t[:, None] * stride_mi + j[None, :]  # [TOKS, BLOCK_N]
                 a_t = tl.load(m_ptrs, mask=(tok_t < N)[:, None] & kv_ok[None, :], other=0)  # [TOKS, BLOCK_N]
                 a_t = tl.broadcast_to(a_t[:, None, :], (TOKS, GROUP, BLOCK_N))  # [TOKS, GROUP, BLOCK_N]
