@@ -86,7 +86,8 @@ class Call:
         group = HQ // HKV
         fwd_args = (fwd_args[0], chunk, splits, *fwd_args[3:])
         kw = dict(fwd_kw, SPLIT=splits > 1, **cfg)
-        ws = torch.empty(self.B * HKV * splits * self.N * group * (q.shape[-1] + 1), device="cuda") if splits > 1 else self.out
+        ws_numel = self.B * HKV * splits * self.N * group * (q.shape[-1] + 1)  # partial outputs + LSEs
+        ws = torch.empty(ws_numel, device="cuda") if splits > 1 else self.out
         merge_kw = dict(GROUP=group, HEAD_DIM=q.shape[-1], HAS_MASK=True, BLOCK_S=triton.next_power_of_2(splits),
                         num_warps=4 if splits <= 32 else 8)  # fmt: skip
 
