@@ -170,7 +170,8 @@ def _attend(
     q,
     K,
     V,
-    PT,
+    pt_row,
+    page,
     MASK,
     b,
     kvh,
@@ -186,7 +187,6 @@ def _attend(
     stride_vp,
     stride_vs,
     stride_vh,
-    stride_ptb,
     stride_mb,
     stride_mi,
     N,
@@ -199,11 +199,10 @@ def _attend(
     GROUP: tl.constexpr,
 ):
     """Online softmax of the packed rows over key positions [lo, hi). TREE tiles apply the
-    tree (or causal) mask; prefix tiles only the length bound."""
+    tree (or causal) mask; prefix tiles only the length bound. page: the page ids of the tile at lo
+    (pt_row: the request's page-table row)."""
     offs_d = tl.arange(0, HEAD_DIM)  # [D]
-    pt_row = PT + b * stride_ptb
     pos = lo + tl.arange(0, BLOCK_N)  # [BLOCK_N] key positions of the current tile
-    page = tl.load(pt_row + pos // PAGE_SIZE, mask=pos < hi, other=0)  # [BLOCK_N]
     # The tree tiles (at most NK keys, the tail of one split) are not software-pipelined: a second prologue, live
     # beside the accumulator, costs registers in every program (sm_90, BLOCK_N 64, 4 warps: 255 -> 239).
     for _ in tl.range(lo, hi, BLOCK_N, num_stages=1 if TREE else None):
@@ -279,6 +278,7 @@ def _fwd_kernel(
     stride_ptb,
     stride_mb,
     stride_mi,
+    kv_cap,
     GROUP: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     PAGE_SIZE: tl.constexpr,
@@ -288,7 +288,7 @@ def _fwd_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
-    """Grid (row tiles, splits, B * Hkv). O is out [B, N, Hq, D] when not SPLIT, else the launcher's
+    """Grid (row tiles, splits, B * Hkv). kv_cap: the keys the page table addresses (its width * PAGE_SIZE). O is out [B, N, Hq, D] when not SPLIT, else the launcher's
     fp32 workspace: partial outputs [B, Hkv, S, N, G, D] followed by their LSEs [B, Hkv, S, N, G]
     (one allocation: each torch.empty is host time on the eager path)."""
     pid_m = tl.program_id(0)  # row tiles fastest: tiles sharing a K/V chunk run together (L2 reuse)
@@ -303,6 +303,14 @@ def _fwd_kernel(
     grp = offs_m % GROUP  # [BLOCK_M] query head within the KV head's group
     row_ok = offs_m < N * GROUP  # [BLOCK_M]
     offs_d = tl.arange(0, HEAD_DIM)  # [D]
+    # Q and the first tile's page ids do not depend on the prefix length: issued here, beside its load, their
+    # latency overlaps it (masked by the page table's width, not by the bound that waits for it).
+    q_ptrs = Q + b * stride_qb + tok[:, None] * stride_qn + (kvh * GROUP + grp)[:, None] * stride_qh + offs_d[None, :]
+    q = tl.load(q_ptrs, mask=row_ok[:, None], other=0.0).to(DOT_DTYPE)  # [BLOCK_M, D]
+    lo = split * chunk
+    pt_row = PT + b * stride_ptb
+    pos0 = lo + tl.arange(0, BLOCK_N)  # [BLOCK_N]
+    page0 = tl.load(pt_row + pos0 // PAGE_SIZE, mask=pos0 < kv_cap, other=0)  # [BLOCK_N]
 
     # Key range of this tile: causal rows see new tokens up to their own, so late splits of
     # early row tiles (chunked prefill) have nothing to do.
@@ -313,24 +321,23 @@ def _fwd_kernel(
         row_end = prefix + tok + 1  # [BLOCK_M]
         last_tok = (tl.minimum(pid_m * BLOCK_M + BLOCK_M, N * GROUP) - 1) // GROUP
         tile_end = prefix + last_tok + 1
-    lo = split * chunk
     # The last split runs to the end even if prefix_lens exceeds max_prefix_len: slower, never wrong.
     hi = tl.where(split == num_splits - 1, tile_end, tl.minimum(lo + chunk, tile_end))
-
-    q_ptrs = Q + b * stride_qb + tok[:, None] * stride_qn + (kvh * GROUP + grp)[:, None] * stride_qh + offs_d[None, :]
-    q = tl.load(q_ptrs, mask=row_ok[:, None], other=0.0).to(DOT_DTYPE)  # [BLOCK_M, D]
 
     m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)  # running max (log2 units)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)  # running sum of exp2
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
     acc, l_i, m_i = _attend(
-        acc, l_i, m_i, q, K, V, PT, MASK, b, kvh, tok, row_ok, prefix, lo, tl.minimum(hi, prefix), qk_scale,
-        stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, stride_ptb, stride_mb, stride_mi,
+        acc, l_i, m_i, q, K, V, pt_row, page0, MASK, b, kvh, tok, row_ok, prefix, lo, tl.minimum(hi, prefix),
+        qk_scale, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, stride_mb, stride_mi,
         N, False, HAS_MASK, HEAD_DIM, PAGE_SIZE, DOT_DTYPE, BLOCK_N, GROUP,
     )  # fmt: skip
+    lo_t = tl.maximum(lo, prefix)
+    pos_t = lo_t + tl.arange(0, BLOCK_N)  # [BLOCK_N]
+    page_t = tl.load(pt_row + pos_t // PAGE_SIZE, mask=pos_t < hi, other=0)  # [BLOCK_N]
     acc, l_i, m_i = _attend(
-        acc, l_i, m_i, q, K, V, PT, MASK, b, kvh, tok, row_ok, prefix, tl.maximum(lo, prefix), hi, qk_scale,
-        stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, stride_ptb, stride_mb, stride_mi,
+        acc, l_i, m_i, q, K, V, pt_row, page_t, MASK, b, kvh, tok, row_ok, prefix, lo_t, hi,
+        qk_scale, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, stride_mb, stride_mi,
         N, True, HAS_MASK, HEAD_DIM, PAGE_SIZE, DOT_DTYPE, BLOCK_N, GROUP,
     )  # fmt: skip
 
@@ -587,6 +594,8 @@ def _prepare(q, k, v, pt, pl, mask, sm_scale, max_prefix_len, interpret: bool, i
         scale * _LOG2E, chunk, num_splits, N, NK, Hkv, *q_stride[:3], *k_stride[:3], *v_stride[:3], pt[1][0],
         *(mask[1][:2] if mask is not None else (0, 0)),
     )  # fmt: skip
+    if not invariant:
+        fwd_args += (pt[0][1] * page_size,)  # kv_cap
     fwd_kw = dict(GROUP=group, HEAD_DIM=D, PAGE_SIZE=page_size, HAS_MASK=mask is not None, SPLIT=split,
                   DOT_DTYPE=dot_dtype, BLOCK_M=block_m)  # fmt: skip
     if invariant:  # a fixed config: no autotuning (it could choose differently for another shape)
