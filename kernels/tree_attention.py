@@ -327,14 +327,15 @@ def _fwd_kernel(
     m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)  # running max (log2 units)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)  # running sum of exp2
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    # The tree tiles' first page ids, loaded before the prefix tiles: their latency hides behind them.
+    lo_t = tl.maximum(lo, prefix)
+    pos_t = lo_t + tl.arange(0, BLOCK_N)  # [BLOCK_N]
+    page_t = tl.load(pt_row + pos_t // PAGE_SIZE, mask=pos_t < hi, other=0)  # [BLOCK_N]
     acc, l_i, m_i = _attend(
         acc, l_i, m_i, q, K, V, pt_row, page0, MASK, b, kvh, tok, row_ok, prefix, lo, tl.minimum(hi, prefix),
         qk_scale, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, stride_mb, stride_mi,
         N, False, HAS_MASK, HEAD_DIM, PAGE_SIZE, DOT_DTYPE, BLOCK_N, GROUP,
     )  # fmt: skip
-    lo_t = tl.maximum(lo, prefix)
-    pos_t = lo_t + tl.arange(0, BLOCK_N)  # [BLOCK_N]
-    page_t = tl.load(pt_row + pos_t // PAGE_SIZE, mask=pos_t < hi, other=0)  # [BLOCK_N]
     acc, l_i, m_i = _attend(
         acc, l_i, m_i, q, K, V, pt_row, page_t, MASK, b, kvh, tok, row_ok, prefix, lo_t, hi,
         qk_scale, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, stride_mb, stride_mi,
