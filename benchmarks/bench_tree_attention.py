@@ -151,7 +151,8 @@ def run_row(B, L, N, providers, ceilings, sweep):
     row["eaglet"] = bench(eaglet)
     row["host"] = host_time(eaglet)
     row["graph"] = bench_graph(eaglet)
-    row["splits"] = ta._plan(B, N, HQ, HKV, L + N, N, num_sms)[2]
+    plan = ta._plan(B, N, HQ, HKV, L + N, N, num_sms)
+    row["splits"] = f"{plan[2]}{' (tree apart)' if plan[4] else ''}"
 
     allowed = torch.cat([torch.ones(B, N, L, dtype=torch.bool, device=DEV), tree_mask], dim=2)  # [B, N, L+N]
     qh = q.transpose(1, 2).contiguous()  # [B, Hq, N, D]
@@ -246,7 +247,7 @@ def main() -> None:
             flush=True,
         )
         for variant, t, plan in row.get("sweep", []):
-            print(f"    sweep {variant}: {t:.1f} µs  plan(BLOCK_M, tiles, splits, chunk)={plan}", flush=True)
+            print(f"    sweep {variant}: {t:.1f} µs  plan(BLOCK_M, tiles, splits, chunk, apart)={plan}", flush=True)
         if args.md:  # rewritten after every row, so a run cut short still leaves its rows
             with open(args.md, "w") as f:
                 f.write(header + "\n" + table(rows) + "\n")

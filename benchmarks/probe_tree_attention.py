@@ -11,9 +11,9 @@ replays every 16.6 µs that way on an H200. Printed per row:
   * the launch floor: a graph of one and of two empty Triton kernels (what no kernel can go under);
   * the autotuned config and its time, with and without the merge kernel;
   * every forward config of the autotune grid at the planned split length;
-  * split lengths (chunk) from 64 to 2048 keys with the best config, with the new keys in the last split (the
-    plan's rule, `_num_splits`) and in a split of their own (cdiv(L + N, chunk) splits: the second version's rule,
-    which runs the tree tiles beside the prefix tiles instead of after them).
+  * split lengths (chunk) from 64 to 2048 keys with the best config, with the new keys in the last split and in
+    a split of their own (TREE_APART: the tree tiles run beside the prefix tiles instead of after them; the plan
+    takes it while the grid stays within one program per SM).
 --ncu launches each config once (for ncu's per-kernel report) and times nothing.
 """
 
@@ -77,19 +77,23 @@ class Call:
     def planned_chunk(self) -> int:
         return self.recipe[2][1]
 
-    def launcher(self, chunk: int, cfg: dict, merge: bool = True, tree_split: bool = False):
-        """A callable running the forward (with cfg: BLOCK_N, num_warps, num_stages) and the merge; tree_split:
-        cdiv(L + N, chunk) splits, so that the new keys get a split of their own when chunk divides L."""
+    def planned_apart(self) -> bool:
+        return self.recipe[3]["TREE_APART"]
+
+    def launcher(self, chunk: int, cfg: dict, merge: bool = True, apart: bool | None = None):
+        """A callable running the forward (with cfg: BLOCK_N, num_warps, num_stages) and the merge; apart: the new
+        keys in a split of their own (None: as planned)."""
         q, k, v, pt, pl, _ = self.inputs
         _, (m_tiles, _, bh), fwd_args, fwd_kw, _, _ = self.recipe
-        splits = ta._cdiv(self.kv_max, chunk) if tree_split else ta._num_splits(self.kv_max, self.N, chunk)
+        apart = self.planned_apart() if apart is None else apart
+        splits = ta._num_splits(self.kv_max, self.N, chunk, apart)
         group = HQ // HKV
         fwd_args = (fwd_args[0], chunk, splits, *fwd_args[3:])
-        kw = dict(fwd_kw, SPLIT=splits > 1, **cfg)
+        kw = dict(fwd_kw, SPLIT=splits > 1, TREE_APART=apart, **cfg)
         ws_numel = self.B * HKV * splits * self.N * group * (q.shape[-1] + 1)  # partial outputs + LSEs
         ws = torch.empty(ws_numel, device="cuda") if splits > 1 else self.out
         merge_kw = dict(GROUP=group, HEAD_DIM=q.shape[-1], HAS_MASK=True, BLOCK_S=triton.next_power_of_2(splits),
-                        num_warps=4 if splits <= 32 else 8)  # fmt: skip
+                        num_warps=4 if splits <= 32 else 8, TREE_APART=apart)  # fmt: skip
 
         def run():
             ta._fwd_kernel.fn[(m_tiles, splits, bh)](q, k, v, pt, pl, self.mask, ws, *fwd_args, **kw)
@@ -115,8 +119,11 @@ def probe_row(B: int, L: int, N: int) -> list[str]:
     bc = ta._fwd_kernel.best_config
     tuned = dict(BLOCK_N=bc.kwargs["BLOCK_N"], num_warps=bc.num_warps, num_stages=bc.num_stages)
     chunk = call.planned_chunk()
-    splits = ta._num_splits(call.kv_max, N, chunk)
-    lines = [f"## B={B} L={L} N={N}: plan {splits} splits x {chunk} keys; autotuned {cfg_str(tuned)}", ""]
+    apart = call.planned_apart()
+    splits = ta._num_splits(call.kv_max, N, chunk, apart)
+    where = "in a split of their own" if apart else "in the last split"
+    lines = [f"## B={B} L={L} N={N}: plan {splits} splits x {chunk} keys, new keys {where}; autotuned {cfg_str(tuned)}",
+             ""]  # fmt: skip
     lines.append(f"- autotuned, full call: {graph_us(call.default):.1f} µs")
     lines.append(f"- autotuned, forward only: {graph_us(call.launcher(chunk, tuned, merge=False)):.1f} µs")
     lines += ["", "| forward config | µs | max abs diff vs default call |", "|---|---|---|"]
@@ -135,9 +142,9 @@ def probe_row(B: int, L: int, N: int) -> list[str]:
     lines += ["", f"Split length with the best config ({cfg_str(best)}):", "",
               "| chunk | splits | µs | splits, new keys apart | µs, new keys apart |", "|---|---|---|---|---|"]  # fmt: skip
     for c in (64, 128, 256, 512, 1024, 2048):
-        s, s_apart = ta._num_splits(call.kv_max, N, c), ta._cdiv(call.kv_max, c)
+        s, s_apart = ta._num_splits(call.kv_max, N, c, False), ta._num_splits(call.kv_max, N, c, True)
         if c >= best["BLOCK_N"] and s_apart <= ta._MERGE_SPLITS and c < 2 * call.kv_max:
-            t, t_apart = graph_us(call.launcher(c, best)), graph_us(call.launcher(c, best, tree_split=True))
+            t, t_apart = graph_us(call.launcher(c, best, apart=False)), graph_us(call.launcher(c, best, apart=True))
             lines.append(f"| {c} | {s} | {t:.1f} | {s_apart} | {t_apart:.1f} |")
     return lines + [""]
 

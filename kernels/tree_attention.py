@@ -16,7 +16,8 @@ The Triton path (flash-decoding with GQA packing):
     of one KV head, so every K/V tile it loads serves all G query heads of that KV head;
   * the key range [0, prefix + N) is cut into `num_splits` chunks (grid axis 1) so that one
     long request still fills every SM; each split runs an online softmax over its chunk
-    (prefix tiles unmasked, tree tiles masked) and, when there is more than one split,
+    (prefix tiles unmasked, tree tiles masked; the new keys go to the last split, or to a split of
+    their own while the grid has room) and, when there is more than one split,
     writes its normalised partial output and log2-sum-exp; `_merge_kernel` combines them;
   * num_splits is sized on the host from `max_prefix_len` (never from device values), so a
     call is CUDA-graph capturable. Warm it up once before capture: the first call of each
@@ -56,9 +57,10 @@ _LOG2E = 1.4426950408889634
 # Chunks are powers of two, at least this long (so split boundaries fall on tile boundaries
 # and the chunk length, an autotune key, takes few values).
 _CHUNK_ALIGN = 128
-# Up to one program per SM, chunks may be this short (B=1, L=4k, N=16: 11 splits of 384
-# keys ran in 23 µs against 27 µs for 7 of 640).
-_MIN_CHUNK = 256
+# Up to one program per SM, chunks may be this short (B=1, L=1k, N=8: 8 splits of 128 keys ran in 17.0 µs
+# against 19.5 µs for 4 of 256, session 10's variant probe; L=4k, N=16: 11 splits of 384 keys 23 µs against 27
+# for 7 of 640).
+_MIN_CHUNK = 128
 # Beyond one wave a split must be longer: each split writes, and the merge reads, rows * D
 # fp32 values per KV head against chunk * D bf16 K and V values read; chunk >= 8 * rows keeps
 # that under 25% of the K/V bytes.
@@ -287,10 +289,13 @@ def _fwd_kernel(
     DOT_DTYPE: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    TREE_APART: tl.constexpr,
 ):
-    """Grid (row tiles, splits, B * Hkv). kv_cap: the keys the page table addresses (its width * PAGE_SIZE). O is out [B, N, Hq, D] when not SPLIT, else the launcher's
-    fp32 workspace: partial outputs [B, Hkv, S, N, G, D] followed by their LSEs [B, Hkv, S, N, G]
-    (one allocation: each torch.empty is host time on the eager path)."""
+    """Grid (row tiles, splits, B * Hkv). kv_cap: the keys the page table addresses (its width * PAGE_SIZE).
+    TREE_APART: the last split holds the new keys alone and the others the prefix; else the last split takes the
+    new keys after its prefix keys. O is out [B, N, Hq, D] when not SPLIT, else the launcher's fp32 workspace:
+    partial outputs [B, Hkv, S, N, G, D] followed by their LSEs [B, Hkv, S, N, G] (one allocation: each
+    torch.empty is host time on the eager path)."""
     pid_m = tl.program_id(0)  # row tiles fastest: tiles sharing a K/V chunk run together (L2 reuse)
     split = tl.program_id(1)
     pid_bh = tl.program_id(2)
@@ -321,18 +326,30 @@ def _fwd_kernel(
         row_end = prefix + tok + 1  # [BLOCK_M]
         last_tok = (tl.minimum(pid_m * BLOCK_M + BLOCK_M, N * GROUP) - 1) // GROUP
         tile_end = prefix + last_tok + 1
-    # The last split runs to the end even if prefix_lens exceeds max_prefix_len: slower, never wrong.
-    hi = tl.where(split == num_splits - 1, tile_end, tl.minimum(lo + chunk, tile_end))
+    # Prefix keys [lo, hi_p), then new keys [lo_t, hi). The last split holding prefix keys runs to the prefix's end
+    # even if prefix_lens exceeds max_prefix_len: slower, never wrong.
+    hi = tile_end
+    if TREE_APART:
+        tree_split = split == num_splits - 1
+        hi_p = tl.where(tree_split, lo, tl.where(split == num_splits - 2, prefix, tl.minimum(lo + chunk, prefix)))
+        lo_t = tl.where(tree_split, prefix, tile_end)
+        # The new keys' split, or a prefix split starting inside the prefix (every row sees the whole prefix).
+        # Written with where: the interpreter rejects `scalar bool | vector` in a store mask.
+        used = lo < tl.where(tree_split, lo + 1, prefix) + tok * 0  # [BLOCK_M]
+    else:
+        hi = tl.where(split == num_splits - 1, tile_end, tl.minimum(lo + chunk, tile_end))
+        hi_p = tl.minimum(hi, prefix)
+        lo_t = tl.maximum(lo, prefix)
+        used = lo < row_end  # [BLOCK_M]
 
     m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)  # running max (log2 units)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)  # running sum of exp2
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
     # The tree tiles' first page ids, loaded before the prefix tiles: their latency hides behind them.
-    lo_t = tl.maximum(lo, prefix)
     pos_t = lo_t + tl.arange(0, BLOCK_N)  # [BLOCK_N]
     page_t = tl.load(pt_row + pos_t // PAGE_SIZE, mask=pos_t < hi, other=0)  # [BLOCK_N]
     acc, l_i, m_i = _attend(
-        acc, l_i, m_i, q, K, V, pt_row, page0, MASK, b, kvh, tok, row_ok, prefix, lo, tl.minimum(hi, prefix),
+        acc, l_i, m_i, q, K, V, pt_row, page0, MASK, b, kvh, tok, row_ok, prefix, lo, hi_p,
         qk_scale, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, stride_mb, stride_mi,
         N, False, HAS_MASK, HEAD_DIM, PAGE_SIZE, DOT_DTYPE, BLOCK_N, GROUP,
     )  # fmt: skip
@@ -345,8 +362,8 @@ def _fwd_kernel(
     l_safe = tl.where(l_i > 0, l_i, 1.0)  # [BLOCK_M]; l == 0 only for rows with no key in this split
     o = acc / l_safe[:, None]  # [BLOCK_M, D]
     if SPLIT:
-        # Rows whose keys all end before this split starts write nothing; the merge skips them by the same rule.
-        store_ok = row_ok & (lo < row_end)  # [BLOCK_M]
+        # Rows with no key in this split write nothing; the merge skips them by the same rule.
+        store_ok = row_ok & used  # [BLOCK_M]
         part_row = ((pid_bh * num_splits + split) * N + tok) * GROUP + grp  # [BLOCK_M] row of [B, Hkv, S, N, G]
         tl.store(O + part_row[:, None] * HEAD_DIM + offs_d[None, :], o, mask=store_ok[:, None])
         LSE = O + tl.num_programs(2) * num_splits * N * GROUP * HEAD_DIM  # after all partial outputs
@@ -439,9 +456,10 @@ def _merge_kernel(
     HEAD_DIM: tl.constexpr,
     HAS_MASK: tl.constexpr,
     BLOCK_S: tl.constexpr,
+    TREE_APART: tl.constexpr,
 ):
     """One packed row: out = sum_s 2^(lse_s - m) o_s / sum_s 2^(lse_s - m) over the splits it used.
-    WS: the forward's workspace (partial outputs, then LSEs)."""
+    WS: the forward's workspace (partial outputs, then LSEs); TREE_APART as in the forward."""
     row = tl.program_id(0)
     pid_bh = tl.program_id(1)
     LSE = WS + tl.num_programs(1) * num_splits * N * GROUP * HEAD_DIM
@@ -454,7 +472,13 @@ def _merge_kernel(
         row_end = prefix + NK
     else:
         row_end = prefix + tok + 1
-    n_valid = tl.minimum(tl.cdiv(row_end, chunk), num_splits)  # same rule as the forward's store mask
+    # The splits the row used (the forward's store rule): the first n_used, and the new keys' own split.
+    if TREE_APART:
+        n_used = tl.minimum(tl.cdiv(prefix, chunk), num_splits - 1)
+        n_loop = num_splits
+    else:
+        n_used = tl.minimum(tl.cdiv(row_end, chunk), num_splits)
+        n_loop = n_used
     offs_d = tl.arange(0, HEAD_DIM)  # [D]
     split_stride = N * GROUP  # rows between consecutive splits in [B, Hkv, S, N, G]
     row0 = pid_bh * num_splits * split_stride + row  # split 0 of this row
@@ -462,9 +486,11 @@ def _merge_kernel(
     m = -1.0e30
     l = 0.0
     acc = tl.zeros([HEAD_DIM], dtype=tl.float32)
-    for s0 in range(0, n_valid, BLOCK_S):
+    for s0 in range(0, n_loop, BLOCK_S):
         offs_s = s0 + tl.arange(0, BLOCK_S)  # [BLOCK_S]
-        ok = offs_s < n_valid
+        ok = offs_s < n_used  # [BLOCK_S]
+        if TREE_APART:
+            ok = ok | (offs_s == num_splits - 1)
         part_rows = row0 + offs_s * split_stride  # [BLOCK_S]
         lse = tl.load(LSE + part_rows, mask=ok, other=float("-inf"))  # [BLOCK_S]
         o = tl.load(WS + part_rows[:, None] * HEAD_DIM + offs_d[None, :], mask=ok[:, None], other=0.0)  # [BLOCK_S, D]
@@ -485,14 +511,15 @@ def _num_sms(device_index: int) -> int:
 
 
 @functools.lru_cache(maxsize=1024)
-def _plan(B: int, N: int, Hq: int, Hkv: int, kv_max: int, nk: int, num_sms: int) -> tuple[int, int, int, int]:
-    """Host-side grid plan -> (BLOCK_M, row tiles, num_splits, chunk). kv_max is a host upper
+def _plan(B: int, N: int, Hq: int, Hkv: int, kv_max: int, nk: int, num_sms: int) -> tuple[int, int, int, int, bool]:
+    """Host-side grid plan -> (BLOCK_M, row tiles, num_splits, chunk, tree_apart). kv_max is a host upper
     bound on prefix + nk (nk: the new keys), so the plan never reads device values (graph-capturable).
 
     Packed rows per KV head: N * G. Splits: first fill one wave of SMs with chunks of at least
     _MIN_CHUNK keys; more splits (up to the resident programs per SM, at most _MAX_SPLITS)
     only with chunks of at least _CHUNK_PER_ROW * rows keys. The chunk is then rounded to the
-    nearest power of two (>= _CHUNK_ALIGN); unsplit calls get the power of two >= kv_max."""
+    nearest power of two (>= _CHUNK_ALIGN); unsplit calls get the power of two >= kv_max. The new keys get a
+    split of their own (tree_apart) when the grid then still has at most one program per SM."""
     rows = N * (Hq // Hkv)
     block_m = min(_MAX_BLOCK_M, max(16, triton.next_power_of_2(rows)))
     m_tiles = _cdiv(rows, block_m)
@@ -502,19 +529,25 @@ def _plan(B: int, N: int, Hq: int, Hkv: int, kv_max: int, nk: int, num_sms: int)
     more = min(resident * num_sms // base, kv_max // max(1, _CHUNK_PER_ROW * rows))
     splits = max(1, min(max(one_wave, more), _MAX_SPLITS))
     if splits == 1:
-        return block_m, m_tiles, 1, max(_CHUNK_ALIGN, triton.next_power_of_2(kv_max))
+        return block_m, m_tiles, 1, max(_CHUNK_ALIGN, triton.next_power_of_2(kv_max)), False
     target = kv_max / splits
     chunk = max(_CHUNK_ALIGN, triton.next_power_of_2(math.ceil(target / 1.5)))  # nearest power of two (log scale)
-    while _num_splits(kv_max, nk, chunk) > _MERGE_SPLITS:
+    while _num_splits(kv_max, nk, chunk, True) > _MERGE_SPLITS:
         chunk *= 2
-    return block_m, m_tiles, _num_splits(kv_max, nk, chunk), chunk
+    # Apart, the new keys' tiles (page ids, K/V and mask loads, ~2 µs of dependent latency) run beside the prefix
+    # splits instead of after the last one's tiles. Past one wave that split is one more short program behind a
+    # full wave (B=1, L=4k, N=16: 17 splits, 136 programs on 132 SMs).
+    apart = _num_splits(kv_max, nk, chunk, True) * base <= num_sms
+    return block_m, m_tiles, _num_splits(kv_max, nk, chunk, apart), chunk, apart
 
 
-def _num_splits(kv_max: int, nk: int, chunk: int) -> int:
-    """Splits of the keys [0, kv_max) into chunk-long pieces. The last split also takes the nk new keys when they
-    fit in one chunk: a split of the tree keys alone is one more short program per row tile (B=1, L=4k, N=16 made
-    17 splits of 256, 136 programs on 132 SMs, a second wave behind every one-program-per-SM config)."""
-    return max(1, _cdiv(kv_max - nk, chunk)) if nk <= chunk else _cdiv(kv_max, chunk)
+def _num_splits(kv_max: int, nk: int, chunk: int, apart: bool) -> int:
+    """Splits of the keys [0, kv_max) into chunk-long pieces. apart: the prefix splits and one of the nk new keys.
+    Else the last split also takes the new keys when they fit in one chunk."""
+    prefix_splits = max(1, _cdiv(kv_max - nk, chunk))
+    if apart:
+        return prefix_splits + 1
+    return prefix_splits if nk <= chunk else _cdiv(kv_max, chunk)
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -581,11 +614,11 @@ def _prepare(q, k, v, pt, pl, mask, sm_scale, max_prefix_len, interpret: bool, i
     kv_max = (pt[0][1] * page_size) if max_prefix_len is None else (max_prefix_len + NK)
     if invariant:  # one program per token, fixed splits (module doc)
         block_m, m_tiles, chunk = max(16, triton.next_power_of_2(group)), N, _INVARIANT_CHUNK
-        num_splits = _cdiv(kv_max, chunk)
+        num_splits, apart = _cdiv(kv_max, chunk), False
     else:
         # Interpreter: few SMs, still splits. (A CPU call without it takes the reference; the plan is unused.)
         num_sms = _num_sms(q_dev.index) if q_dev.type == "cuda" and not interpret else 8
-        block_m, m_tiles, num_splits, chunk = _plan(B, N, Hq, Hkv, kv_max, NK, num_sms)
+        block_m, m_tiles, num_splits, chunk, apart = _plan(B, N, Hq, Hkv, kv_max, NK, num_sms)
     split = num_splits > 1
     # fp32 inputs use exact fp32 dots (tf32 would miss 1e-4); the interpreter's bf16 is wrong, so upcast there.
     dot_dtype = tl.float32 if (q_dtype == torch.float32 or interpret) else (
@@ -595,11 +628,12 @@ def _prepare(q, k, v, pt, pl, mask, sm_scale, max_prefix_len, interpret: bool, i
         scale * _LOG2E, chunk, num_splits, N, NK, Hkv, *q_stride[:3], *k_stride[:3], *v_stride[:3], pt[1][0],
         *(mask[1][:2] if mask is not None else (0, 0)),
     )  # fmt: skip
-    if not invariant:
-        fwd_args += (pt[0][1] * page_size,)  # kv_cap
     fwd_kw = dict(GROUP=group, HEAD_DIM=D, PAGE_SIZE=page_size, HAS_MASK=mask is not None, SPLIT=split,
                   DOT_DTYPE=dot_dtype, BLOCK_M=block_m)  # fmt: skip
-    if invariant:  # a fixed config: no autotuning (it could choose differently for another shape)
+    if not invariant:
+        fwd_args += (pt[0][1] * page_size,)  # kv_cap
+        fwd_kw.update(TREE_APART=apart)
+    else:  # a fixed config: no autotuning (it could choose differently for another shape)
         fwd_kw.update(BLOCK_N=_INVARIANT_BLOCK_N, BLOCK_NK=max(16, triton.next_power_of_2(NK)), num_warps=4,
                       num_stages=1 if is_hip() else 2)
     ws_numel = B * Hkv * num_splits * N * group * (D + 1) if split else 0  # partial outputs + LSEs
@@ -609,7 +643,7 @@ def _prepare(q, k, v, pt, pl, mask, sm_scale, max_prefix_len, interpret: bool, i
             (N * group, B * Hkv), (chunk, num_splits, N, NK, Hkv),
             # All splits in one pass (a serial pass per block of splits costs µs of latency); invariant mode
             # one split at a time, in order, whatever the split count.
-            dict(GROUP=group, HEAD_DIM=D, HAS_MASK=mask is not None,
+            dict(GROUP=group, HEAD_DIM=D, HAS_MASK=mask is not None, TREE_APART=apart,
                  BLOCK_S=1 if invariant else triton.next_power_of_2(num_splits),
                  num_warps=4 if num_splits <= 32 else 8),
         )  # fmt: skip

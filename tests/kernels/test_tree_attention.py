@@ -144,22 +144,55 @@ def test_sm_scale_and_noncontiguous_q():
 
 def test_grid_plan():
     """Host-side plan: splits cover the bound, chunks are powers of two (an autotune key) and long
-    enough, a full grid needs no split, no split holds only the new keys."""
-    for B, N, Hq, Hkv, kv_max, sms in [(1, 16, 32, 8, 65552, 132), (1, 16, 32, 8, 1040, 132), (8, 64, 32, 8, 16448, 132), (1, 1, 1, 1, 10, 132), (1, 37, 4, 2, 4130, 8), (1, 64, 32, 8, 4160, 132)]:
-        block_m, m_tiles, splits, chunk = ta._plan(B, N, Hq, Hkv, kv_max, N, sms)
+    enough, a full grid needs no split, the new keys get a split of their own only within one wave."""
+    cases = [(1, 16, 32, 8, 65552, 132), (1, 16, 32, 8, 1040, 132), (8, 64, 32, 8, 16448, 132), (1, 1, 1, 1, 10, 132),
+             (1, 37, 4, 2, 4130, 8), (1, 64, 32, 8, 4160, 132), (1, 8, 32, 8, 1032, 132)]  # fmt: skip
+    for B, N, Hq, Hkv, kv_max, sms in cases:
+        block_m, m_tiles, splits, chunk, apart = ta._plan(B, N, Hq, Hkv, kv_max, N, sms)
         rows = N * Hq // Hkv
+        prefix_splits = splits - apart
+        programs = B * Hkv * m_tiles * splits
         assert 16 <= block_m <= 128 and (m_tiles - 1) * block_m < rows <= m_tiles * block_m
         assert chunk >= ta._CHUNK_ALIGN and chunk & (chunk - 1) == 0 and 1 <= splits <= ta._MERGE_SPLITS
-        assert kv_max - N <= splits * chunk  # the last split also runs to the end: its chunk plus the new keys
-        assert splits == 1 or (splits - 1) * chunk < kv_max - N  # the last split starts inside the prefix
+        assert kv_max - N <= prefix_splits * chunk  # the last prefix split also runs to the prefix's end
+        assert prefix_splits == 1 or (prefix_splits - 1) * chunk < kv_max - N  # it starts inside the prefix
         assert splits == 1 or chunk >= ta._MIN_CHUNK // 2  # rounded to the nearest power of two
-        programs = B * Hkv * m_tiles * splits
+        assert not apart or (splits > 1 and programs <= sms)
         # past one wave: long chunks (up to the power-of-two rounding)
         assert splits == 1 or programs <= 2 * sms or 2 * chunk >= ta._CHUNK_PER_ROW * rows
-    assert ta._plan(1, 16, 32, 8, 65552, 16, 132)[2:] == (32, 2048)  # one request, 8 KV heads: many splits
-    assert ta._plan(1, 16, 32, 8, 4112, 16, 132)[2:] == (16, 256)  # one wave: 128 programs on 132 SMs, not 136
+    assert ta._plan(1, 16, 32, 8, 65552, 16, 132)[2:] == (32, 2048, False)  # one request, 8 KV heads: many splits
+    assert ta._plan(1, 16, 32, 8, 4112, 16, 132)[2:] == (16, 256, False)  # 128 programs on 132 SMs, apart 136
+    assert ta._plan(1, 8, 32, 8, 1032, 8, 132)[2:] == (9, 128, True)  # the 8B verify: 8 prefix splits, 1 tree
     assert ta._plan(64, 64, 32, 8, 65552, 64, 132)[2] == 1  # the grid is already full
     assert ta._plan(8, 64, 32, 8, 4160, 64, 132)[2] == 1  # 128 heavy 128-row programs: one per SM already
+
+
+@needs_kernel
+@pytest.mark.parametrize("tree", [True, False])
+@pytest.mark.parametrize("apart", [False, True])
+def test_new_keys_apart_or_in_the_last_split(monkeypatch, apart, tree):
+    """Both places of the new keys give the reference, with ragged and empty prefixes, a bound that is too small
+    (the last prefix split runs to the prefix's end), and every buffer starting as NaN (no unused split is read)."""
+    plan = ta._plan.__wrapped__
+
+    def forced(B, N, Hq, Hkv, kv_max, nk, num_sms):
+        block_m, m_tiles = plan(B, N, Hq, Hkv, kv_max, nk, num_sms)[:2]
+        return block_m, m_tiles, ta._num_splits(kv_max, nk, 64, apart), 64, apart
+
+    monkeypatch.setattr(ta, "_plan", forced)
+    monkeypatch.setattr(ta, "_empty", lambda shape, dtype, device: torch.full(shape, float("nan"), dtype=dtype,
+                                                                              device=device))
+    inputs = make_inputs(3, 21, 4, 2, 64, [700, 3, 0], 16, torch.float32, tree, seed=5)
+    ref = ref64(*inputs)
+    ta._prepare.cache_clear()  # its recipes hold the plan
+    try:
+        for bound in (700, 100):
+            assert ta._prepare(*[ta._meta(t) for t in inputs], None, bound, True)[1][1] > 1  # split
+            out = tree_attention(*inputs, max_prefix_len=bound)
+            assert not out.isnan().any()
+            assert rel_err(out, ref) < 1e-4, bound
+    finally:
+        ta._prepare.cache_clear()
 
 
 def _chain(mask_row: torch.Tensor) -> list[int]:
