@@ -1,10 +1,11 @@
 """Where a short tree-attention call's time goes: each forward config and split length, timed from CUDA graphs.
 
-    python benchmarks/probe_tree_attention.py --configs 1x1024x16,1x4096x16,1x16384x16
+    python benchmarks/probe_tree_attention.py --configs 1x1024x16,1x4096x16,1x16384x16,1x1024x8@4096
     ncu --clock-control none -k regex:_fwd_kernel --section SpeedOfLight --section WarpStateStats \
         python benchmarks/probe_tree_attention.py --configs 1x4096x16 --ncu
 
-The table's rows use bench_tree_attention's inputs (bf16, Hq=32, Hkv=8, D=128, page_size 16, shuffled pages,
+A row BxLxN@bound plans the grid for max_prefix_len=bound instead of L, as a CUDA graph captured for a longer context
+does (the engine's verify graph is planned for max_context). The table's rows use bench_tree_attention's inputs (bf16, Hq=32, Hkv=8, D=128, page_size 16, shuffled pages,
 branching tree masks). Every time is the median of a graph replay after zeroing a 256 MB buffer (as do_bench does:
 the K/V come from HBM, a cold L2). Replays back to back would time the host instead: a graph of one empty kernel
 replays every 16.6 µs that way on an H200. Printed per row:
@@ -60,19 +61,19 @@ class Call:
     """One tree_attention call with the launch recipe opened up: the forward config and the split length are
     set here instead of by the autotuner and the plan. Buffers are allocated once (graph-capturable)."""
 
-    def __init__(self, B: int, L: int, N: int):
-        self.B, self.L, self.N = B, L, N
-        self.inputs = make_inputs(B, L, N)
-        q, k, v, pt, pl, mask = self.inputs
+    def __init__(self, B: int, L: int, N: int, bound: int | None = None):
+        self.B, self.L, self.N, self.bound = B, L, N, bound or L
+        self.inputs = make_inputs(B, self.bound, N)
+        self.inputs[4].fill_(L)  # prefix_lens [B]: the pool holds the bound's pages, the requests use L
         metas = [ta._meta(t) for t in self.inputs]
-        self.recipe = ta._prepare(*metas, None, L, False, False)
-        self.kv_max = L + N
+        self.recipe = ta._prepare(*metas, None, self.bound, False, False)
+        self.kv_max = self.bound + N
         self.out = torch.empty_like(q)  # [B, N, Hq, D]
         self.mask = mask.view(torch.uint8)  # [B, N, N]
 
     def default(self):
         q, k, v, pt, pl, mask = self.inputs
-        return ta.tree_attention(q, k, v, pt, pl, mask, max_prefix_len=self.L)
+        return ta.tree_attention(q, k, v, pt, pl, mask, max_prefix_len=self.bound)
 
     def planned_chunk(self) -> int:
         return self.recipe[2][1]
@@ -113,8 +114,8 @@ def cfg_str(c: dict) -> str:
     return f"BLOCK_N {c['BLOCK_N']}, {c['num_warps']} warps, {c['num_stages']} stages"
 
 
-def probe_row(B: int, L: int, N: int) -> list[str]:
-    call = Call(B, L, N)
+def probe_row(B: int, L: int, N: int, bound: int | None) -> list[str]:
+    call = Call(B, L, N, bound)
     ref = call.default()  # autotunes this shape class
     bc = ta._fwd_kernel.best_config
     tuned = dict(BLOCK_N=bc.kwargs["BLOCK_N"], num_warps=bc.num_warps, num_stages=bc.num_stages)
@@ -122,7 +123,7 @@ def probe_row(B: int, L: int, N: int) -> list[str]:
     apart = call.planned_apart()
     splits = ta._num_splits(call.kv_max, N, chunk, apart)
     where = "in a split of their own" if apart else "in the last split"
-    lines = [f"## B={B} L={L} N={N}: plan {splits} splits x {chunk} keys, new keys {where}; autotuned {cfg_str(tuned)}",
+    lines = [f"## B={B} L={L} N={N}{f' (grid planned for {bound})' if bound else ''}: plan {splits} splits x {chunk} keys, new keys {where}; autotuned {cfg_str(tuned)}",
              ""]  # fmt: skip
     lines.append(f"- autotuned, full call: {graph_us(call.default):.1f} µs")
     lines.append(f"- autotuned, forward only: {graph_us(call.launcher(chunk, tuned, merge=False)):.1f} µs")
@@ -151,14 +152,16 @@ def probe_row(B: int, L: int, N: int) -> list[str]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    # 1x1024x8: the shape of a B=1 verify of Llama-3.1-8B with 8 tree tokens (experiments' ablate_overlap)
-    ap.add_argument("--configs", default="1x1024x8,1x1024x16,1x4096x16,1x16384x16,1x4096x64")
+    # 1x1024x8: the shape of a B=1 verify of Llama-3.1-8B with 8 tree tokens (experiments' ablate_overlap), whose
+    # graph is planned for max_context=4096 (@4096)
+    ap.add_argument("--configs", default="1x1024x8,1x1024x8@4096,1x1024x16,1x4096x16,1x16384x16,1x4096x64")
     ap.add_argument("--ncu", action="store_true", help="launch each config once, time nothing (for ncu)")
     args = ap.parse_args()
-    rows = [tuple(map(int, c.split("x"))) for c in args.configs.split(",")]
+    rows = [(*map(int, c.split("@")[0].split("x")), int(c.split("@")[1]) if "@" in c else None)
+            for c in args.configs.split(",")]  # fmt: skip
     if args.ncu:
-        for B, L, N in rows:
-            call = Call(B, L, N)
+        for B, L, N, bound in rows:
+            call = Call(B, L, N, bound)
             for cfg in fwd_configs(call.recipe[3]["BLOCK_M"]):
                 print(f"B={B} L={L} N={N} {cfg_str(cfg)}", flush=True)
                 try:
@@ -171,8 +174,8 @@ def main() -> None:
     one = lambda: _empty_kernel[(1,)](x)  # noqa: E731
     two = lambda: (_empty_kernel[(1,)](x), _empty_kernel[(1,)](x))  # noqa: E731
     out = [f"Launch floor (graph replay): one empty kernel {graph_us(one):.1f} µs, two {graph_us(two):.1f}", ""]
-    for B, L, N in rows:
-        lines = probe_row(B, L, N)
+    for B, L, N, bound in rows:
+        lines = probe_row(B, L, N, bound)
         print("\n".join(lines), flush=True)
         out += lines
     print("\n".join(out))

@@ -244,6 +244,20 @@ def _attend(
     return acc, l_i, m_i
 
 
+@triton.jit
+def _split_len(prefix, NK, chunk, num_splits, TREE_APART: tl.constexpr):
+    """Keys per split, on the device. The host sized the grid (and chunk) for a bound on the prefix, and a captured
+    graph's bound is the context limit: a shorter prefix is spread over all the splits instead of filling the first
+    few. The keys spread are the prefix (the new keys in their own split, or at the end of the last one when they
+    fit in a chunk: `_num_splits`' rule) or all of them. A multiple of 32 keys (the smallest key tile); at most
+    chunk while the prefix is within the bound; longer beyond it (slower, never wrong)."""
+    if TREE_APART:
+        per_split = tl.cdiv(prefix, num_splits - 1)
+    else:
+        per_split = tl.cdiv(prefix + tl.where(NK > chunk, NK, 0), num_splits)
+    return tl.maximum(tl.cdiv(per_split, 32) * 32, 32)
+
+
 @triton.autotune(
     configs=autotune_configs(_fwd_configs()),
     # chunk (a power of two) is in the key: the best key tile depends on how many tiles a
@@ -308,14 +322,20 @@ def _fwd_kernel(
     grp = offs_m % GROUP  # [BLOCK_M] query head within the KV head's group
     row_ok = offs_m < N * GROUP  # [BLOCK_M]
     offs_d = tl.arange(0, HEAD_DIM)  # [D]
-    # Q and the first tile's page ids do not depend on the prefix length: issued here, beside its load, their
-    # latency overlaps it (masked by the page table's width, not by the bound that waits for it).
+    # Q and the first tile's page ids (at the host's split start, right whenever the prefix fills its bound) do
+    # not depend on the prefix length: issued here, beside its load, their latency overlaps it (masked by the page
+    # table's width, not by the bound that waits for it).
     q_ptrs = Q + b * stride_qb + tok[:, None] * stride_qn + (kvh * GROUP + grp)[:, None] * stride_qh + offs_d[None, :]
     q = tl.load(q_ptrs, mask=row_ok[:, None], other=0.0).to(DOT_DTYPE)  # [BLOCK_M, D]
-    lo = split * chunk
     pt_row = PT + b * stride_ptb
-    pos0 = lo + tl.arange(0, BLOCK_N)  # [BLOCK_N]
+    pos0 = split * chunk + tl.arange(0, BLOCK_N)  # [BLOCK_N]
     page0 = tl.load(pt_row + pos0 // PAGE_SIZE, mask=pos0 < kv_cap, other=0)  # [BLOCK_N]
+    split_len = _split_len(prefix, NK, chunk, num_splits, TREE_APART)
+    lo = split * split_len
+    # A shorter split: the first tile's page ids again (masked off, no load, when the guess was right).
+    pos0 = lo + tl.arange(0, BLOCK_N)  # [BLOCK_N]
+    reload = tl.load(pt_row + pos0 // PAGE_SIZE, mask=pos0 < tl.where(split_len == chunk, 0, kv_cap), other=0)
+    page0 = tl.where(split_len == chunk, page0, reload)  # [BLOCK_N]
 
     # Key range of this tile: causal rows see new tokens up to their own, so late splits of
     # early row tiles (chunked prefill) have nothing to do.
@@ -326,18 +346,17 @@ def _fwd_kernel(
         row_end = prefix + tok + 1  # [BLOCK_M]
         last_tok = (tl.minimum(pid_m * BLOCK_M + BLOCK_M, N * GROUP) - 1) // GROUP
         tile_end = prefix + last_tok + 1
-    # Prefix keys [lo, hi_p), then new keys [lo_t, hi). The last split holding prefix keys runs to the prefix's end
-    # even if prefix_lens exceeds max_prefix_len: slower, never wrong.
+    # Prefix keys [lo, hi_p), then new keys [lo_t, hi).
     hi = tile_end
     if TREE_APART:
         tree_split = split == num_splits - 1
-        hi_p = tl.where(tree_split, lo, tl.where(split == num_splits - 2, prefix, tl.minimum(lo + chunk, prefix)))
+        hi_p = tl.where(tree_split, lo, tl.minimum(lo + split_len, prefix))
         lo_t = tl.where(tree_split, prefix, tile_end)
         # The new keys' split, or a prefix split starting inside the prefix (every row sees the whole prefix).
         # Written with where: the interpreter rejects `scalar bool | vector` in a store mask.
         used = lo < tl.where(tree_split, lo + 1, prefix) + tok * 0  # [BLOCK_M]
     else:
-        hi = tl.where(split == num_splits - 1, tile_end, tl.minimum(lo + chunk, tile_end))
+        hi = tl.where(split == num_splits - 1, tile_end, tl.minimum(lo + split_len, tile_end))
         hi_p = tl.minimum(hi, prefix)
         lo_t = tl.maximum(lo, prefix)
         used = lo < row_end  # [BLOCK_M]
@@ -457,9 +476,11 @@ def _merge_kernel(
     HAS_MASK: tl.constexpr,
     BLOCK_S: tl.constexpr,
     TREE_APART: tl.constexpr,
+    FIXED_CHUNK: tl.constexpr,
 ):
     """One packed row: out = sum_s 2^(lse_s - m) o_s / sum_s 2^(lse_s - m) over the splits it used.
-    WS: the forward's workspace (partial outputs, then LSEs); TREE_APART as in the forward."""
+    WS: the forward's workspace (partial outputs, then LSEs); TREE_APART as in the forward; FIXED_CHUNK: splits
+    of chunk keys (the invariant forward's), else of `_split_len` keys (the forward's)."""
     row = tl.program_id(0)
     pid_bh = tl.program_id(1)
     LSE = WS + tl.num_programs(1) * num_splits * N * GROUP * HEAD_DIM
@@ -472,6 +493,8 @@ def _merge_kernel(
         row_end = prefix + NK
     else:
         row_end = prefix + tok + 1
+    if not FIXED_CHUNK:
+        chunk = _split_len(prefix, NK, chunk, num_splits, TREE_APART)
     # The splits the row used (the forward's store rule): the first n_used, and the new keys' own split.
     if TREE_APART:
         n_used = tl.minimum(tl.cdiv(prefix, chunk), num_splits - 1)
@@ -643,7 +666,7 @@ def _prepare(q, k, v, pt, pl, mask, sm_scale, max_prefix_len, interpret: bool, i
             (N * group, B * Hkv), (chunk, num_splits, N, NK, Hkv),
             # All splits in one pass (a serial pass per block of splits costs µs of latency); invariant mode
             # one split at a time, in order, whatever the split count.
-            dict(GROUP=group, HEAD_DIM=D, HAS_MASK=mask is not None, TREE_APART=apart,
+            dict(GROUP=group, HEAD_DIM=D, HAS_MASK=mask is not None, TREE_APART=apart, FIXED_CHUNK=invariant,
                  BLOCK_S=1 if invariant else triton.next_power_of_2(num_splits),
                  num_warps=4 if num_splits <= 32 else 8),
         )  # fmt: skip
