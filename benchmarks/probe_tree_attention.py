@@ -65,6 +65,7 @@ class Call:
         self.B, self.L, self.N, self.bound = B, L, N, bound or L
         self.inputs = make_inputs(B, self.bound, N)
         self.inputs[4].fill_(L)  # prefix_lens [B]: the pool holds the bound's pages, the requests use L
+        q, mask = self.inputs[0], self.inputs[5]  # [B, N, Hq, D], [B, N, N]
         metas = [ta._meta(t) for t in self.inputs]
         self.recipe = ta._prepare(*metas, None, self.bound, False, False)
         self.kv_max = self.bound + N
