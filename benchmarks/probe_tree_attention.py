@@ -95,8 +95,7 @@ class Call:
         ws_numel = self.B * HKV * splits * self.N * group * (q.shape[-1] + 1)  # partial outputs + LSEs
         ws = torch.empty(ws_numel, device="cuda") if splits > 1 else self.out
         merge_kw = dict(GROUP=group, HEAD_DIM=q.shape[-1], HAS_MASK=True, BLOCK_S=triton.next_power_of_2(splits),
-                        num_warps=4 if splits <= 32 else 8, TREE_APART=apart, FIXED_CHUNK=False,
-                        PDL=fwd_kw["PDL"], **({"launch_pdl": True} if fwd_kw["PDL"] else {}))  # fmt: skip
+                        num_warps=4 if splits <= 32 else 8, TREE_APART=apart, FIXED_CHUNK=False)  # fmt: skip
 
         def run():
             ta._fwd_kernel.fn[(m_tiles, splits, bh)](q, k, v, pt, pl, self.mask, ws, *fwd_args, **kw)

@@ -47,7 +47,6 @@ import math
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from eaglet.kernels._utils import autotune_configs, is_hip, is_interpret, use_triton
 
@@ -305,11 +304,8 @@ def _fwd_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     TREE_APART: tl.constexpr,
-    PDL: tl.constexpr,
 ):
-    """Grid (row tiles, splits, B * Hkv). PDL: the merge is launched as a programmatic dependent of this grid
-    (Hopper), and may start once every program of it has started. kv_cap: the keys the page table addresses (its
-    width * PAGE_SIZE).
+    """Grid (row tiles, splits, B * Hkv). kv_cap: the keys the page table addresses (its width * PAGE_SIZE).
     TREE_APART: the last split holds the new keys alone and the others the prefix; else the last split takes the
     new keys after its prefix keys. O is out [B, N, Hq, D] when not SPLIT, else the launcher's fp32 workspace:
     partial outputs [B, Hkv, S, N, G, D] followed by their LSEs [B, Hkv, S, N, G] (one allocation: each
@@ -320,8 +316,6 @@ def _fwd_kernel(
     b = pid_bh // Hkv
     kvh = pid_bh % Hkv
     prefix = tl.load(PL + b)
-    if PDL:
-        gdc_launch_dependents()
 
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # [BLOCK_M] packed rows
     tok = offs_m // GROUP  # [BLOCK_M] new-token index
@@ -483,12 +477,10 @@ def _merge_kernel(
     BLOCK_S: tl.constexpr,
     TREE_APART: tl.constexpr,
     FIXED_CHUNK: tl.constexpr,
-    PDL: tl.constexpr,
 ):
     """One packed row: out = sum_s 2^(lse_s - m) o_s / sum_s 2^(lse_s - m) over the splits it used.
     WS: the forward's workspace (partial outputs, then LSEs); TREE_APART as in the forward; FIXED_CHUNK: splits
-    of chunk keys (the invariant forward's), else of `_split_len` keys (the forward's). PDL: launched before the
-    forward ends (programmatic dependent launch); it reads the workspace only after the forward completes."""
+    of chunk keys (the invariant forward's), else of `_split_len` keys (the forward's)."""
     row = tl.program_id(0)
     pid_bh = tl.program_id(1)
     LSE = WS + tl.num_programs(1) * num_splits * N * GROUP * HEAD_DIM
@@ -513,8 +505,6 @@ def _merge_kernel(
     offs_d = tl.arange(0, HEAD_DIM)  # [D]
     split_stride = N * GROUP  # rows between consecutive splits in [B, Hkv, S, N, G]
     row0 = pid_bh * num_splits * split_stride + row  # split 0 of this row
-    if PDL:
-        gdc_wait()  # the lines above (prefix_lens is not the forward's output) overlap the forward's tail
 
     m = -1.0e30
     l = 0.0
@@ -541,11 +531,6 @@ def _merge_kernel(
 @functools.lru_cache(maxsize=None)
 def _num_sms(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
-
-
-@functools.lru_cache(maxsize=None)
-def _capability(device_index: int) -> tuple[int, int]:
-    return torch.cuda.get_device_capability(device_index)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -668,13 +653,9 @@ def _prepare(q, k, v, pt, pl, mask, sm_scale, max_prefix_len, interpret: bool, i
     )  # fmt: skip
     fwd_kw = dict(GROUP=group, HEAD_DIM=D, PAGE_SIZE=page_size, HAS_MASK=mask is not None, SPLIT=split,
                   DOT_DTYPE=dot_dtype, BLOCK_M=block_m)  # fmt: skip
-    # Programmatic dependent launch (CUDA, Hopper on): the merge starts while the forward's last programs run, its
-    # launch latency hidden behind them. A launch mechanism only: results are the same with or without it.
-    cuda = q_dev.type == "cuda" and not (interpret or is_hip())
-    pdl = split and not invariant and cuda and _capability(q_dev.index) >= (9, 0)
     if not invariant:
         fwd_args += (pt[0][1] * page_size,)  # kv_cap
-        fwd_kw.update(TREE_APART=apart, PDL=pdl)
+        fwd_kw.update(TREE_APART=apart)
     else:  # a fixed config: no autotuning (it could choose differently for another shape)
         fwd_kw.update(BLOCK_N=_INVARIANT_BLOCK_N, BLOCK_NK=max(16, triton.next_power_of_2(NK)), num_warps=4,
                       num_stages=1 if is_hip() else 2)
@@ -686,8 +667,8 @@ def _prepare(q, k, v, pt, pl, mask, sm_scale, max_prefix_len, interpret: bool, i
             # All splits in one pass (a serial pass per block of splits costs µs of latency); invariant mode
             # one split at a time, in order, whatever the split count.
             dict(GROUP=group, HEAD_DIM=D, HAS_MASK=mask is not None, TREE_APART=apart, FIXED_CHUNK=invariant,
-                 BLOCK_S=1 if invariant else triton.next_power_of_2(num_splits), PDL=pdl,
-                 num_warps=4 if num_splits <= 32 else 8, **({"launch_pdl": True} if pdl else {})),
+                 BLOCK_S=1 if invariant else triton.next_power_of_2(num_splits),
+                 num_warps=4 if num_splits <= 32 else 8),
         )  # fmt: skip
     kernel = _inv_fwd_kernel if invariant else _fwd_kernel
     return kernel, (m_tiles, num_splits, B * Hkv), fwd_args, fwd_kw, ws_numel, merge
