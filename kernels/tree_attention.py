@@ -20,9 +20,10 @@ The Triton path (flash-decoding with GQA packing):
     their own while the grid has room) and, when there is more than one split,
     writes its normalised partial output and log2-sum-exp; `_merge_kernel` combines them;
   * num_splits is sized on the host from `max_prefix_len` (never from device values), so a
-    call is CUDA-graph capturable. Warm it up once before capture: the first call of each
-    shape class (row tile, mask, split or not, chunk length) autotunes (EAGLET_AUTOTUNE=0
-    takes the default config instead).
+    call is CUDA-graph capturable; the keys per split are computed on the device from each
+    request's prefix (`_split_len`), so a prefix far below the bound still uses every split.
+    Warm it up once before capture: the first call of each shape class (row tile, mask, split
+    or not, chunk length) autotunes (EAGLET_AUTOTUNE=0 takes the default config instead).
 A row whose allowed key set is empty (impossible for a tree: a node sees itself) gives 0 here
 and NaN in the reference.
 
