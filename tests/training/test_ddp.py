@@ -9,6 +9,7 @@ import contextlib
 import json
 import os
 import socket
+import sys
 from pathlib import Path
 
 import pytest
@@ -74,6 +75,16 @@ def _join(rank: int, port: int) -> Dist:
     return dd
 
 
+def _leave(dd: Dist) -> None:
+    """Tear the group down, then end the worker without interpreter finalisation: there gloo's worker threads can
+    still hold tensors, and freeing them aborts the process (SIGABRT, "terminate called without an active
+    exception", pytorch/pytorch#179291) after all the work and its files are done. Seen once in CI's FSDP run."""
+    dd.close()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
 def _spawn(worker, tmp: Path) -> None:
     for attempt in range(3):  # another process on this machine may take the free port before rank 0 binds it
         try:
@@ -91,7 +102,7 @@ def _worker(rank: int, port: int, tmp: str) -> None:
         torch.save({"grads": grads, "loss": loss}, tmp / f"grads_{kind}{rank}.pt")
     # a whole run; rank 1 is handed another output dir, as Hydra's ${now:} can do under torchrun
     train(_cfg(tmp / "cache", B_LOCAL), tmp / ("ddp" if rank == 0 else "ddp_rank1"), target=_tiny())
-    dd.close()
+    _leave(dd)
 
 
 def _tiny():
@@ -137,7 +148,7 @@ def _fsdp_worker(rank: int, port: int, tmp: str) -> None:
     train(_cfg(tmp / "cache", B_LOCAL, *fsdp), tmp / "full", target=_tiny())
     train(_cfg(tmp / "cache", B_LOCAL, *fsdp, "train.stop_at_step=2"), tmp / "split", target=_tiny())
     train(_cfg(tmp / "cache", B_LOCAL, *fsdp), tmp / "split", target=_tiny())  # resume=auto from step 2
-    dd.close()
+    _leave(dd)
 
 
 def test_fsdp_run_resumes_exactly_and_matches_one_process(tmp_path):
