@@ -4,11 +4,12 @@
     ncu --clock-control none -k regex:_fwd_kernel --section SpeedOfLight --section WarpStateStats \
         python benchmarks/probe_tree_attention.py --configs 1x4096x16 --ncu
 
-A row BxLxN@bound plans the grid for max_prefix_len=bound instead of L, as a CUDA graph captured for a longer context
-does (the engine's verify graph is planned for max_context). The table's rows use bench_tree_attention's inputs (bf16, Hq=32, Hkv=8, D=128, page_size 16, shuffled pages,
-branching tree masks). Every time is the median of a graph replay after zeroing a 256 MB buffer (as do_bench does:
-the K/V come from HBM, a cold L2). Replays back to back would time the host instead: a graph of one empty kernel
-replays every 16.6 µs that way on an H200. Printed per row:
+A row BxLxN@bound plans the grid for max_prefix_len=bound instead of L, as a CUDA graph captured for a longer
+context does (the engine's verify graph is planned for max_context). The table's rows use bench_tree_attention's
+inputs (bf16, Hq=32, Hkv=8, D=128, page_size 16, shuffled pages, branching tree masks). Every time is the median of
+a graph replay after zeroing a 256 MB buffer (as do_bench does: the K/V come from HBM, a cold L2). Replays back to
+back would time the host instead: a graph of one empty kernel replays every 16.6 µs that way on an H200. Printed
+per row:
   * the launch floor: a graph of one and of two empty Triton kernels (what no kernel can go under);
   * the autotuned config and its time, with and without the merge kernel;
   * every forward config of the autotune grid at the planned split length;
@@ -124,8 +125,9 @@ def probe_row(B: int, L: int, N: int, bound: int | None) -> list[str]:
     apart = call.planned_apart()
     splits = ta._num_splits(call.kv_max, N, chunk, apart)
     where = "in a split of their own" if apart else "in the last split"
-    lines = [f"## B={B} L={L} N={N}{f' (grid planned for {bound})' if bound else ''}: plan {splits} splits x {chunk} keys, new keys {where}; autotuned {cfg_str(tuned)}",
-             ""]  # fmt: skip
+    planned = f" (grid planned for {bound})" if bound else ""
+    lines = [f"## B={B} L={L} N={N}{planned}: plan {splits} splits x {chunk} keys, new keys {where}; "
+             f"autotuned {cfg_str(tuned)}", ""]
     lines.append(f"- autotuned, full call: {graph_us(call.default):.1f} µs")
     lines.append(f"- autotuned, forward only: {graph_us(call.launcher(chunk, tuned, merge=False)):.1f} µs")
     lines += ["", "| forward config | µs | max abs diff vs default call |", "|---|---|---|"]

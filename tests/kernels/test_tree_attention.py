@@ -154,7 +154,7 @@ def test_grid_plan():
         programs = B * Hkv * m_tiles * splits
         assert 16 <= block_m <= 128 and (m_tiles - 1) * block_m < rows <= m_tiles * block_m
         assert chunk >= ta._CHUNK_ALIGN and chunk & (chunk - 1) == 0 and 1 <= splits <= ta._MERGE_SPLITS
-        assert kv_max - N <= prefix_splits * chunk  # the last prefix split also runs to the prefix's end
+        assert kv_max - N <= prefix_splits * chunk  # the prefix splits cover the bound
         assert prefix_splits == 1 or (prefix_splits - 1) * chunk < kv_max - N  # it starts inside the prefix
         assert splits == 1 or chunk >= ta._MIN_CHUNK // 2  # rounded to the nearest power of two
         assert not apart or (splits > 1 and programs <= sms)
@@ -171,8 +171,9 @@ def test_grid_plan():
 @pytest.mark.parametrize("tree", [True, False])
 @pytest.mark.parametrize("apart", [False, True])
 def test_new_keys_apart_or_in_the_last_split(monkeypatch, apart, tree):
-    """Both places of the new keys give the reference, with ragged and empty prefixes, a bound that is too small
-    (the last prefix split runs to the prefix's end), and every buffer starting as NaN (no unused split is read)."""
+    """Both places of the new keys give the reference, with ragged and empty prefixes, a bound above and one below
+    the longest prefix (the device-side split length then outgrows the chunk), and every buffer starting as NaN
+    (no unused split is read)."""
     plan = ta._plan.__wrapped__
 
     def forced(B, N, Hq, Hkv, kv_max, nk, num_sms):
