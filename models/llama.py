@@ -27,7 +27,6 @@ from eaglet.kernels.rmsnorm import rmsnorm
 from eaglet.kernels.rope import rope_qkv_store
 from eaglet.kernels.tree_attention import tree_attention
 from eaglet.models.kv_cache import ForwardBatch, KVCache
-from eaglet.models.prefetch import NO_PREFETCH, WeightPrefetch
 
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
 
@@ -183,14 +182,12 @@ class Attention(nn.Module):
         self.k_norm = RMSNorm(args.head_dim, args.norm_eps) if args.qk_norm else None
         self.norm_eps = args.norm_eps
         self.invariant = False  # Transformer.set_invariant
-        self.prefetch = NO_PREFETCH  # Transformer.set_weight_prefetch
 
     def forward(self, x, positions, inv_freq, batch: ForwardBatch, kv: KVCache, qkv=None) -> torch.Tensor:
         """x [B, T, H] -> [B, T, H]; `qkv` [B, T, (Hq+2Hkv)*D]: the projection when the caller made it."""
         B, T, _ = x.shape
         Hkv, D = self.n_kv_heads, self.head_dim
         qkv = (self.qkv_proj(x) if qkv is None else qkv).view(B * T, -1)  # [B*T, (Hq+2Hkv)*D]
-        self.prefetch.fork("o_proj", self.o_proj.weight)
         k_cache, v_cache = kv.layer(self.layer_id)  # [pages, page_size, Hkv, D] each
         # q/k norm (Qwen3) + RoPE + the K/V store into the pool, one launch
         q = rope_qkv_store(qkv, positions.reshape(-1), inv_freq, k_cache.view(-1, Hkv, D), v_cache.view(-1, Hkv, D),
@@ -200,7 +197,6 @@ class Attention(nn.Module):
                            norm_eps=self.norm_eps)  # [B*T, Hq, D]
         o = tree_attention(q.view(B, T, self.n_heads, D), k_cache, v_cache, batch.page_table, batch.prefix_lens,
                            batch.attn_mask, max_prefix_len=batch.max_prefix_len, invariant=self.invariant)  # [B, T, Hq, D]
-        self.prefetch.join()
         if self.invariant:
             return linear(o.reshape(B, T, -1), self.o_proj.weight, self.o_proj.bias, invariant=True)  # [B, T, H]
         return self.o_proj(o.reshape(B, T, -1))
@@ -211,14 +207,10 @@ class FeedForward(nn.Module):
         super().__init__()
         self.gate_up_proj = nn.Linear(args.dim, 2 * args.intermediate_size, bias=False)  # gate then up
         self.down_proj = nn.Linear(args.intermediate_size, args.dim, bias=False)
-        self.prefetch = NO_PREFETCH  # Transformer.set_weight_prefetch
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gu = self.gate_up_proj(x)  # [B, T, 2I]
-        self.prefetch.fork("down", self.down_proj.weight)
-        a = silu_and_mul(gu.view(-1, gu.shape[-1])).view(*gu.shape[:-1], -1)  # [B, T, I]
-        self.prefetch.join()
-        return self.down_proj(a)
+        return self.down_proj(silu_and_mul(gu.view(-1, gu.shape[-1])).view(*gu.shape[:-1], -1))
 
 
 class TransformerBlock(nn.Module):
@@ -229,23 +221,18 @@ class TransformerBlock(nn.Module):
         self.input_layernorm = RMSNorm(args.dim, args.norm_eps)
         self.post_attention_layernorm = RMSNorm(args.dim, args.norm_eps)
         self.invariant = False  # Transformer.set_invariant
-        self.prefetch = NO_PREFETCH  # Transformer.set_weight_prefetch
 
     def forward(self, x, residual, positions, inv_freq, batch, kv):
         """Pre-norm block with the residual adds fused into the norms (vLLM/SGLang style): takes and
         returns (block output, residual) whose sum is the residual stream; residual=None at layer 0."""
         if self.invariant or x.numel() <= _FUSED_LINEAR_MAX_TOKENS * x.shape[-1]:
             return self._forward_fused_linear(x, residual, positions, inv_freq, batch, kv)
-        self.prefetch.fork("qkv", self.self_attn.qkv_proj.weight)  # once the previous layer's down is done
         if residual is None:
             h, residual = self.input_layernorm(x), x
         else:
             h, residual = self.input_layernorm(x, residual)
-        self.prefetch.join()
         h = self.self_attn(h, positions, inv_freq, batch, kv)
-        self.prefetch.fork("gate_up", self.mlp.gate_up_proj.weight)
         h, residual = self.post_attention_layernorm(h, residual)
-        self.prefetch.join()
         return self.mlp(h), residual
 
     def _forward_fused_linear(self, x, residual, positions, inv_freq, batch, kv):
@@ -260,8 +247,7 @@ class TransformerBlock(nn.Module):
         else:
             qkv, residual = norm_linear(x, ln1.weight, ln1.eps, attn.qkv_proj.weight, attn.qkv_proj.bias,
                                         residual=residual, invariant=inv)  # [B, T, (Hq+2Hkv)*D], [B, T, H]
-        # [B, T, H]; o_proj is the only prefetch window here: the norms are fused into qkv and gate_up
-        h = attn(x, positions, inv_freq, batch, kv, qkv=qkv)
+        h = attn(x, positions, inv_freq, batch, kv, qkv=qkv)  # [B, T, H]
         gu, residual = norm_linear(h, ln2.weight, ln2.eps, mlp.gate_up_proj.weight, residual=residual,
                                    invariant=inv)  # [B, T, 2I]
         return silu_mul_linear(gu, mlp.down_proj.weight, invariant=inv), residual
@@ -328,21 +314,12 @@ class Transformer(nn.Module):
         # A plain attribute, not a buffer: `model.to(bfloat16)` must not round the RoPE frequencies.
         self._inv_freq = rope_inv_freq(args).float()  # [D/2]
         self.invariant = False
-        self.prefetch = NO_PREFETCH
 
     def set_invariant(self, invariant: bool) -> "Transformer":
         """Batch- and position-invariant numerics on (module doc) or off (the fastest kernels per shape)."""
         self.invariant = bool(invariant)
         for layer in self.model.layers:
             layer.invariant = layer.self_attn.invariant = self.invariant
-        return self
-
-    def set_weight_prefetch(self, fractions: dict[str, float] | None) -> "Transformer":
-        """Prefetch the first `fractions[name]` of each layer's `name` projection weight into L2 during the
-        kernels before it (models/prefetch.py; names: qkv, o_proj, gate_up, down); None or zeros: off."""
-        self.prefetch = WeightPrefetch(fractions, self.device)
-        for layer in self.model.layers:
-            layer.prefetch = layer.self_attn.prefetch = layer.mlp.prefetch = self.prefetch
         return self
 
     @property

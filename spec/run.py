@@ -72,7 +72,7 @@ def run(cfg: DictConfig, output_dir: str | Path) -> dict:
         model = Transformer.from_pretrained(path, dtype=dtype, device=device)
         tokenizer = load_tokenizer(path)
     load_s = time.perf_counter() - t0
-    model.set_invariant(cfg.invariant).set_weight_prefetch(cfg.weight_prefetch)
+    model.set_invariant(cfg.invariant)
     max_context = min(cfg.gen.max_context, model.args.max_seq_len)
     batch_size = cfg.gen.batch_size
     eos = set(model.args.eos_token_ids)

@@ -1,0 +1,64 @@
+"""Per-kernel breakdown of the CUDA-graph replays in a PyTorch profiler trace (run_spec.py profile_steps=N).
+
+    python run_spec.py +experiment=ablate_overlap hydra.mode=RUN gen.batch_size=1 tree=simulate logger=none \
+        hydra.run.dir=/tmp/prof profile_steps=5
+    python benchmarks/graph_trace.py /tmp/prof/trace.json
+
+A graph replay's kernels carry the correlation id of the cudaGraphLaunch that ran them. Replays are grouped by
+their kernel count (one group per captured graph: the verify, the draft, the draft-extend), and the largest
+groups are summarised: mean span of a replay (first kernel start to last kernel end), kernel time, what is left
+(gaps between kernels, minus any overlap), and per kernel name the calls, µs per call and µs per replay.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+
+
+def replays(events: list[dict]) -> dict[int, list[dict]]:
+    """correlation id of a graph launch -> the kernels (and memcpy/memset) it ran, in start order."""
+    launches = {e["args"]["correlation"] for e in events
+                if e.get("cat") == "cuda_runtime" and "GraphLaunch" in e.get("name", "") and "args" in e}
+    groups = collections.defaultdict(list)
+    for e in events:
+        if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset") and e.get("args", {}).get("correlation") in launches:
+            groups[e["args"]["correlation"]].append(e)
+    return {c: sorted(v, key=lambda e: e["ts"]) for c, v in groups.items()}
+
+
+def summarise(reps: list[list[dict]], top: int) -> str:
+    n = len(reps[0])
+    span = sum(r[-1]["ts"] + r[-1]["dur"] - r[0]["ts"] for r in reps) / len(reps)
+    busy = sum(e["dur"] for r in reps for e in r) / len(reps)
+    lines = [f"== graphs of {n} kernels: {len(reps)} replays; span {span:.1f} us, kernel time {busy:.1f} us, "
+             f"gaps {span - busy:.1f} us ({(span - busy) / max(n - 1, 1):.2f} us per kernel)",
+             f"{'kernel':90s} {'calls':>6s} {'us/call':>8s} {'us/replay':>10s}"]
+    by = collections.defaultdict(lambda: [0, 0.0])  # name -> [calls, total us]
+    for e in (e for r in reps for e in r):
+        by[e["name"][:90]][0] += 1
+        by[e["name"][:90]][1] += e["dur"]
+    for name, (c, d) in sorted(by.items(), key=lambda kv: -kv[1][1])[:top]:
+        lines.append(f"{name:90s} {c / len(reps):6.1f} {d / c:8.2f} {d / len(reps):10.1f}")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("trace", help="trace.json written by run_spec.py profile_steps=N")
+    ap.add_argument("--graphs", type=int, default=3, help="the largest graphs to summarise")
+    ap.add_argument("--top", type=int, default=25, help="kernel names per graph")
+    a = ap.parse_args()
+    groups = replays(json.load(open(a.trace))["traceEvents"])
+    if not groups:
+        raise SystemExit(f"{a.trace}: no kernels from CUDA-graph launches (was gen.cuda_graph on, on a GPU?)")
+    sizes = collections.Counter(len(v) for v in groups.values())
+    print("graph replays by kernel count:", dict(sorted(sizes.items())))
+    for n in sorted(sizes, reverse=True)[: a.graphs]:
+        print()
+        print(summarise([r for r in groups.values() if len(r) == n], a.top))
+
+
+if __name__ == "__main__":
+    main()
