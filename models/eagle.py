@@ -725,6 +725,27 @@ class Eagle3Head(DraftHead):
         self.t2d.zero_()
         self.t2d[ids.to(self.t2d.device)] = True
 
+    def with_draft_vocab(self, target_ids: torch.Tensor) -> "Eagle3Head":
+        """A copy of this head over another draft vocabulary (the given distinct target ids), e.g. a trained
+        8,192-token head grown to 32,768 tokens: every weight is copied except the LM head, whose rows carry
+        over for the tokens in both vocabularies; the rows of tokens new to it keep a fresh head's init."""
+        ids = torch.unique(target_ids.long())  # [Vd'] sorted
+        with torch.device(self.device):
+            twin = type(self)({**self.config, "draft_vocab_size": ids.numel()}, self.target)
+        twin.to(self.lm_head.weight.dtype)
+        own = {"lm_head.weight", "d2t", "t2d"}
+        res = twin.load_state_dict({k: v for k, v in self.state_dict().items() if k not in own}, strict=False)
+        assert set(res.missing_keys) == own and not res.unexpected_keys, res  # every other weight copied
+        twin.set_draft_vocab(ids)
+        old_draft = torch.full_like(self.t2d, -1, dtype=torch.long)  # [V] target id -> this head's draft id
+        old_draft[self.to_target_ids(torch.arange(self.draft_vocab_size, device=self.d2t.device))] = torch.arange(
+            self.draft_vocab_size, device=self.d2t.device)
+        src = old_draft[ids.to(old_draft.device)]  # [Vd'] this head's draft id of each new draft id, or -1
+        keep = src >= 0
+        with torch.no_grad():
+            twin.lm_head.weight[keep] = self.lm_head.weight[src[keep]]
+        return twin.train(self.training)
+
     def _forward(self, tokens, hidden, positions, batch, kv, step):
         if hidden.shape[-1] == self.fc.in_features:  # target features: project; own output: already H-wide
             hidden = self.fc(hidden)  # [B, T, H]

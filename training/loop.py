@@ -326,10 +326,14 @@ def build_head(hc: DictConfig, target: Transformer, samples: list[Sample], devic
     """A fp32 head (the optimiser's master weights; bf16 only inside autocast) for `target`."""
     if hc.kind not in KINDS:
         raise ValueError(f"train.head.kind={hc.kind!r}; eaglet trains {', '.join(KINDS)} heads")
+    if hc.get("resize_vocab") and hc.kind != "eagle3":
+        raise ValueError(f"train.head.resize_vocab: {hc.kind} heads have no draft vocabulary (EAGLE-3 only)")
     if hc.get("init_from"):
         head = load_draft_head(Path(hc.init_from).expanduser(), target, dtype=torch.float32, device=device)
         if head.KIND != hc.kind:
             raise ValueError(f"train.head.init_from holds a {head.KIND} head but train.head.kind={hc.kind}")
+        if hc.get("resize_vocab"):
+            head = head.with_draft_vocab(draft_vocab(samples, target.args.vocab_size, hc.draft_vocab_size).to(device))
         return head.train()
     extra = {}
     if hc.kind == "eagle3" and hc.get("aux_layers"):

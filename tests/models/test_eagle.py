@@ -556,3 +556,41 @@ def test_api_misuse_errors(target, tmp_path):
     with pytest.raises(ValueError, match="only EAGLE-3"):
         new_draft_head("eagle1", target, draft_vocab_size=100)
     assert isinstance(new_draft_head("multi_layer", target, num_layers=2), MultiLayerHead)
+
+
+def test_with_draft_vocab_carries_the_shared_rows(target):
+    """Growing (or changing) a trained head's vocabulary: every weight but the LM head is the same, the LM-head row of
+    each token in both vocabularies is its old row, and the map is the new one."""
+    head = make_head("eagle3", target, draft_vocab_size=64)
+    gen = torch.Generator().manual_seed(9)
+    old_ids = torch.randperm(V, generator=gen)[:64]
+    head.set_draft_vocab(old_ids)
+    new_ids = torch.cat([old_ids[:40], torch.tensor([t for t in range(V) if t not in set(old_ids.tolist())][:88])])
+    twin = head.with_draft_vocab(new_ids[torch.randperm(128, generator=gen)])  # any order: sorted like set_draft_vocab
+    assert twin.draft_vocab_size == 128 and not twin.training
+    assert torch.equal(twin.to_target_ids(torch.arange(128)), new_ids.sort().values)
+    sd, tw = head.state_dict(), twin.state_dict()
+    assert sd.keys() == tw.keys()
+    for k in sd.keys() - {"lm_head.weight", "d2t", "t2d"}:
+        assert torch.equal(sd[k], tw[k]), k
+    old_row = {int(t): head.lm_head.weight[i] for i, t in enumerate(head.to_target_ids(torch.arange(64)))}
+    shared = 0
+    for i, t in enumerate(twin.to_target_ids(torch.arange(128)).tolist()):
+        if t in old_row:
+            assert torch.equal(twin.lm_head.weight[i], old_row[t])
+            shared += 1
+        else:
+            assert not any(torch.equal(twin.lm_head.weight[i], r) for r in old_row.values())
+    assert shared == 40
+    # the twin scores the shared tokens as the head does (one draft step on the same input)
+    kv, reqs = fresh_kv(head, page_size=4)
+    kv2, _ = fresh_kv(twin, page_size=4)
+    tokens, feats = torch.randint(0, V, (2, 3), generator=gen), torch.randn(2, 3, 3 * H, generator=gen)
+    with torch.no_grad():
+        pos, batch = batch_at(kv, reqs, 0, 3)
+        _, logits = head(tokens, feats, pos, batch, kv)  # [2, 3, 64]
+        _, logits2 = twin(tokens, feats, pos, batch, kv2)  # [2, 3, 128]
+    both = [(i, j) for i, t in enumerate(head.to_target_ids(torch.arange(64)).tolist())
+            for j, u in enumerate(twin.to_target_ids(torch.arange(128)).tolist()) if t == u]
+    i, j = map(list, zip(*both))
+    assert torch.equal(logits[..., i], logits2[..., j])

@@ -245,3 +245,30 @@ def test_profile_steps_write_a_trace(target, tmp_path, small_cfg, capsys):
     trace = json.loads((tmp_path / "run" / "trace.json").read_text())
     assert any(e.get("name", "").startswith("aten::") for e in trace["traceEvents"])
     assert "Self CPU" in capsys.readouterr().out  # the top-ops table
+
+
+def test_warm_start_keeps_the_head_or_grows_its_vocabulary(target, tmp_path, small_cfg):
+    """train.head.init_from starts from a saved head, its weights and its draft vocabulary; with resize_vocab the
+    vocabulary is rebuilt from the data at draft_vocab_size and the LM-head rows of the shared tokens carry over
+    (one step at lr 0, so the exported head is the one the run started from)."""
+    first = train(small_cfg("eagle3", "train.steps=2", "train.head.export_dtype=float32"), tmp_path / "a", target=target)
+    start = load_draft_head(Path(first["head_dir"]), target)
+    over = ("train.steps=1", "train.optim.lr=0", "train.head.export_dtype=float32",
+            f"train.head.init_from={first['head_dir']}")
+    kept = load_draft_head(Path(train(small_cfg("eagle3", *over), tmp_path / "b", target=target)["head_dir"]), target)
+    a, b = start.public_state_dict(), kept.public_state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+    grown = train(small_cfg("eagle3", *over, "train.head.resize_vocab=true", "train.head.draft_vocab_size=96"),
+                  tmp_path / "c", target=target)
+    grown = load_draft_head(Path(grown["head_dir"]), target)
+    assert grown.draft_vocab_size == 96
+    old = {int(t): i for i, t in enumerate(start.to_target_ids(torch.arange(64)))}
+    new = grown.to_target_ids(torch.arange(96)).tolist()
+    shared = [(old[t], j) for j, t in enumerate(new) if t in old]
+    assert len(shared) > 32  # the frequent tokens of the same data are mostly the same
+    assert all(torch.equal(grown.lm_head.weight[j], start.lm_head.weight[i]) for i, j in shared)
+    assert torch.equal(grown.fc.weight, start.fc.weight)
+    with pytest.raises(ValueError, match="resize_vocab: eagle1 heads have no draft vocabulary"):
+        train(small_cfg("eagle1", "train.steps=1", f"train.head.init_from={tmp_path / 'e1'}",
+                        "+train.head.resize_vocab=true"), tmp_path / "d", target=target)
