@@ -72,6 +72,8 @@ def run(cfg: DictConfig, output_dir: str | Path) -> dict:
         model = Transformer.from_pretrained(path, dtype=dtype, device=device)
         tokenizer = load_tokenizer(path)
     load_s = time.perf_counter() - t0
+    if cfg.fold_norms:
+        model.fold_norm_weights()
     model.set_invariant(cfg.invariant)
     max_context = min(cfg.gen.max_context, model.args.max_seq_len)
     batch_size = cfg.gen.batch_size

@@ -14,12 +14,14 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 @pytest.mark.slow
-def test_shipped_eagle3_head_is_the_default_and_lossless(tmp_path):
+@pytest.mark.parametrize("extra", [[], ["fold_norms=true", "invariant=false"]], ids=["default", "folded-norms"])
+def test_shipped_eagle3_head_is_the_default_and_lossless(tmp_path, extra):
     """draft=eagle3 without a path serves the head eaglet ships for SmolLM2 (target.heads): it accepts drafts, and
-    the fp32 CPU output equals plain greedy decoding."""
+    the fp32 CPU output equals plain greedy decoding; also with the norms folded, where the verify takes the
+    folded multi-token path and plain decoding the one-token path."""
     out = tmp_path / "run"
     cmd = [sys.executable, "run_spec.py", "draft=eagle3", "data=mt_bench", "data.limit=2", "data.max_turns=1",
-           "gen.max_new_tokens=48", "hardware=cpu", "logger=none", f"hydra.run.dir={out}"]
+           "gen.max_new_tokens=48", "hardware=cpu", "logger=none", f"hydra.run.dir={out}", *extra]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     metrics = json.loads((out / "metrics.json").read_text())

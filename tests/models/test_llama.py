@@ -200,3 +200,49 @@ def test_weight_read_bytes_counts_the_lm_head_not_an_untied_embedding(tied):
     total = sum(p.numel() for p in model.parameters()) * 2  # bf16; a tied matrix is one parameter
     emb = args.vocab_size * args.dim * 2
     assert model.weight_read_bytes() == (total if tied else total - emb)
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["multi-token", "fused-path"])
+def test_folded_norm_weights_compute_the_same_model(fused):
+    """fold_norm_weights: the same logits and captured residual streams (fp32: rounding only), whichever path
+    runs; the multi-token path then has no norm kernel (its norm weights are ones and the blocks say so)."""
+    import eaglet.models.llama as llama
+
+    hf = tiny_hf("llama")
+    plain, folded = to_eaglet(hf), to_eaglet(hf).fold_norm_weights()
+    assert all(layer.norms_folded and bool((layer.input_layernorm.weight == 1).all())
+               for layer in folded.model.layers)
+    ids = torch.randint(0, 256, (1, 19), generator=torch.Generator().manual_seed(3))
+    old = llama.set_fused_linear(64 if fused else 0)
+    try:
+        a, b = full_forward(plain, ids), full_forward(folded, ids)
+    finally:
+        llama.set_fused_linear(old)
+    assert rel_err(b, a) < 1e-5
+    with pytest.raises(ValueError, match="fold_norm_weights: qwen2"):
+        to_eaglet(tiny_hf("qwen2")).fold_norm_weights()
+    with pytest.raises(ValueError, match="fold_norm_weights: qwen3"):
+        to_eaglet(tiny_hf("qwen3")).fold_norm_weights()
+
+
+def test_folded_norm_weights_capture_the_same_features():
+    """EAGLE-3's features (the residual stream after chosen layers) from a folded model's verify-shaped forward."""
+    import eaglet.models.llama as llama
+
+    hf = tiny_hf("llama")
+    ids = torch.randint(0, 256, (1, 11), generator=torch.Generator().manual_seed(4))
+    feats = []
+    old = llama.set_fused_linear(0)
+    try:
+        for model in (to_eaglet(hf), to_eaglet(hf).fold_norm_weights()):
+            kv = KVCache.for_model(model.args, max_reqs=1, max_context=16, page_size=4, dtype=model.dtype)
+            r = kv.alloc_request()
+            kv.reserve(r, 11)
+            pos, pt = torch.arange(11)[None], kv.req_to_page[[r]]
+            with torch.no_grad():
+                h, cap = model(ids, pos, ForwardBatch(pt, torch.zeros(1, dtype=torch.int32), slots_for(pt, pos, 4)),
+                               kv, capture_layers=(0, 1))
+            feats.append([h, *cap])
+    finally:
+        llama.set_fused_linear(old)
+    assert all(rel_err(f, g) < 1e-5 for f, g in zip(*feats))
