@@ -200,8 +200,8 @@ class Attention(nn.Module):
                            norm_eps=self.norm_eps, row_norm_of=x.reshape(B * T, -1) if folded else None)  # [B*T, Hq, D]
         o = tree_attention(q.view(B, T, self.n_heads, D), k_cache, v_cache, batch.page_table, batch.prefix_lens,
                            batch.attn_mask, max_prefix_len=batch.max_prefix_len, invariant=self.invariant)  # [B, T, Hq, D]
-        if folded:  # the residual add in the GEMM's epilogue (beta = 1), not in a norm kernel
-            return torch.addmm(x.reshape(B * T, -1), o.reshape(B * T, -1), self.o_proj.weight.t()).view(B, T, -1)
+        if folded:  # the residual add in the GEMM's epilogue (beta = 1), in place: out of place, torch copies x first
+            return x.view(B * T, -1).addmm_(o.reshape(B * T, -1), self.o_proj.weight.t()).view(B, T, -1)
         if self.invariant:
             return linear(o.reshape(B, T, -1), self.o_proj.weight, self.o_proj.bias, invariant=True)  # [B, T, H]
         return self.o_proj(o.reshape(B, T, -1))
@@ -220,8 +220,8 @@ class FeedForward(nn.Module):
         gu = self.gate_up_proj(x)  # [B, T, 2I]
         a = silu_and_mul(gu.view(-1, gu.shape[-1]), row_norm_of=x.reshape(-1, x.shape[-1]) if folded else None,
                          eps=self.norm_eps)  # [B*T, I]
-        if folded:
-            return torch.addmm(x.reshape(-1, x.shape[-1]), a, self.down_proj.weight.t()).view(x.shape)
+        if folded:  # in place, as in Attention.forward
+            return x.view(-1, x.shape[-1]).addmm_(a, self.down_proj.weight.t()).view(x.shape)
         return self.down_proj(a.view(*gu.shape[:-1], -1))
 
 
@@ -242,7 +242,7 @@ class TransformerBlock(nn.Module):
         if self.invariant or x.numel() <= _FUSED_LINEAR_MAX_TOKENS * x.shape[-1]:
             return self._forward_fused_linear(x, residual, positions, inv_freq, batch, kv)
         if self.norms_folded:  # no norm kernel: the norms' 1/rms go into RoPE and SiLU, the adds into the GEMMs
-            stream = x if residual is None else x + residual  # [B, T, H]
+            stream = x.clone() if residual is None else x + residual  # [B, T, H], updated in place below
             stream = self.self_attn(stream, positions, inv_freq, batch, kv, folded=True)  # [B, T, H]
             return self.mlp(stream, folded=True), None
         if residual is None:
@@ -397,7 +397,7 @@ class Transformer(nn.Module):
         for i, layer in enumerate(self.model.layers):
             x, residual = layer(x, residual, positions, self._inv_freq, batch, kv)  # [B, T, dim] each
             if i in capture_layers:
-                captured.append(x if residual is None else x + residual)
+                captured.append(x.clone() if residual is None else x + residual)  # folded: later layers update x
         return (self.model.norm(x) if residual is None else self.model.norm(x, residual)[0]), captured
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
