@@ -122,7 +122,7 @@ case $stage in
       wait
     done
     python -m eaglet.experiments.report /tmp/ablation/* --out "$out/ablate_overlap"
-    tar cz -C /tmp --exclude=wandb --exclude=trace.json --exclude=outputs.jsonl ablation > "$out/ablate_runs.tgz"
+    tar cz -C /tmp --exclude=wandb --exclude=trace.json --exclude=outputs.jsonl --exclude=.hydra ablation > "$out/ablate_runs.tgz"
     cat "$out/ablate_overlap/overlap.md" ;;
   regen)
     # one optimiser step after the data is complete (the regeneration happens while the run loads its data); a
