@@ -1,0 +1,179 @@
+"""Log-softmax top-k over a vocabulary: one draft expansion's candidates in one or two launches.
+
+    topk_logprobs(logits [..., V], k) -> (logprobs [..., k] fp32, ids [..., k] int64)
+
+The k largest logits of each row, largest first (ties: the lower id first), and their log-probabilities
+log_softmax(logits)[ids] in fp32. Every draft step of the EAGLE-2 tree, the draft-extend and the prefill take
+these from the draft head's logits. In torch that is `log_softmax` then `topk`: a softmax kernel and a radix
+select of 13 kernels (4 digit passes of 3 kernels, a gather). The session-11 profile of the random 8B head's
+draft graph (32,000-token draft vocabulary, B=1, 6 steps) spent 8.1 µs per softmax and 27.5 µs per top-k in those
+13 kernels.
+
+Kernels. Each program packs a logit and its id into one int64 key: the fp32 value's order-preserving int32
+(`tree_mask._score_key`; -0.0 and 0.0 tie) in the high half, 2**31 - 1 - id in the low half. A larger key is a
+larger logit, or the same logit at a lower id, and k rounds of "take the max, remove it" give the top k in order.
+  * `_chunk_kernel` (grid rows x chunks of BLOCK_V ids): the chunk's max and sum of exp(x - max), and its k
+    largest keys. A row of one chunk (V <= _SINGLE_CHUNK) finishes here;
+  * `_rows_kernel` (one program per row): the chunks' sums into the row's log-sum-exp, the k largest of the
+    chunks' keys.
+The sums run in another order than torch's, so a log-probability may differ from the reference in the last
+bits. The ids equal the reference's exactly; the tests check both.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from eaglet.kernels._utils import use_triton
+from eaglet.kernels.tree_mask import _score_key
+
+_FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+# Rows up to this many ids run as one chunk: one launch instead of two.
+_SINGLE_CHUNK = 8192
+# Chunk length of longer rows: Llama-3's 128,256 ids are 32 chunks, whose 32 * k keys the row program merges.
+_BLOCK_V = 4096
+# Above this k the Triton path (k rounds of a max over each chunk) loses to torch.topk: the reference runs.
+MAX_K = 64
+_EMPTY = -(2**63)  # the key of an id past the row's end: below every real key
+
+
+def top_ids_ref(x: torch.Tensor, k: int) -> torch.Tensor:
+    """The ids of the k largest values of x [..., V] along its last axis, largest first, ties to the lower id
+    -> [..., k] int64 (torch.topk leaves the order of ties open)."""
+    V = x.shape[-1]
+    kth = x.topk(k, dim=-1).values[..., -1:]  # [..., 1] the k-th largest value
+    tie = x == kth  # [..., V]
+    room = k - (x > kth).sum(-1, keepdim=True)  # [..., 1] places left for the ids tied at the k-th value
+    chosen = (x > kth) | (tie & (tie.cumsum(-1) <= room))  # [..., V] exactly k per row: ties by lower id
+    rank = torch.arange(V, 0, -1, device=x.device)  # [V] larger for lower ids
+    ids = torch.where(chosen, rank, 0).topk(k, dim=-1).indices  # [..., k] the chosen ids, ascending
+    order = x.gather(-1, ids).sort(dim=-1, descending=True, stable=True).indices  # [..., k] ties keep the id order
+    return ids.gather(-1, order)
+
+
+def topk_logprobs_ref(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Torch reference (the spec): the k largest logits' ids (ties: lower id first) and log_softmax(logits) there.
+    logits [..., V] -> (logprobs [..., k] fp32, ids [..., k] int64), largest first."""
+    x = logits.float()  # [..., V]
+    ids = top_ids_ref(x, k)  # [..., k]
+    return torch.log_softmax(x, dim=-1).gather(-1, ids), ids
+
+
+@triton.jit
+def _keys(x, ids, ok):
+    """fp32 values x and their ids [BLOCK] -> int64 keys ordered by (value, then lower id); _EMPTY where not ok."""
+    key = (_score_key(x).to(tl.int64) << 32) + (0x7FFFFFFF - ids).to(tl.int64)  # [BLOCK] (ids < 2**31)
+    return tl.where(ok, key, _EMPTY)
+
+
+@triton.jit
+def _top_keys(key, K: tl.constexpr, KP: tl.constexpr):
+    """The K largest of key [BLOCK] (distinct but for _EMPTY), largest first -> [KP] (_EMPTY past K)."""
+    out = tl.arange(0, KP)  # [KP]
+    best = tl.full([KP], _EMPTY, tl.int64)  # [KP]
+    for i in range(K):
+        top = tl.max(key, 0)
+        best = tl.where(out == i, top, best)  # [KP]
+        key = tl.where(key == top, _EMPTY, key)  # [BLOCK]
+    return best
+
+
+@triton.jit
+def _decode_keys(best):
+    """Keys [KP] (`_keys`) -> (values [KP] fp32, ids [KP] int64)."""
+    ordered = (best >> 32).to(tl.int32)  # [KP]
+    x = (ordered ^ ((ordered >> 31) & 0x7FFFFFFF)).to(tl.float32, bitcast=True)  # [KP] _score_key is its own inverse
+    return x, 0x7FFFFFFF - (best & 0x7FFFFFFF)
+
+
+@triton.jit
+def _store_top(best, lse, LP, IDS, row, K: tl.constexpr, KP: tl.constexpr):
+    """Decode keys best [KP] into (logit - lse, id) and store the first K at row."""
+    j = tl.arange(0, KP)  # [KP]
+    x, ids = _decode_keys(best)  # [KP] each
+    tl.store(LP + row * K + j, x - lse, mask=j < K)
+    tl.store(IDS + row * K + j, ids, mask=j < K)
+
+
+@triton.jit
+def _chunk_kernel(X, stride_x, V, MAXS, SUMS, KEYS, LP, IDS, K: tl.constexpr, KP: tl.constexpr,
+                  BLOCK_V: tl.constexpr, SINGLE: tl.constexpr):
+    """Grid (rows, chunks). SINGLE: the row is one chunk, outputs written here; else the chunk's max, sum of
+    exp(x - max) and K largest keys go to MAXS / SUMS [rows, chunks] and KEYS [rows, chunks, K]."""
+    row = tl.program_id(0).to(tl.int64)
+    c = tl.program_id(1)
+    ids = c * BLOCK_V + tl.arange(0, BLOCK_V)  # [BLOCK_V]
+    ok = ids < V  # [BLOCK_V]
+    x = tl.load(X + row * stride_x + ids, mask=ok, other=float("-inf")).to(tl.float32)  # [BLOCK_V]
+    m = tl.max(x, 0)
+    m_safe = tl.where(m == float("-inf"), 0.0, m)  # an all -inf chunk sums to 0, not NaN
+    s = tl.sum(tl.exp(x - m_safe), 0)
+    best = _top_keys(_keys(x, ids, ok), K, KP)  # [KP]
+    if SINGLE:
+        _store_top(best, m + tl.log(s), LP, IDS, row, K, KP)
+    else:
+        cell = row * tl.num_programs(1) + c
+        tl.store(MAXS + cell, m)
+        tl.store(SUMS + cell, s)
+        j = tl.arange(0, KP)  # [KP]
+        tl.store(KEYS + cell * K + j, best, mask=j < K)
+
+
+@triton.jit
+def _rows_kernel(MAXS, SUMS, KEYS, LP, IDS, C, K: tl.constexpr, KP: tl.constexpr, BLOCK_C: tl.constexpr,
+                 BLOCK_KC: tl.constexpr):
+    """One program per row: its C chunks' (max, sum) into the log-sum-exp, and the K largest of their C * K keys."""
+    row = tl.program_id(0).to(tl.int64)
+    cs = tl.arange(0, BLOCK_C)  # [BLOCK_C]
+    m_c = tl.load(MAXS + row * C + cs, mask=cs < C, other=float("-inf"))  # [BLOCK_C]
+    s_c = tl.load(SUMS + row * C + cs, mask=cs < C, other=0.0)  # [BLOCK_C]
+    m = tl.max(m_c, 0)
+    m_safe = tl.where(m == float("-inf"), 0.0, m)
+    lse = m + tl.log(tl.sum(s_c * tl.exp(m_c - m_safe), 0))
+    j = tl.arange(0, BLOCK_KC)  # [BLOCK_KC]
+    key = tl.load(KEYS + row * C * K + j, mask=j < C * K, other=_EMPTY)  # [BLOCK_KC]
+    _store_top(_top_keys(key, K, KP), lse, LP, IDS, row, K, KP)
+
+
+def topk_logprobs(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """logits [..., V] (fp32/bf16/fp16) -> (logprobs [..., k] fp32, ids [..., k] int64): the k largest logits per
+    row, largest first (ties: lower id first), with log_softmax(logits) at them. Triton on GPU (and on CPU under
+    TRITON_INTERPRET=1) for k <= MAX_K, else the reference. No host sync: CUDA-graph capturable."""
+    if logits.dim() < 1 or logits.shape[-1] < 1:
+        raise ValueError(f"logits must be [..., V] with V >= 1, got shape {tuple(logits.shape)}")
+    if logits.dtype not in _FLOAT_DTYPES:
+        raise ValueError(f"logits must be float32/bfloat16/float16, got {logits.dtype}")
+    V = logits.shape[-1]
+    if not isinstance(k, int) or not 1 <= k <= V:
+        raise ValueError(f"k={k!r} must be an int in [1, {V}] (the vocabulary of logits' last axis)")
+    if V >= 2**31:
+        raise ValueError(f"vocabulary of {V} ids: at most 2**31 - 1 supported")
+    if k > MAX_K or not use_triton(logits):
+        return topk_logprobs_ref(logits, k)
+    lead = logits.shape[:-1]
+    x = logits.reshape(-1, V)  # [R, V], a view when possible
+    if x.stride(1) != 1:
+        x = x.contiguous()
+    R = x.shape[0]
+    lp = torch.empty(*lead, k, dtype=torch.float32, device=logits.device)  # [..., k]
+    ids = torch.empty(*lead, k, dtype=torch.int64, device=logits.device)  # [..., k]
+    if R == 0:
+        return lp, ids
+    KP = triton.next_power_of_2(k)
+    single = V <= _SINGLE_CHUNK
+    block_v = triton.next_power_of_2(V) if single else _BLOCK_V
+    C = triton.cdiv(V, block_v)
+    warps = 8 if block_v >= 4096 else 4
+    if single:
+        _chunk_kernel[(R, 1)](x, x.stride(0), V, lp, lp, ids, lp, ids, K=k, KP=KP, BLOCK_V=block_v, SINGLE=True,
+                              num_warps=warps)
+        return lp, ids
+    stats = torch.empty(2, R, C, dtype=torch.float32, device=logits.device)  # [max, sum] x [R, C]
+    keys = torch.empty(R, C, k, dtype=torch.int64, device=logits.device)  # [R, C, k]
+    _chunk_kernel[(R, C)](x, x.stride(0), V, stats[0], stats[1], keys, lp, ids, K=k, KP=KP, BLOCK_V=block_v,
+                          SINGLE=False, num_warps=warps)
+    _rows_kernel[(R,)](stats[0], stats[1], keys, lp, ids, C, K=k, KP=KP, BLOCK_C=triton.next_power_of_2(C),
+                       BLOCK_KC=triton.next_power_of_2(C * k), num_warps=4)
+    return lp, ids
