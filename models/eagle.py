@@ -402,6 +402,11 @@ class DraftHead(nn.Module):
         """Draft-vocabulary ids -> target ids (identity unless the head has a reduced vocabulary)."""
         return draft_ids
 
+    @property
+    def d2t_offsets(self) -> torch.Tensor | None:
+        """[draft_vocab] int64 with target id = draft id + d2t_offsets[draft id], or None: the same ids."""
+        return None
+
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
         """tokens [B, T] -> [B, T, H] in the head's dtype."""
         table = self.embed_tokens if self.embed_tokens is not None else self.target.model.embed_tokens
@@ -713,6 +718,10 @@ class Eagle3Head(DraftHead):
 
     def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
         return draft_ids + self.d2t[draft_ids]
+
+    @property
+    def d2t_offsets(self) -> torch.Tensor:
+        return self.d2t
 
     def set_draft_vocab(self, target_ids: torch.Tensor) -> None:
         """Make the draft vocabulary the given distinct target ids [draft_vocab] (sorted here, as EAGLE-3's

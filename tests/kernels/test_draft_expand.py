@@ -1,0 +1,127 @@
+"""expand_step (kernels/draft_expand.py) against its torch reference: every output exactly equal.
+
+On CPU run with TRITON_INTERPRET=1 (CI does) so the Triton kernel itself is tested; on a GPU the same tests run
+there, plus a bf16 hidden state and a CUDA graph.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from eaglet.kernels.draft_expand import expand_step, expand_step_ref
+from eaglet.kernels.tree_mask import num_candidates
+from kernel_testing import DEVICE, gpu_only, needs_kernel
+
+
+def make(B, K, S, i, H, vd=50, d2t=True, seed=0, dtype=torch.float32, tie=False):
+    """Inputs of draft step i (1 <= i < S) with a random mask of the i*K draft KV columns seen so far."""
+    gen = torch.Generator().manual_seed(seed)
+    base = K + (i - 1) * K * K
+    lp = -torch.rand(B, K, K, generator=gen)  # [B, K, K]
+    if tie:  # every candidate of a node equal, nodes equal too: only the index decides
+        lp = torch.full((B, K, K), -1.0)
+    args = dict(
+        cur_lp=torch.zeros(B, K) if tie else torch.randn(B, K, generator=gen),  # [B, K]
+        lp=lp,
+        ids=torch.randint(0, vd, (B, K, K), generator=gen),  # [B, K, K]
+        cur_flat=torch.randint(0, max(base, 1), (B, K), generator=gen),  # [B, K]
+        mask=torch.rand(B, K, i * K, generator=gen) > 0.5,  # [B, K, i*K]
+        h=torch.randn(B, K, H, generator=gen).to(dtype),  # [B, K, H]
+    )
+    args = {k: v.to(DEVICE) for k, v in args.items()}
+    d2t = torch.randint(0, 1000, (vd,), generator=gen).to(DEVICE) if d2t else None  # [Vd]
+    return args, d2t, base, num_candidates(K, S)
+
+
+def run_both(args, d2t, base, C, keep=True):
+    outs = []
+    for fn in (expand_step, expand_step_ref):
+        B = args["cur_lp"].shape[0]
+        cand = dict(scores=torch.full((B, C), 7.0, device=DEVICE), tokens=torch.full((B, C), -5, device=DEVICE),
+                    parents=torch.full((B, C), -5, device=DEVICE))
+        outs.append((fn(**args, **cand, base=base, d2t=d2t, keep_ancestors=keep), cand))
+    (got, got_c), (want, want_c) = outs
+    for name, a, b in zip(("cur_lp", "cur_tok", "cur_flat", "h_next", "mask_next"), got, want):
+        assert a.shape == b.shape and a.dtype == b.dtype and torch.equal(a, b), name
+    for name in ("scores", "tokens", "parents"):
+        assert torch.equal(got_c[name], want_c[name]), name
+    return got, got_c
+
+
+@needs_kernel
+@pytest.mark.parametrize(
+    "B, K, S, i, H, d2t, keep",
+    [
+        pytest.param(2, 4, 5, 1, 64, True, True, id="eagle2-5/4-step1-d2t"),
+        pytest.param(3, 3, 4, 3, 100, False, True, id="last-step-odd-H"),
+        pytest.param(1, 1, 7, 5, 32, True, True, id="chain"),
+        pytest.param(2, 10, 6, 3, 48, False, True, id="top10"),
+        pytest.param(2, 4, 5, 2, 64, True, False, id="multi-layer-no-ancestors"),
+    ],
+)
+def test_matches_reference(B, K, S, i, H, d2t, keep):
+    args, d2t_t, base, C = make(B, K, S, i, H, d2t=d2t)
+    (_, _, flat, _, mask_next), cand = run_both(args, d2t_t, base, C, keep)
+    assert ((flat >= base) & (flat < base + K * K)).all()
+    assert (cand["scores"][:, base + K * K:] == 7.0).all() and (cand["tokens"][:, :base] == -5).all()  # untouched
+    eye = torch.eye(K, dtype=torch.bool, device=DEVICE).expand(B, K, K)
+    assert torch.equal(mask_next[:, :, -K:], eye)
+    if not keep:
+        assert not mask_next[:, :, :-K].any()
+
+
+@needs_kernel
+def test_ties_keep_the_lower_candidate():
+    """All K*K scores equal: the K kept are candidates 0..K-1 (the first node's children), in order."""
+    args, d2t, base, C = make(2, 4, 5, 2, 16, tie=True)
+    (cur_lp, _, flat, _, _), _ = run_both(args, d2t, base, C)
+    assert flat.tolist() == [[base + j for j in range(4)]] * 2 and (cur_lp == -1.0).all()
+
+
+@needs_kernel
+def test_step_one_broadcast_inputs():
+    """Step 1's inputs are broadcasts (stride 0): the root's hidden state for every node, the identity mask."""
+    B, K, H = 3, 4, 40
+    args, d2t, base, C = make(B, K, 5, 1, H, seed=2)
+    args["h"] = torch.randn(B, H, device=DEVICE)[:, None].expand(B, K, H)
+    args["mask"] = torch.eye(K, dtype=torch.bool, device=DEVICE).expand(B, K, K)
+    args["cur_flat"] = torch.arange(K, device=DEVICE).expand(B, K)
+    run_both(args, d2t, base, C)
+
+
+@pytest.mark.parametrize(
+    "change, match",
+    [
+        (dict(lp=torch.zeros(2, 4, 3)), r"lp and ids must be \[B=2, K=4, K\]"),
+        (dict(cur_flat=torch.zeros(2, 3, dtype=torch.long)), r"cur_flat must be \[B=2, K=4\]"),
+        (dict(mask=torch.zeros(2, 4, 4)), "mask must be bool"),
+        (dict(base=30), r"base=30: the step's K\*K=16 candidates must fit"),
+        (dict(scores=torch.zeros(2, 36, dtype=torch.float64)), "must be float32"),
+    ],
+)
+def test_bad_input(change, match):
+    args, d2t, base, C = make(2, 4, 3, 1, 8)
+    kw = dict(**{k: v.cpu() for k, v in args.items()}, scores=torch.zeros(2, C), tokens=torch.zeros(2, C).long(),
+              parents=torch.zeros(2, C).long(), base=base, d2t=None)
+    kw.update(change)
+    with pytest.raises(ValueError, match=match):
+        expand_step(**kw)
+
+
+@gpu_only
+def test_bf16_hidden_and_cuda_graph():
+    args, d2t, base, C = make(4, 4, 6, 2, 576, dtype=torch.bfloat16, seed=3)
+    run_both(args, d2t, base, C)
+    cand = dict(scores=torch.zeros(4, C, device=DEVICE), tokens=torch.zeros(4, C, dtype=torch.long, device=DEVICE),
+                parents=torch.zeros(4, C, dtype=torch.long, device=DEVICE))
+    expand_step(**args, **cand, base=base, d2t=d2t)  # compile before capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = expand_step(**args, **cand, base=base, d2t=d2t)
+    new, _, _, _ = make(4, 4, 6, 2, 576, dtype=torch.bfloat16, seed=4)
+    for k, v in new.items():
+        args[k].copy_(v)
+    graph.replay()
+    want = expand_step_ref(**args, **{k: v.clone() for k, v in cand.items()}, base=base, d2t=d2t)
+    assert all(torch.equal(a, b) for a, b in zip(out, want))
