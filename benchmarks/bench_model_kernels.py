@@ -6,7 +6,12 @@ Kernels (bf16): `rmsnorm` with the residual add fused (kernels/rmsnorm.py), `rop
 (qkv split + RoPE + KV-cache store, kernels/rope.py) and `silu_and_mul` (kernels/activation.py),
 each against the torch reference the tests use, at decode shapes (M = 1, 8, 64 tokens) and a
 prefill shape (M = 4096), for SmolLM2-135M (H=576, 9/3 heads, D=64, I=1536) and Llama-3-8B
-(H=4096, 32/8 heads, D=128, I=14336).
+(H=4096, 32/8 heads, D=128, I=14336). And the draft's `topk_logprobs` (kernels/topk.py) over M rows of
+fp32 draft-head logits against torch's log_softmax + topk (what the engine ran before it): SmolLM2's shipped
+head (8,192-token draft vocabulary, top-4 as the EAGLE-2 tree) and the random Llama-3.1-8B EAGLE-3 head of the
+verify measurements (32,000 tokens, top-1 as the simulated chain); and `expand_step` (kernels/draft_expand.py),
+the bookkeeping between two draft-head calls, against its torch reference (the engine's code before it) for a
+batch of M requests (M <= 64).
   * eager µs: median of triton.testing.do_bench (zeroes a 256 MB buffer before every call: cold L2).
   * graph µs: the same op captured 20 times in one CUDA graph, replay time / 20: what the op
     costs inside the decode graph, with no host launch overhead.
@@ -27,13 +32,16 @@ from eaglet.kernels._utils import copy_bandwidth
 from eaglet.kernels.activation import silu_and_mul, silu_and_mul_ref
 from eaglet.kernels.rmsnorm import rmsnorm, rmsnorm_ref
 from eaglet.kernels.rope import rope_qkv_store, rope_qkv_store_ref
+from eaglet.kernels.draft_expand import expand_step, expand_step_ref
+from eaglet.kernels.topk import topk_logprobs
+from eaglet.kernels.tree_mask import num_candidates
 
 DEV = "cuda"
 DTYPE = torch.bfloat16
 BYTES = DTYPE.itemsize
 MODELS = {
-    "SmolLM2-135M": dict(H=576, Hq=9, Hkv=3, D=64, I=1536, theta=1e5),
-    "Llama-3-8B": dict(H=4096, Hq=32, Hkv=8, D=128, I=14336, theta=5e5),
+    "SmolLM2-135M": dict(H=576, Hq=9, Hkv=3, D=64, I=1536, theta=1e5, Vd=8192, topk=4),
+    "Llama-3-8B": dict(H=4096, Hq=32, Hkv=8, D=128, I=14336, theta=5e5, Vd=32000, topk=1),
 }
 MS = (1, 8, 64, 4096)
 GRAPH_REPEATS = 20
@@ -107,6 +115,25 @@ def cases(model: str, M: int):
     gu = torch.randn(M, 2 * I, device=DEV, dtype=DTYPE)  # [M, 2I]
     yield ("silu_and_mul", lambda: silu_and_mul(gu), lambda: silu_and_mul_ref(gu), 3 * M * I * BYTES, rel_err)
 
+    Vd, k = c["Vd"], c["topk"]
+    logits = torch.randn(M, Vd, device=DEV) * 3  # [M, Vd] fp32, as the draft head returns them
+    yield (f"draft top-{k} of {Vd}", lambda: topk_logprobs(logits, k),
+           lambda: torch.log_softmax(logits, dim=-1).topk(k, dim=-1), M * Vd * 4 + M * k * 12,
+           lambda a, b: rel_err(a[0], b[0]) if torch.equal(a[1], b[1]) else float("inf"))
+
+    if M <= 64:  # draft step 2 of a batch of M requests: the bookkeeping between two draft-head calls
+        B, C, base = M, num_candidates(k, 4), k + k * k
+        ex = dict(cur_lp=torch.randn(B, k, device=DEV), lp=-torch.rand(B, k, k, device=DEV),
+                  ids=torch.randint(0, Vd, (B, k, k), device=DEV), cur_flat=torch.randint(0, base, (B, k), device=DEV),
+                  mask=torch.rand(B, k, 2 * k, device=DEV) > 0.5, h=torch.randn(B, k, H, device=DEV, dtype=DTYPE),
+                  d2t=torch.randint(0, 1000, (Vd,), device=DEV), base=base)
+        cand = [torch.zeros(B, C, device=DEV), torch.zeros(B, C, dtype=torch.long, device=DEV),
+                torch.zeros(B, C, dtype=torch.long, device=DEV)]
+        yield (f"draft expand top-{k}", lambda: expand_step(**ex, scores=cand[0], tokens=cand[1], parents=cand[2]),
+               lambda: expand_step_ref(**ex, scores=cand[0], tokens=cand[1], parents=cand[2]),
+               B * k * (32 + 37 * k + 2 * H * BYTES),  # inputs read once, outputs written once
+               lambda a, b: float(not all(torch.equal(x, y) for x, y in zip(a, b))))
+
 
 
 
@@ -130,6 +157,7 @@ def main() -> None:
     ap.add_argument("--md", default=None, help="also write the table as markdown here")
     ap.add_argument("--models", default=",".join(MODELS), help=f"comma list of {','.join(MODELS)}")
     ap.add_argument("--ms", default=",".join(map(str, MS)), help="comma list of token counts M")
+    ap.add_argument("--kernels", default="", help="only the kernels whose name contains this")
     args = ap.parse_args()
     torch.manual_seed(0)
     bw = copy_bandwidth()
@@ -139,6 +167,8 @@ def main() -> None:
     for model in args.models.split(","):
         for M in map(int, args.ms.split(",")):
             for kernel, fn_eaglet, fn_torch, nbytes, compare in cases(model, M):
+                if args.kernels not in kernel:
+                    continue
                 fn_eaglet()  # compile outside timing and capture
                 err = compare(fn_eaglet(), fn_torch())
                 row = dict(model=model, kernel=kernel, M=M, bytes=nbytes, floor=nbytes / bw * 1e6, err=err,

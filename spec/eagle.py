@@ -28,7 +28,9 @@ from typing import Callable, Sequence
 
 import torch
 
+from eaglet.kernels.draft_expand import expand_step
 from eaglet.kernels.kv_ops import commit_kv
+from eaglet.kernels.topk import topk_logprobs
 from eaglet.kernels.tree_mask import build_tree, num_candidates
 from eaglet.kernels.verify import VerifyResult, verify_greedy, verify_sampling
 from eaglet.models.kv_cache import ForwardBatch, KVCache, slots_for, to_device
@@ -187,36 +189,31 @@ class EagleEngine:
         S, K, N = self.tree.steps, self.tree.topk, self.tree.num_draft_tokens
         B = seq_lens.shape[0]
         dev = seq_lens.device
-        scores, tokens, parents = [top_lp], [top_tok], [torch.full((B, K), -1, dtype=torch.long, device=dev)]
+        # the candidates (kernels/tree_mask.py's layout), written in place by each step
+        C = num_candidates(K, S)
+        scores = torch.empty(B, C, dtype=torch.float32, device=dev)  # [B, C]
+        tokens = torch.empty(B, C, dtype=torch.long, device=dev)  # [B, C]
+        parents = torch.empty(B, C, dtype=torch.long, device=dev)  # [B, C]
+        scores[:, :K], tokens[:, :K], parents[:, :K] = top_lp, top_tok, -1
         cur_lp, cur_tok, cur_flat = top_lp, top_tok, torch.arange(K, device=dev).expand(B, K)  # [B, K] each
         cur_h = hidden[:, None].expand(B, K, hidden.shape[-1])  # [B, K, H]
-        eye = torch.eye(K, dtype=torch.bool, device=dev).expand(B, K, K)
-        mask = eye  # [B, K, i*K]: the K nodes of step i see their ancestors' and their own draft KV
+        mask = torch.eye(K, dtype=torch.bool, device=dev).expand(B, K, K)  # [B, K, i*K]: the draft KV step i sees
+        # nodes of depth i sit at draft position seq_len + i - 1; their KV goes to the scratch block
+        # seq_len + (i-1)*K + k (overwritten by the next extend). All steps' at once: per step, this metadata
+        # was a dozen small kernels in the draft graph.
+        scratch = seq_lens[:, None].long() + torch.arange((S - 1) * K, device=dev)  # [B, (S-1)*K]
+        slots = slots_for(page_table_d, scratch, self.kv_d.page_size).view(B, S - 1, K)  # [B, S-1, K]
+        slots = slots.transpose(0, 1).contiguous()  # [S-1, B, K]
+        depth = torch.arange(S - 1, device=dev)[:, None, None]  # [S-1, 1, 1]
+        pos = (seq_lens.long()[None, :, None] + depth).expand(S - 1, B, K).contiguous()  # [S-1, B, K]
         for i in range(1, S):
-            # nodes of depth i sit at draft position seq_len + i - 1; their KV goes to the scratch
-            # block seq_len + (i-1)*K + k (overwritten by the next extend)
-            pos = (seq_lens[:, None] + (i - 1)).long().expand(B, K)  # [B, K]
-            scratch = seq_lens[:, None].long() + (i - 1) * K + torch.arange(K, device=dev)  # [B, K]
-            batch = ForwardBatch(page_table_d, seq_lens, slots_for(page_table_d, scratch, self.kv_d.page_size), mask,
-                                 self.max_context)
-            h, logits = self.head(cur_tok, cur_h, pos, batch, self.kv_d, step=i)  # [B, K, H], [B, K, Vd]
-            lp, tk = torch.log_softmax(logits, dim=-1).topk(K, dim=-1)  # [B, K, K] each
-            cum = (cur_lp[:, :, None] + lp).reshape(B, K * K)  # [B, K*K]
-            tk = self.head.to_target_ids(tk).reshape(B, K * K)  # [B, K*K]
-            scores.append(cum)
-            tokens.append(tk)
-            parents.append(cur_flat[:, :, None].expand(B, K, K).reshape(B, K * K))
-            cur_lp, best = cum.topk(K, dim=-1)  # [B, K]
-            parent = best // K  # [B, K] which current node each kept child extends
-            cur_tok = tk.gather(1, best)  # [B, K]
-            cur_h = h.gather(1, parent[:, :, None].expand(B, K, h.shape[-1]))  # [B, K, H]
-            cur_flat = K + (i - 1) * K * K + best  # [B, K] flat candidate index
-            seen = mask.gather(1, parent[:, :, None].expand(B, K, mask.shape[-1]))  # [B, K, i*K] parents' rows
-            if not self.head.DRAFT_ANCESTORS_CACHED:  # ancestors were cached by another layer
-                seen = torch.zeros_like(seen)
-            mask = torch.cat([seen, eye], dim=2)  # [B, K, (i+1)*K]
-        tree = build_tree(torch.cat(scores, 1), torch.cat(tokens, 1), torch.cat(parents, 1), roots, seq_lens,
-                          N, K, S)
+            batch = ForwardBatch(page_table_d, seq_lens, slots[i - 1], mask, self.max_context)
+            h, logits = self.head(cur_tok, cur_h, pos[i - 1], batch, self.kv_d, step=i)  # [B, K, H], [B, K, Vd]
+            lp, tk = topk_logprobs(logits, K)  # [B, K, K] each
+            cur_lp, cur_tok, cur_flat, cur_h, mask = expand_step(
+                cur_lp, lp, tk, cur_flat, mask, h, scores, tokens, parents, K + (i - 1) * K * K,
+                self.head.d2t_offsets, keep_ancestors=self.head.DRAFT_ANCESTORS_CACHED)
+        tree = build_tree(scores, tokens, parents, roots, seq_lens, N, K, S)
         return tree.draft_tokens, tree.positions, tree.retrieve_next_token, tree.retrieve_next_sibling, tree.tree_mask
 
     def _plan(self, seq_lens: torch.Tensor, rows: torch.Tensor):
@@ -288,8 +285,8 @@ class EagleEngine:
         batch = ForwardBatch(page_table_d, seq_lens, slots, None, self.max_context)
         h, logits = self.head(pair_tok, pair_feat, pos, batch, self.kv_d, step=None)  # [B, S+1, H], [B, S+1, Vd]
         h_last = h.gather(1, last[:, :, None].expand(B, 1, h.shape[-1]))[:, 0]  # [B, H]
-        lp_last = torch.log_softmax(logits.gather(1, last[:, :, None].expand(B, 1, logits.shape[-1]))[:, 0], -1)
-        top_lp, top_tok = lp_last.topk(K, dim=-1)  # [B, K]
+        logits_last = logits.gather(1, last[:, :, None].expand(B, 1, logits.shape[-1]))[:, 0]  # [B, Vd]
+        top_lp, top_tok = topk_logprobs(logits_last, K)  # [B, K]
         emitted = torch.where(valid, pair_tok, -1)  # [B, S+1]
         return emitted, top_lp, self.head.to_target_ids(top_tok), h_last
 
@@ -316,8 +313,8 @@ class EagleEngine:
         slots_d = torch.where(valid, slots_for(pt_d, pos, self.kv_d.page_size), 0)  # [n, T]
         h, logits = self.head(pair_tok, feats, pos, ForwardBatch(pt_d, zeros, slots_d, None, 0), self.kv_d)
         h_last = h.gather(1, last[:, :, None].expand(n, 1, h.shape[-1]))[:, 0]  # [n, H]
-        lp = torch.log_softmax(logits.gather(1, last[:, :, None].expand(n, 1, logits.shape[-1]))[:, 0], -1)
-        top_lp, top_tok = lp.topk(K, dim=-1)  # [n, K]
+        logits_last = logits.gather(1, last[:, :, None].expand(n, 1, logits.shape[-1]))[:, 0]  # [n, Vd]
+        top_lp, top_tok = topk_logprobs(logits_last, K)  # [n, K]
         return roots, lens_t.int(), top_lp, self.head.to_target_ids(top_tok), h_last
 
     # ---- one step ----------------------------------------------------------------------------
