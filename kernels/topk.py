@@ -12,7 +12,7 @@ draft graph (32,000-token draft vocabulary, B=1, 6 steps) spent 8.1 µs per soft
 Kernels. Each program packs a logit and its id into one int64 key: the fp32 value's order-preserving int32
 (`tree_mask._score_key`; -0.0 and 0.0 tie) in the high half, 2**31 - 1 - id in the low half. A larger key is a
 larger logit, or the same logit at a lower id, and k rounds of "take the max, remove it" give the top k in order.
-  * `_chunk_kernel` (grid rows x chunks of BLOCK_V ids): the chunk's max and sum of exp(x - max), and its k
+  * `_chunk_kernel` (grid rows x chunks of BLOCK_V ids, `_block_v`): the chunk's max and sum of exp(x - max), and its k
     largest keys. A row of one chunk (V <= _SINGLE_CHUNK) finishes here;
   * `_rows_kernel` (one program per row): the chunks' sums into the row's log-sum-exp, the k largest of the
     chunks' keys.
@@ -30,13 +30,21 @@ from eaglet.kernels._utils import use_triton
 from eaglet.kernels.tree_mask import _score_key
 
 _FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-# Rows up to this many ids run as one chunk: one launch instead of two.
-_SINGLE_CHUNK = 8192
-# Chunk length of longer rows: Llama-3's 128,256 ids are 32 chunks, whose 32 * k keys the row program merges.
-_BLOCK_V = 4096
+# Rows up to this many ids run as one chunk: one launch instead of two. Above it, more programs win over the
+# second launch (H200, 4 rows of 8,192 ids, top-4, from a graph: 6.24 µs as one chunk, 4.68 µs in chunks of 1,024).
+_SINGLE_CHUNK = 1024
+
+
+def _block_v(V: int) -> int:
+    """Chunk length of a row of V > _SINGLE_CHUNK ids. H200 sweep (`benchmarks/results/draft_kernels_h200.md`): 1,024
+    for up to 32k ids (V=32,000, 4 rows: 5.16 µs against 6.10 with 4,096), 2,048 beyond (V=128,256, 32 rows: 17.75
+    against 20.18 with 1,024 and 19.11 with 4,096)."""
+    return 1024 if V <= 32768 else 2048
+
+
 # Above this k the Triton path (k rounds of a max over each chunk) loses to torch.topk: the reference runs.
 MAX_K = 64
-_EMPTY = -(2**63)  # the key of an id past the row's end: below every real key
+_EMPTY: tl.constexpr = tl.constexpr(-(2**63))  # the key of an id past the row's end: below every real key
 
 
 def top_ids_ref(x: torch.Tensor, k: int) -> torch.Tensor:
@@ -163,17 +171,16 @@ def topk_logprobs(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Ten
         return lp, ids
     KP = triton.next_power_of_2(k)
     single = V <= _SINGLE_CHUNK
-    block_v = triton.next_power_of_2(V) if single else _BLOCK_V
+    block_v = triton.next_power_of_2(V) if single else _block_v(V)
     C = triton.cdiv(V, block_v)
-    warps = 8 if block_v >= 4096 else 4
     if single:
         _chunk_kernel[(R, 1)](x, x.stride(0), V, lp, lp, ids, lp, ids, K=k, KP=KP, BLOCK_V=block_v, SINGLE=True,
-                              num_warps=warps)
+                              num_warps=4)
         return lp, ids
     stats = torch.empty(2, R, C, dtype=torch.float32, device=logits.device)  # [max, sum] x [R, C]
     keys = torch.empty(R, C, k, dtype=torch.int64, device=logits.device)  # [R, C, k]
     _chunk_kernel[(R, C)](x, x.stride(0), V, stats[0], stats[1], keys, lp, ids, K=k, KP=KP, BLOCK_V=block_v,
-                          SINGLE=False, num_warps=warps)
+                          SINGLE=False, num_warps=4)
     _rows_kernel[(R,)](stats[0], stats[1], keys, lp, ids, C, K=k, KP=KP, BLOCK_C=triton.next_power_of_2(C),
                        BLOCK_KC=triton.next_power_of_2(C * k), num_warps=4)
     return lp, ids

@@ -33,12 +33,12 @@ def check(logits, k):
 @pytest.mark.parametrize(
     "shape, k",
     [
-        pytest.param((4, 8192), 4, id="one-chunk-8k-k4"),
+        pytest.param((4, 8192), 4, id="chunks-8k-k4"),
         pytest.param((3, 100), 1, id="odd-V-k1"),
         pytest.param((2, 5, 32000), 10, id="3d-32k-k10"),
-        pytest.param((1, 49152), 8, id="smollm2-vocab-k8"),
+        pytest.param((1, 49152), 8, id="smollm2-vocab-2048-chunks"),
         pytest.param((7, 37), 37, id="k-equals-V"),
-        pytest.param((5, 8193), 3, id="two-chunks-one-id"),
+        pytest.param((5, 8193), 3, id="last-chunk-one-id"),
     ],
 )
 def test_matches_reference(shape, k):
@@ -55,7 +55,7 @@ def test_reference_is_log_softmax_topk():
 
 
 @needs_kernel
-@pytest.mark.parametrize("V", [9000, 50], ids=["two-chunks", "one-chunk"])
+@pytest.mark.parametrize("V", [9000, 50], ids=["chunks", "one-chunk"])
 def test_ties_take_the_lower_id(V):
     """Integer logits tie everywhere: equal values come lowest id first, also across chunks."""
     gen = torch.Generator().manual_seed(2)
