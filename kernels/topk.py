@@ -31,18 +31,18 @@ from eaglet.kernels.tree_mask import _score_key
 
 _FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 # Rows up to this many ids run as one chunk: one launch instead of two. Above it, more programs win over the
-# second launch (H200, 4 rows of 8,192 ids, top-4, from a graph: 6.24 µs as one chunk, 4.68 µs in chunks of 1,024).
+# second launch (H200, 4 rows of 8,192 ids, top-4, from a graph: 7.26 µs as one chunk, 4.64 µs in chunks of 1,024).
 _SINGLE_CHUNK = 1024
 
 
 def _block_v(V: int) -> int:
-    """Chunk length of a row of V > _SINGLE_CHUNK ids. H200 sweep (`benchmarks/results/draft_kernels_h200.md`): 1,024
-    for up to 32k ids (V=32,000, 4 rows: 5.16 µs against 6.10 with 4,096), 2,048 beyond (V=128,256, 32 rows: 17.75
-    against 20.18 with 1,024 and 19.11 with 4,096)."""
+    """Chunk length of a row of V > _SINGLE_CHUNK ids, from the H200 sweep in benchmarks/results/draft_kernels_h200.md:
+    1,024 up to 32k ids (V=32,000, 4 rows: 5.16 µs against 5.36 with 2,048 and 6.55 with 4,096), 2,048 beyond
+    (V=128,256, 32 rows: 17.70 µs against 20.15 with 1,024; 4 rows: 6.69 against 7.10 with 4,096)."""
     return 1024 if V <= 32768 else 2048
 
 
-# Above this k the Triton path (k rounds of a max over each chunk) loses to torch.topk: the reference runs.
+# Above this k the reference runs: the kernels' k rounds of a max per chunk grow with k (timed only up to k = 4).
 MAX_K = 64
 _EMPTY: tl.constexpr = tl.constexpr(-(2**63))  # the key of an id past the row's end: below every real key
 
