@@ -17,6 +17,7 @@ ABLATION = REPO / "experiments" / "results" / "ablate_overlap_h200" / "runs"
 SCALING = REPO / "benchmarks" / "results" / "ddp_scaling_h200"
 LOSSLESS = REPO / "benchmarks" / "results" / "lossless_smollm2_h200" / "runs"
 COMPARE = REPO / "experiments" / "results" / "compare_heads_h200" / "runs"
+DRAFT_STEP = REPO / "benchmarks" / "results" / "draft_step_h200"  # the draft kernels' before/after runs
 
 
 def metrics(path: Path) -> dict:
@@ -35,7 +36,9 @@ def test_readme_results_agree_with_the_committed_metrics():
     b1, b8 = (metrics(SHIPPED / f"eagle3_b{b}" / "metrics.json") for b in (1, 8))
     spec = rows["EAGLE-3 (shipped head), MT-bench, B=1 / 8"]
     assert f"tau {b1['tau']:.2f} / {b8['tau']:.2f}" in spec
-    assert f"{b1['speedup_vs_ar']:.2f}× / {b8['speedup_vs_ar']:.2f}×" in spec
+    assert f"{b1['speedup_vs_ar']:.2f}× / {b8['speedup_vs_ar']:.2f}× (default kernels)" in spec
+    d1, d8 = (metrics(DRAFT_STEP / f"smol{b}_after.json") for b in ("", "8"))  # the draft kernels (session 12)
+    assert f"{d1['speedup_vs_ar']:.2f}× / {d8['speedup_vs_ar']:.2f}× eaglet AR with the draft's" in spec
     shipped = rows["shipped head tau on MT-bench"]
     assert f"{b1['tau']:.2f} (B=8: {b8['tau']:.2f};" in shipped
     for data, name in (("humaneval_b8", "HumanEval"), ("sharegpt_b8", "held-out ShareGPT")):
@@ -72,6 +75,11 @@ def test_readme_results_agree_with_the_committed_metrics():
     floor = serial["weight_read_floor_ms"]
     assert (f"{serial['verify_ms'] / floor:.2f}×, {serial['step_ms'] / floor:.2f}×"
             in rows["random Llama-3.1-8B, B=1, random EAGLE-3 draft: verify, step / weight-read floor"])
+    after = [metrics(DRAFT_STEP / f"l8b_after{r}.json") for r in (1, 2)]
+    quoted = {f"{m['verify_ms'] / m['weight_read_floor_ms']:.2f}×, {m['step_median_ms'] / m['weight_read_floor_ms']:.2f}×"
+              for m in after}
+    assert len(quoted) == 1 and f"the draft kernels {quoted.pop()} (`serial`" in rows[
+        "random Llama-3.1-8B, B=1, random EAGLE-3 draft: verify, step / weight-read floor"]
     hidden = sorted(round(100 * groups[("random_llama3_8b", t, 32)]["overlap_split"]["plan_hidden_fraction"])
                     for t in ("simulate (7/1/8)", "simulate_wide (6/4/32)"))
     assert f"{hidden[0]}–{hidden[1]}%" in rows["overlap_split plan hidden at B=32, random Llama-3.1-8B"]
