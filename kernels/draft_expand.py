@@ -128,6 +128,8 @@ def expand_step(cur_lp, lp, ids, cur_flat, mask, h, scores, tokens, parents, bas
                                keep_ancestors)
     W, HD = mask.shape[2], h.shape[2]
     lp, ids = lp.contiguous(), ids.contiguous()
+    if d2t is not None:
+        d2t = d2t.contiguous()
     if cur_lp.stride(1) != 1:
         cur_lp = cur_lp.contiguous()
     if cur_flat.stride(1) != 1:
