@@ -125,3 +125,62 @@ def test_bf16_hidden_and_cuda_graph():
     graph.replay()
     want = expand_step_ref(**args, **{k: v.clone() for k, v in cand.items()}, base=base, d2t=d2t)
     assert all(torch.equal(a, b) for a, b in zip(out, want))
+
+
+@needs_kernel
+@pytest.mark.parametrize("kind", ["eagle3", "multi_layer"])
+def test_engine_draft_calls_match_the_references(kind, monkeypatch):
+    """Inside the engine's draft phase (its real arguments: broadcast step-1 inputs, d2t, a multi-layer head's
+    mask), every `topk_logprobs` and `expand_step` call, run as a Triton kernel (the interpreter on CPU), equals its
+    torch reference on the same inputs: ids and everything `expand_step` returns or writes exactly, the
+    log-probabilities to fp32 rounding. EAGLE-3 with a reduced draft vocabulary and a multi-layer head cover both
+    expansion flavours."""
+    import eaglet.kernels.draft_expand as dx
+    import eaglet.kernels.topk as tk
+    import eaglet.spec.eagle as engine
+    from eaglet.models.eagle import new_draft_head
+    from eaglet.models.llama import ModelArgs, Transformer
+
+    torch.manual_seed(0)
+    args = ModelArgs(family="llama", vocab_size=300, dim=128, n_layers=8, n_heads=2, n_kv_heads=1, head_dim=64,
+                     intermediate_size=128, rope_theta=10000.0, max_seq_len=256)
+    target = Transformer(args).eval().to(DEVICE)
+    tree = engine.TreeSpec(4, 3, 8)
+    if kind == "eagle3":
+        head = new_draft_head("eagle3", target, draft_vocab_size=120, device=DEVICE)
+        head.set_draft_vocab(torch.randperm(300)[:120].to(DEVICE))
+    else:
+        head = new_draft_head("multi_layer", target, num_layers=tree.steps, device=DEVICE)
+    eng = engine.EagleEngine(target, head, tree, max_batch=2, max_context=64, page_size=8, use_cuda_graph=False)
+    B, K = 2, tree.topk
+    gen = torch.Generator().manual_seed(1)
+    inputs = (torch.tensor([5, 9], dtype=torch.int32), torch.zeros(B, eng.kv_d.pages_per_req, dtype=torch.int32),
+              -torch.rand(B, K, generator=gen), torch.randint(0, 300, (B, K), generator=gen),
+              torch.randn(B, head.hidden_size, generator=gen), torch.tensor([3, 4]))
+    inputs = tuple(t.to(DEVICE) for t in inputs)
+    monkeypatch.setenv("EAGLET_KERNELS", "torch")  # the head on its references...
+    for mod in (tk, dx):  # ...these two kernels on Triton
+        monkeypatch.setattr(mod, "use_triton", lambda *tensors: True)
+    calls = {"topk": 0, "expand": 0}
+
+    def topk_checked(logits, k):
+        calls["topk"] += 1
+        lp, ids = tk.topk_logprobs(logits, k)
+        want_lp, want_ids = tk.topk_logprobs_ref(logits, k)
+        assert torch.equal(ids, want_ids)
+        torch.testing.assert_close(lp, want_lp, rtol=1e-6, atol=2e-6)
+        return lp, ids
+
+    def expand_checked(cur_lp, lp, ids, cur_flat, mask, h, scores, tokens, parents, base, d2t, keep_ancestors):
+        calls["expand"] += 1
+        cand = [t.clone() for t in (scores, tokens, parents)]
+        got = dx.expand_step(cur_lp, lp, ids, cur_flat, mask, h, scores, tokens, parents, base, d2t, keep_ancestors)
+        want = dx.expand_step_ref(cur_lp, lp, ids, cur_flat, mask, h, *cand, base, d2t, keep_ancestors)
+        assert all(torch.equal(a, b) for a, b in zip(got, want))
+        assert all(torch.equal(a, b) for a, b in zip((scores, tokens, parents), cand))
+        return got
+
+    monkeypatch.setattr(engine, "topk_logprobs", topk_checked)
+    monkeypatch.setattr(engine, "expand_step", expand_checked)
+    eng._draft_fn(*inputs)
+    assert calls == {"topk": tree.steps - 1, "expand": tree.steps - 1}
