@@ -400,7 +400,8 @@ class DraftHead(nn.Module):
 
     def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
         """Draft-vocabulary ids -> target ids (identity unless the head has a reduced vocabulary)."""
-        return draft_ids
+        d2t = self.d2t_offsets
+        return draft_ids if d2t is None else draft_ids + d2t[draft_ids]
 
     @property
     def d2t_offsets(self) -> torch.Tensor | None:
@@ -715,9 +716,6 @@ class Eagle3Head(DraftHead):
             raise ValueError(f"EAGLE-3 needs the 3 captured target layers (capture_layers="
                              f"head.capture_layers(L)), got {len(captured)}")
         return torch.cat(captured, dim=-1)  # [B, T, 3*Ht] low, mid, high
-
-    def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
-        return draft_ids + self.d2t[draft_ids]
 
     @property
     def d2t_offsets(self) -> torch.Tensor:

@@ -88,11 +88,13 @@ def test_strided_rows_and_empty():
 
 
 def test_large_k_takes_the_reference(monkeypatch):
-    """k above MAX_K: the reference, same semantics."""
+    """k above MAX_K: the reference runs (same semantics)."""
     x = make((2, 500), seed=5)
+    calls = []
     monkeypatch.setattr(tk, "MAX_K", 4)
+    monkeypatch.setattr(tk, "topk_logprobs_ref", lambda logits, k: calls.append(k) or topk_logprobs_ref(logits, k))
     lp, ids = topk_logprobs(x, 8)
-    assert torch.equal(ids, topk_logprobs_ref(x, 8)[1])
+    assert calls == [8] and torch.equal(ids, topk_logprobs_ref(x, 8)[1])
 
 
 @pytest.mark.parametrize(
