@@ -44,11 +44,18 @@ def summarise(reps: list[list[dict]], top: int) -> str:
     return "\n".join(lines)
 
 
+def sequence(rep: list[dict], first: int) -> str:
+    """One replay's first kernels in launch order (start offset, µs), to see which call a kernel follows."""
+    t0 = rep[0]["ts"]
+    return "\n".join(f"{e['ts'] - t0:9.1f} {e['dur']:7.2f}  {e['name'][:100]}" for e in rep[:first])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("trace", help="trace.json written by run_spec.py profile_steps=N")
     ap.add_argument("--graphs", type=int, default=3, help="the largest graphs to summarise")
     ap.add_argument("--top", type=int, default=25, help="kernel names per graph")
+    ap.add_argument("--sequence", type=int, default=0, help="also print this many kernels of one replay, in order")
     a = ap.parse_args()
     groups = replays(json.load(open(a.trace))["traceEvents"])
     if not groups:
@@ -57,7 +64,10 @@ def main() -> None:
     print("graph replays by kernel count:", dict(sorted(sizes.items())))
     for n in sorted(sizes, reverse=True)[: a.graphs]:
         print()
-        print(summarise([r for r in groups.values() if len(r) == n], a.top))
+        reps = [r for r in groups.values() if len(r) == n]
+        print(summarise(reps, a.top))
+        if a.sequence:
+            print(sequence(reps[-1], a.sequence))
 
 
 if __name__ == "__main__":

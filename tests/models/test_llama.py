@@ -246,3 +246,25 @@ def test_folded_norm_weights_capture_the_same_features():
     finally:
         llama.set_fused_linear(old)
     assert all(rel_err(f, g) < 1e-5 for f, g in zip(*feats))
+
+
+def test_folded_blocks_leave_the_callers_embeds_alone():
+    """Folded blocks update the residual stream in place; embeds passed in by the caller are copied first."""
+    import eaglet.models.llama as llama
+
+    model = to_eaglet(tiny_hf("llama")).fold_norm_weights()
+    ids = torch.randint(0, 256, (1, 7), generator=torch.Generator().manual_seed(5))
+    kv = KVCache.for_model(model.args, max_reqs=1, max_context=8, page_size=4, dtype=model.dtype)
+    r = kv.alloc_request()
+    kv.reserve(r, 7)
+    pos, pt = torch.arange(7)[None], kv.req_to_page[[r]]
+    embeds = model.model.embed_tokens(ids).detach()  # [1, 7, H]
+    before = embeds.clone()
+    old = llama.set_fused_linear(0)
+    try:
+        with torch.no_grad():
+            model(ids, pos, ForwardBatch(pt, torch.zeros(1, dtype=torch.int32), slots_for(pt, pos, 4)), kv,
+                  embeds=embeds)
+    finally:
+        llama.set_fused_linear(old)
+    assert torch.equal(embeds, before)
