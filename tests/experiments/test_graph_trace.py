@@ -32,3 +32,6 @@ def test_replays_group_by_launch_and_gaps_are_span_minus_kernel_time():
     assert "2 replays; span 41.0 us, kernel time 24.0 us, gaps 17.0 us (8.50 us per kernel)" in text
     rows = text.splitlines()[2:]
     assert rows[0].split()[:4] == ["gemm", "2.0", "11.00", "22.0"] and rows[1].split()[:4] == ["norm", "1.0", "2.00", "2.0"]
+    # --sequence: one replay's kernels in launch order, start offsets from its first kernel
+    seq = gt.sequence(groups[2], 2).splitlines()
+    assert [line.split() for line in seq] == [["0.0", "2.00", "norm"], ["10.0", "12.00", "gemm"]]
