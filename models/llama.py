@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from eaglet.kernels.activation import silu_and_mul
+from eaglet.kernels.folded_linear import gate_up_silu, linear_add_, qkv_rope_store
 from eaglet.kernels.linear import linear, norm_linear, silu_mul_linear
 from eaglet.kernels.rmsnorm import rmsnorm
 from eaglet.kernels.rope import rope_qkv_store
@@ -187,21 +188,25 @@ class Attention(nn.Module):
                 folded: bool = False) -> torch.Tensor:
         """x [B, T, H] -> [B, T, H]; `qkv` [B, T, (Hq+2Hkv)*D]: the projection when the caller made it.
         folded (a block whose input norm weight is in qkv_proj, `Transformer.fold_norm_weights`): x is the
-        residual stream, its rows' 1/rms scale the qkv rows, and the result is x + o_proj(o), the next stream."""
+        residual stream, its rows' 1/rms scale the qkv rows, and the result is x + o_proj(o), the next stream,
+        written into x (kernels/folded_linear.py: fused kernels up to 16 rows, cuBLAS + the RoPE kernel above)."""
         B, T, _ = x.shape
         Hkv, D = self.n_kv_heads, self.head_dim
-        qkv = (self.qkv_proj(x) if qkv is None else qkv).view(B * T, -1)  # [B*T, (Hq+2Hkv)*D]
         k_cache, v_cache = kv.layer(self.layer_id)  # [pages, page_size, Hkv, D] each
-        # q/k norm (Qwen3) + RoPE + the K/V store into the pool, one launch
-        q = rope_qkv_store(qkv, positions.reshape(-1), inv_freq, k_cache.view(-1, Hkv, D), v_cache.view(-1, Hkv, D),
-                           batch.out_slots.reshape(-1), self.n_heads, Hkv, D,
-                           q_norm_weight=None if self.q_norm is None else self.q_norm.weight,
-                           k_norm_weight=None if self.k_norm is None else self.k_norm.weight,
-                           norm_eps=self.norm_eps, row_norm_of=x.reshape(B * T, -1) if folded else None)  # [B*T, Hq, D]
+        rope_args = (positions.reshape(-1), inv_freq, k_cache.view(-1, Hkv, D), v_cache.view(-1, Hkv, D),
+                     batch.out_slots.reshape(-1), self.n_heads, Hkv, D)
+        if folded:
+            q = qkv_rope_store(x.view(B * T, -1), self.qkv_proj.weight, *rope_args, self.norm_eps)  # [B*T, Hq, D]
+        else:
+            qkv = (self.qkv_proj(x) if qkv is None else qkv).view(B * T, -1)  # [B*T, (Hq+2Hkv)*D]
+            # q/k norm (Qwen3) + RoPE + the K/V store into the pool, one launch
+            q = rope_qkv_store(qkv, *rope_args, q_norm_weight=None if self.q_norm is None else self.q_norm.weight,
+                               k_norm_weight=None if self.k_norm is None else self.k_norm.weight,
+                               norm_eps=self.norm_eps)  # [B*T, Hq, D]
         o = tree_attention(q.view(B, T, self.n_heads, D), k_cache, v_cache, batch.page_table, batch.prefix_lens,
                            batch.attn_mask, max_prefix_len=batch.max_prefix_len, invariant=self.invariant)  # [B, T, Hq, D]
-        if folded:  # the residual add in the GEMM's epilogue (beta = 1), in place: out of place, torch copies x first
-            return x.view(B * T, -1).addmm_(o.reshape(B * T, -1), self.o_proj.weight.t()).view(B, T, -1)
+        if folded:  # the residual add in the GEMM's epilogue, in place
+            return linear_add_(x.view(B * T, -1), o.reshape(B * T, -1), self.o_proj.weight).view(B, T, -1)
         if self.invariant:
             return linear(o.reshape(B, T, -1), self.o_proj.weight, self.o_proj.bias, invariant=True)  # [B, T, H]
         return self.o_proj(o.reshape(B, T, -1))
@@ -216,13 +221,13 @@ class FeedForward(nn.Module):
 
     def forward(self, x: torch.Tensor, folded: bool = False) -> torch.Tensor:
         """x [B, T, H] -> [B, T, H]. folded (Attention.forward): x is the residual stream, the post-attention
-        norm's 1/rms scales the gate_up rows, and the result is x + down(...), the next stream."""
+        norm's 1/rms scales the gate_up rows, and the result is x + down(...), the next stream, written into x."""
+        if folded:
+            x2 = x.view(-1, x.shape[-1])  # [B*T, H]
+            a = gate_up_silu(x2, self.gate_up_proj.weight, self.norm_eps)  # [B*T, I]
+            return linear_add_(x2, a, self.down_proj.weight).view(x.shape)
         gu = self.gate_up_proj(x)  # [B, T, 2I]
-        a = silu_and_mul(gu.view(-1, gu.shape[-1]), row_norm_of=x.reshape(-1, x.shape[-1]) if folded else None,
-                         eps=self.norm_eps)  # [B*T, I]
-        if folded:  # in place, as in Attention.forward
-            return x.view(-1, x.shape[-1]).addmm_(a, self.down_proj.weight.t()).view(x.shape)
-        return self.down_proj(a.view(*gu.shape[:-1], -1))
+        return self.down_proj(silu_and_mul(gu))  # [B, T, H]
 
 
 class TransformerBlock(nn.Module):
@@ -340,11 +345,11 @@ class Transformer(nn.Module):
         """Fold each layer's input and post-attention RMSNorm weight into the projection after it (W' = W diag(g),
         g = 1), in place. Every path computes the same function (rounded differently: W' is rounded to the
         weights' dtype); the multi-token non-invariant path (the verify, prefill) then runs no norm kernel: the
-        1/rms of each row is applied by the RoPE and SiLU kernels that read the projections' outputs, and the
-        residual adds happen in the o_proj and down GEMMs (addmm_, in place). Two launches fewer per layer on
-        Llama-3-8B's B=1 verify, whose RMSNorms took 2.2 µs each; measured with out-of-place addmm (which copied
-        the stream first), the verify went from 4.79 to 4.77 ms; in place, from 4.86 to 4.81 ms
-        (benchmarks/results/verify_8b_h200/README.md).
+        1/rms of each row is applied where the projection's output is consumed (RoPE, SiLU), and the residual adds
+        happen in the o_proj and down GEMMs, in place (kernels/folded_linear.py: up to 16 rows, 4 fused launches
+        per layer; above, cuBLAS addmm_ and the RoPE / SiLU kernels). Llama-3-8B's B=1 verify: 4.86 -> 4.81 ms
+        with the folding alone (two norm kernels of 2.2 µs fewer per layer), 4.84 -> 4.36 ms with the fused
+        projections (benchmarks/results/verify_8b_h200/README.md).
         Models with a qkv or o_proj bias or q/k norms are refused (the row scale would have to skip the bias)."""
         a = self.args
         if a.attention_bias or a.qk_norm:
