@@ -77,9 +77,9 @@ def linear_add_ref(out: torch.Tensor, a: torch.Tensor, weight: torch.Tensor) -> 
 
 
 def _config(epi: int, N: int, K: int, dtype: torch.dtype, sms: int) -> dict:
-    """BLOCK_N / BLOCK_K / warps / stages. CUDA: the tiles of the fastest Llama-3-8B verify at M=8 on an H200 (4.43
-    ms; `benchmarks/results/verify_8b_h200/README.md`): 64x128 w4 s5 (qkv, o), 64x256 w4 s5 (down, K=14336),
-    128x128 w8 s3 (gate_up, 224 tiles). 64 rows: every head_dim the RoPE epilogue takes is a multiple of it; fp32
+    """BLOCK_N / BLOCK_K / warps / stages. CUDA: the autotuner's picks in the fastest of four Llama-3-8B verify
+    processes at M=8 on an H200 (4.43 ms; 4.36 ms in three runs since): 64x128 w4 s5 (qkv, o), 64x256 w4 s5 (down,
+    K=14336), 128x128 w8 s3 (gate_up, 224 tiles; `benchmarks/results/verify_8b_h200/s14_autotune_picks.txt`). 64 rows: every head_dim the RoPE epilogue takes is a multiple of it; fp32
     inputs take BLOCK_K=128 (a 64x256 fp32 tile in 5 stages is 400 KB of shared memory)."""
     if is_hip():  # MI300: not measured; 2 stages as in kernels/linear.py
         return dict(BLOCK_N=64, BLOCK_K=128, waves_per_eu=2, num_warps=4, num_stages=2)
