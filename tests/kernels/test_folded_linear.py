@@ -200,19 +200,21 @@ def test_bad_inputs_name_the_argument():
 
 
 @gpu_only
-@pytest.mark.parametrize("M", [1, 8, 16])
-def test_llama3_8b_shapes_bf16(M):
-    args = make_qkv(M, 4096, 32, 8, 128, torch.bfloat16)
+@pytest.mark.parametrize("M,dtype", [(1, torch.bfloat16), (8, torch.bfloat16), (16, torch.bfloat16),
+                                     (8, torch.float16), (8, torch.float32)])
+def test_llama3_8b_shapes(M, dtype):
+    """The verify's shapes in every dtype the launchers take (fp32: the tiles that fit its shared memory)."""
+    args = make_qkv(M, 4096, 32, 8, 128, dtype)
     for got, want in zip(run_qkv(qkv_rope_store, args), run_qkv(qkv_rope_store_ref, args)):
-        assert rel_err(got, want) < tol(torch.bfloat16)
+        assert rel_err(got, want) < tol(dtype)
     gen = torch.Generator().manual_seed(M)
-    x = stream(M, 4096, gen, torch.bfloat16)
-    w = weight(2 * 14336, 4096, gen, torch.bfloat16)
-    assert rel_err(gate_up_silu(x, w, EPS), gate_up_silu_ref(x, w, EPS)) < tol(torch.bfloat16)
-    a, wd = stream(M, 14336, gen, torch.bfloat16), weight(4096, 14336, gen, torch.bfloat16)
+    x = stream(M, 4096, gen, dtype)
+    w = weight(2 * 14336, 4096, gen, dtype)
+    assert rel_err(gate_up_silu(x, w, EPS), gate_up_silu_ref(x, w, EPS)) < tol(dtype)
+    a, wd = stream(M, 14336, gen, dtype), weight(4096, 14336, gen, dtype)
     out = x.clone()
     ref = linear_add_ref(out, a, wd)
-    assert rel_err(linear_add_(out, a, wd), ref) < tol(torch.bfloat16)
+    assert rel_err(linear_add_(out, a, wd), ref) < tol(dtype)
 
 
 @gpu_only

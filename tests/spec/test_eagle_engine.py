@@ -146,6 +146,22 @@ def test_greedy_is_lossless_gpu_cuda_graphs(target, tree, dtype, kind):
     assert stats.summary(TREES[tree].steps)["tau"] > 1.5
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA/ROCm GPU")
+@pytest.mark.parametrize("tree", list(TREES))
+def test_greedy_is_lossless_gpu_folded_norms(target, tree):
+    """fold_norm_weights (fp32, CUDA graphs): the verify's 10 or 16 rows take kernels/folded_linear.py's fused
+    projections, plain decoding the one-token path; speculative == plain greedy."""
+    gpu = Transformer.from_state_dict(target.args, target.state_dict(), torch.float32, "cuda")
+    gpu.fold_norm_weights()
+    head = oracle_like("eagle1", gpu)
+    want = ar_outputs(gpu, PROMPTS, 40)
+    eng = EagleEngine(gpu, head, TREES[tree], max_batch=2, max_context=256, page_size=8, use_cuda_graph=True)
+    reqs = [Request(p, 40, rid=i) for i, p in enumerate(PROMPTS)]
+    stats = eng.generate(reqs)
+    assert [r.output_ids for r in reqs] == want
+    assert stats.summary(TREES[tree].steps)["tau"] > 1.5
+
+
 def test_sampling_preserves_the_target_distribution():
     """Temperature 1: the second emitted token (the first one verified by tree speculative sampling)
     follows the target's own marginal sum_t1 p(t1) p(t2 | t1), by a chi-square test."""
