@@ -127,7 +127,8 @@ def main() -> None:
                            g_unfused=bench_graph(fn_unfused, copies))
                 rows.append(row)
                 print(f"  {model} {proj} M={M}: eaglet {fmt(row['g_eaglet'], '.2f')} µs, unfused "
-                      f"{fmt(row['g_unfused'], '.2f')} µs, floor {row['floor']:.2f} µs ({row['config']}), err {err:.1e}",
+                      f"{fmt(row['g_unfused'], '.2f')} µs, floor {row['floor']:.2f} µs ({row['config']}), "
+                      f"err {err:.1e}",
                       flush=True)
             torch.cuda.empty_cache()
     header = (provenance() + f"Measured copy bandwidth: {bw / 1e12:.2f} TB/s (read+write). bf16; graph = per call "

@@ -78,9 +78,10 @@ def linear_add_ref(out: torch.Tensor, a: torch.Tensor, weight: torch.Tensor) -> 
 
 def _config(epi: int, N: int, K: int, dtype: torch.dtype, sms: int) -> dict:
     """BLOCK_N / BLOCK_K / warps / stages. CUDA: the autotuner's picks in the fastest of four Llama-3-8B verify
-    processes at M=8 on an H200 (4.43 ms; 4.36 ms in three runs since): 64x128 w4 s5 (qkv, o), 64x256 w4 s5 (down,
-    K=14336), 128x128 w8 s3 (gate_up, 224 tiles; `benchmarks/results/verify_8b_h200/s14_autotune_picks.txt`). 64 rows: every head_dim the RoPE epilogue takes is a multiple of it; fp32
-    inputs take BLOCK_K=128 (a 64x256 fp32 tile in 5 stages is 400 KB of shared memory)."""
+    processes at M=8 on an H200 (4.43 ms; fixed, 4.364-4.369 ms in five runs): 64x128 w4 s5 (qkv, o), 64x256 w4 s5
+    (down, K=14336), 128x128 w8 s3 (gate_up, 224 tiles; `benchmarks/results/verify_8b_h200/s14_autotune_picks.txt`).
+    64 rows: every head_dim the RoPE epilogue takes is a multiple of it. fp32 inputs take BLOCK_K=128 (a 64x256 fp32
+    tile in 5 stages is 400 KB of shared memory)."""
     if is_hip():  # MI300: not measured; 2 stages as in kernels/linear.py
         return dict(BLOCK_N=64, BLOCK_K=128, waves_per_eu=2, num_warps=4, num_stages=2)
     if epi == _SILU and N // 128 >= sms:
@@ -139,7 +140,7 @@ def _folded_kernel(
         acc = tl.dot(w, xt, acc, input_precision="ieee")  # [BN, BM]
         if EPI != 0:
             # The norm's sum of squares from the same tile, reduced once after the loop. Not as a second MMA
-            # (x^T x's diagonal): that took the qkv at M=8 from 16.3 to 25.3 µs (`folded_linear_h200.md`).
+            # (x^T x's diagonal): that took the qkv at M=8 from 16.3 to 25.3 µs (verify_8b_h200/s14_qkv_variants.txt).
             xf = xt.to(tl.float32)  # [BK, BM]
             sq += xf * xf  # [BK, BM]
     y = tl.trans(acc)  # [BM, BN]
@@ -187,7 +188,6 @@ def _folded_kernel(
             else:
                 v_dst = v_ptr + slot[:, None] * (HKV * D) + (n0 - (HQ + HKV) * D + r)[None, :]  # [BM, BN]
                 tl.store(v_dst, y.to(v_ptr.dtype.element_ty), mask=m_ok[:, None])
-
 
 
 # ----------------------------------------------------------------------------------------------------
