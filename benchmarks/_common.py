@@ -30,3 +30,16 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
 def fmt(x, spec: str = ".1f") -> str:
     """A table cell: None = the provider ran and failed; a string (e.g. "not run") as it is."""
     return "failed" if x is None else x if isinstance(x, str) else format(x, spec)
+
+
+def report(header: str, md: str, md_path: str | None, rows: list[dict]) -> None:
+    """Print the table (and write it to md_path); exit non-zero if a row's rel err vs the torch reference is not
+    below 1e-2."""
+    if md_path:
+        with open(md_path, "w") as f:
+            f.write(header + "\n" + md + "\n")
+    print(header)
+    print(md)
+    bad = [r for r in rows if not r["err"] < 1e-2]
+    if bad:
+        raise SystemExit(f"eaglet disagrees with the torch reference in {len(bad)} rows")

@@ -23,7 +23,7 @@ import argparse
 
 import torch
 import torch.nn.functional as F
-from _common import fmt, provenance, rel_err
+from _common import fmt, provenance, rel_err, report
 from bench_linear import BYTES, DEV, DTYPE, GRAPH_REPEATS, bench_graph, weights
 
 import eaglet.kernels.folded_linear as fl
@@ -135,14 +135,7 @@ def main() -> None:
               f"inside a CUDA graph of {GRAPH_REPEATS} calls over cold weight copies; unfused = cuBLAS + the eaglet "
               "RoPE / SiLU kernel, what a folded block ran before kernels/folded_linear.py.\n")
     md = table(rows)
-    if args.md:
-        with open(args.md, "w") as f:
-            f.write(header + "\n" + md + "\n")
-    print(header)
-    print(md)
-    bad = [r for r in rows if not r["err"] < 1e-2]
-    if bad:
-        raise SystemExit(f"eaglet disagrees with the torch reference in {len(bad)} rows")
+    report(header, md, args.md, rows)
 
 
 if __name__ == "__main__":

@@ -32,7 +32,7 @@ import time
 
 import torch
 import torch.nn.functional as F
-from _common import bench, fmt, provenance, rel_err
+from _common import bench, fmt, provenance, rel_err, report
 
 import eaglet.kernels.linear as lin
 from eaglet.kernels._utils import copy_bandwidth
@@ -231,14 +231,7 @@ def main() -> None:
         f"eaglet configs: {'the fixed invariant ones' if args.invariant else 'autotuned'}; "
         "rel err = eaglet vs the torch reference.\n"
     )
-    if args.md:
-        with open(args.md, "w") as f:
-            f.write(header + "\n" + md + "\n")
-    print(header)
-    print(md)
-    bad = [r for r in rows if not r["err"] < 1e-2]
-    if bad:
-        raise SystemExit(f"eaglet disagrees with the torch reference in {len(bad)} rows")
+    report(header, md, args.md, rows)
 
 
 if __name__ == "__main__":

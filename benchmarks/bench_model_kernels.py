@@ -26,7 +26,7 @@ import argparse
 import sys
 
 import torch
-from _common import bench, fmt, provenance, rel_err
+from _common import bench, fmt, provenance, rel_err, report
 
 from eaglet.kernels._utils import copy_bandwidth
 from eaglet.kernels.activation import silu_and_mul, silu_and_mul_ref
@@ -193,14 +193,7 @@ def main() -> None:
         "columns time the op with host launch cost removed, as in the decode graph). Only the prefill rows "
         "(M = 4096) are bandwidth-bound; judge '% copy BW' there.\n"
     )
-    if args.md:
-        with open(args.md, "w") as f:
-            f.write(header + "\n" + md + "\n")
-    print(header)
-    print(md)
-    bad = [r for r in rows if not r["err"] < 1e-2]
-    if bad:
-        raise SystemExit(f"eaglet disagrees with the torch reference in {len(bad)} rows")
+    report(header, md, args.md, rows)
 
 
 if __name__ == "__main__":

@@ -44,10 +44,10 @@ from triton.language.extra import libdevice
 from eaglet.kernels import rope as _rope
 from eaglet.kernels._utils import is_hip, is_interpret, use_triton
 from eaglet.kernels.activation import silu_and_mul, silu_and_mul_ref
+from eaglet.kernels.linear import _check_input, _check_weight
 from eaglet.kernels.rope import rope_qkv_store, rope_qkv_store_ref
 
 MAX_M = 16  # rows the fused kernels take: one 16-wide MMA tile of x (the B=1 verify of <= 16 tree tokens)
-_FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _ADD, _SILU, _ROPE = 0, 1, 2  # the epilogue
 
 
@@ -195,21 +195,11 @@ def _folded_kernel(
 
 
 def _check_proj(x: torch.Tensor, weight: torch.Tensor, x_name: str = "x") -> None:
-    """x [M, K] float, weight [N, K] row-major in x's dtype and on x's device."""
-    if x.dim() != 2 or x.shape[1] == 0:
-        raise ValueError(f"{x_name} must be [M, K] with K >= 1, got shape {list(x.shape)}")
-    if x.dtype not in _FLOAT_DTYPES:
-        raise ValueError(f"{x_name} must be float32/bfloat16/float16, got {x.dtype}")
-    K = x.shape[1]
-    if weight.dim() != 2 or weight.shape[0] == 0 or weight.shape[1] != K:
-        raise ValueError(f"weight must be [N, {K}] with N >= 1 (nn.Linear layout), got shape {list(weight.shape)}")
-    if weight.dtype != x.dtype:
-        raise ValueError(f"weight dtype {weight.dtype} != {x_name} dtype {x.dtype}: cast the weight to {x.dtype}")
-    if weight.device != x.device:
-        raise ValueError(f"weight is on {weight.device}, {x_name} on {x.device}: move it to {x.device}")
-    if weight.stride(1) != 1:
-        raise ValueError(f"weight must be row-major (stride 1 along K), got strides {weight.stride()}: "
-                         "call .contiguous() once at load time, not per call")
+    """x [M, K] float, weight [N, K] row-major in x's dtype and on x's device (kernels/linear.py's checks)."""
+    if x.dim() != 2:
+        raise ValueError(f"{x_name} must be [M, K], got shape {list(x.shape)}")
+    _check_input(x_name, x)
+    _check_weight(weight, x.shape[1], x, None)
 
 
 def _fused(*tensors: torch.Tensor) -> bool:

@@ -12,7 +12,6 @@ import pytest
 import torch
 
 from eaglet.kernels.folded_linear import (
-    MAX_M,
     gate_up_silu,
     gate_up_silu_ref,
     linear_add_,
@@ -170,10 +169,6 @@ def test_folded_model_verify_through_the_fused_kernels():
         results.append((hidden, kv.layer(1)[0].clone(), kv.layer(1)[1].clone()))
     for got, want in zip(results[1], results[0]):
         assert rel_err(got, want) < 1e-5
-
-
-def test_max_m_is_one_mma_tile():
-    assert MAX_M == 16
 
 
 def test_bad_inputs_name_the_argument():
