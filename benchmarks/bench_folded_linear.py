@@ -3,7 +3,9 @@ verify's row counts.
 
     python benchmarks/bench_folded_linear.py --md benchmarks/results/folded_linear_h200.md
 
-Per model (Llama-3-8B: H=4096, I=14336, 32/8 heads of 128; SmolLM2-135M: H=576, I=1536, 9/3 heads of 64) and
+Per model (Llama-3-8B: H=4096, I=14336, 32/8 heads of 128; SmolLM2-135M: H=576, I=1536, 9/3 heads of 64; the
+Llama-3.1-8B EAGLE-3 head's midlayer: Llama-3-8B's shapes, but qkv over [embeds | hidden] = 8192 columns, each half
+with its own 1/rms (unfused: two norm kernels, cat, cuBLAS, RoPE), and o out of place (`linear_add`)) and
 M rows (8 = the B=1 verify of 8 tree tokens), bf16, the four projections of a folded block (norm weights folded
 into qkv_proj and gate_up_proj; x is the residual stream):
   qkv      qkv_rope_store(x, W)   vs  F.linear (cuBLAS) -> rope_qkv_store(row_norm_of=x)   (1/rms, RoPE, K/V store)
@@ -29,11 +31,15 @@ from bench_linear import BYTES, DEV, DTYPE, GRAPH_REPEATS, bench_graph, weights
 import eaglet.kernels.folded_linear as fl
 from eaglet.kernels._utils import copy_bandwidth
 from eaglet.kernels.activation import silu_and_mul
+from eaglet.kernels.rmsnorm import rmsnorm
 from eaglet.kernels.rope import rope_qkv_store
 
 MODELS = {
     "Llama-3-8B": dict(H=4096, I=14336, Hq=32, Hkv=8, D=128, layers=32),
     "SmolLM2-135M": dict(H=576, I=1536, Hq=9, Hkv=3, D=64, layers=30),
+    # the public Llama-3.1-8B EAGLE-3 head's midlayer (DraftHead.fold_norm_weights), run once per draft step: qkv
+    # over cat(norm(embeds), norm(hidden)); its residual, the step's hidden input, is not updated in place
+    "Llama-3-8B-EAGLE3-head": dict(H=4096, I=14336, Hq=32, Hkv=8, D=128, layers=1, eagle3=True),
 }
 PROJS = ("qkv", "o", "gate_up", "down")
 EPS = 1e-5
@@ -51,20 +57,36 @@ def cases(model: str, M: int):
     rope = (pos, inv_freq, kc, vc, slots, Hq, Hkv, D)
     act = M * H * BYTES
 
-    ws = weights((Hq + 2 * Hkv) * D, H)
+    eagle3 = c.get("eagle3", False)
+    # EAGLE-3: the embeddings' rows come first; unfused = the two norm kernels (unit weights), cat, cuBLAS, RoPE
+    e = torch.randn(M, H, device=DEV, dtype=DTYPE) if eagle3 else None  # [M, H]
+    ones = torch.ones(H, device=DEV, dtype=DTYPE)  # [H]
+    first, extra = (e, dict(x2=x)) if eagle3 else (x, {})
+    ws = weights((Hq + 2 * Hkv) * D, 2 * H if eagle3 else H)
+
+    def qkv_unfused(i):
+        if eagle3:
+            a = torch.cat([rmsnorm(e, ones, EPS), rmsnorm(x, ones, EPS)], dim=-1)  # [M, 2H]
+            return rope_qkv_store(F.linear(a, ws[i]), *rope)
+        return rope_qkv_store(F.linear(x, ws[i]), *rope, norm_eps=EPS, row_norm_of=x)
 
     def qkv_err():
-        got = fl.qkv_rope_store(x, ws[0], *rope, EPS), kc.clone(), vc.clone()
-        want = fl.qkv_rope_store_ref(x, ws[0], *rope, EPS), kc, vc
+        got = fl.qkv_rope_store(first, ws[0], *rope, EPS, **extra), kc.clone(), vc.clone()
+        want = fl.qkv_rope_store_ref(first, ws[0], *rope, EPS, **extra), kc, vc
         return max(rel_err(g, w) for g, w in zip(got, want))
 
-    yield ("qkv", ws[0].shape[0], H, lambda i: fl.qkv_rope_store(x, ws[i], *rope, EPS),
-           lambda i: rope_qkv_store(F.linear(x, ws[i]), *rope, norm_eps=EPS, row_norm_of=x), qkv_err,
-           ws[0].numel() * BYTES + act + M * ws[0].shape[0] * BYTES, len(ws))  # x in; q, k, v out
+    yield ("qkv", ws[0].shape[0], ws[0].shape[1], lambda i: fl.qkv_rope_store(first, ws[i], *rope, EPS, **extra),
+           qkv_unfused, qkv_err, ws[0].numel() * BYTES + act * (2 if eagle3 else 1) + M * ws[0].shape[0] * BYTES,
+           len(ws))  # x (and e) in; q, k, v out
     o = torch.randn(M, Hq * D, device=DEV, dtype=DTYPE) * 0.1  # [M, Hq*D]
     wo = weights(H, Hq * D)
-    yield ("o", H, Hq * D, lambda i: fl.linear_add_(x, o, wo[i]), lambda i: x.addmm_(o, wo[i].t()),
-           lambda: _add_err(x, o, wo[0]), wo[0].numel() * BYTES + M * Hq * D * BYTES + 2 * act, len(wo))
+    if eagle3:  # out of place
+        yield ("o", H, Hq * D, lambda i: fl.linear_add(x, o, wo[i]), lambda i: torch.addmm(x, o, wo[i].t()),
+               lambda: rel_err(fl.linear_add(x, o, wo[0]), fl.linear_add_ref(x, o, wo[0])),
+               wo[0].numel() * BYTES + M * Hq * D * BYTES + 2 * act, len(wo))
+    else:
+        yield ("o", H, Hq * D, lambda i: fl.linear_add_(x, o, wo[i]), lambda i: x.addmm_(o, wo[i].t()),
+               lambda: _add_err(x, o, wo[0]), wo[0].numel() * BYTES + M * Hq * D * BYTES + 2 * act, len(wo))
     wgu = weights(2 * I, H)
     yield ("gate_up", 2 * I, H, lambda i: fl.gate_up_silu(x, wgu[i], EPS),
            lambda i: silu_and_mul(F.linear(x, wgu[i]), row_norm_of=x, eps=EPS),

@@ -45,6 +45,7 @@ from eaglet.kernels import rope as _rope
 from eaglet.kernels._utils import is_hip, is_interpret, use_triton
 from eaglet.kernels.activation import silu_and_mul, silu_and_mul_ref
 from eaglet.kernels.linear import _check_input, _check_weight
+from eaglet.kernels.rmsnorm import row_rstd_ref
 from eaglet.kernels.rope import rope_qkv_store, rope_qkv_store_ref
 
 MAX_M = 16  # rows the fused kernels take: one 16-wide MMA tile of x (the B=1 verify of <= 16 tree tokens)
@@ -56,10 +57,23 @@ _ADD, _SILU, _ROPE = 0, 1, 2  # the epilogue
 
 
 def qkv_rope_store_ref(x, weight, positions, inv_freq, k_cache, v_cache, out_slots, n_heads, n_kv_heads, head_dim,
-                       eps):
-    """`F.linear` then `rope_qkv_store_ref` with x's rows as the row scale: writes the caches, returns q [M, Hq, D]."""
-    return rope_qkv_store_ref(F.linear(x, weight), positions, inv_freq, k_cache, v_cache, out_slots, n_heads,
-                              n_kv_heads, head_dim, norm_eps=eps, row_norm_of=x)
+                       eps, x2=None):
+    """`F.linear` then `rope_qkv_store_ref` with x's rows as the row scale: writes the caches, returns q [M, Hq, D].
+    With x2 (weight = [W1 | W2], W1 over x's columns): the projection is x @ W1.T and x2 @ W2.T, each rounded and
+    scaled by its own rows' 1/rms, summed in fp32 and rounded once (the projection of cat(norm(x), norm(x2)))."""
+    if x2 is None:
+        return rope_qkv_store_ref(F.linear(x, weight), positions, inv_freq, k_cache, v_cache, out_slots, n_heads,
+                                  n_kv_heads, head_dim, norm_eps=eps, row_norm_of=x)
+    return rope_qkv_store_ref(_two_input_proj(x, x2, weight, eps), positions, inv_freq, k_cache, v_cache, out_slots,
+                              n_heads, n_kv_heads, head_dim)
+
+
+def _two_input_proj(x, x2, weight, eps):
+    """The projection of cat(x / rms(x), x2 / rms(x2)) as the two-input kernel rounds it: [M, N]."""
+    K = x.shape[1]
+    y = F.linear(x, weight[:, :K]).float() * row_rstd_ref(x, eps)[:, None]  # [M, N]
+    y += F.linear(x2, weight[:, K:]).float() * row_rstd_ref(x2, eps)[:, None]  # [M, N]
+    return y.to(x.dtype)
 
 
 def gate_up_silu_ref(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -67,9 +81,9 @@ def gate_up_silu_ref(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch
     return silu_and_mul_ref(F.linear(x, weight), row_norm_of=x, eps=eps)  # [M, I]
 
 
-def linear_add_ref(out: torch.Tensor, a: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """out + a @ weight.T with one rounding (a GEMM's beta = 1 epilogue), as a new tensor [M, N]."""
-    return torch.addmm(out, a, weight.t())  # [M, N]
+def linear_add_ref(res: torch.Tensor, a: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """res + a @ weight.T with one rounding (a GEMM's beta = 1 epilogue), as a new tensor [M, N]."""
+    return torch.addmm(res, a, weight.t())  # [M, N]
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -100,10 +114,35 @@ def _num_sms(device_index: int) -> int:
 
 
 @triton.jit
+def _rows_dot_x(x_ptr, stride_xm, w_cols, K, m, m_ok, row_ok, SUM_SQ: tl.constexpr, BLOCK_M: tl.constexpr,
+                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """acc [BN, BM] = w [BN, K] @ x[m, :K]^T over K in BLOCK_K steps (w_cols [BN, 1]: the tile's weight rows at
+    their first column), and with SUM_SQ each x row's sum of squares [BM]."""
+    x_rows = x_ptr + m[None, :].to(tl.int64) * stride_xm  # [1, BM]
+    kk = tl.arange(0, BLOCK_K)  # [BK]
+    acc = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)
+    sq = tl.zeros((BLOCK_K, BLOCK_M), tl.float32)  # per-lane partial sums of squares of x's rows
+    for k0 in range(0, K, BLOCK_K):
+        ks = k0 + kk  # [BK]
+        k_ok = ks < K  # [BK]
+        w = tl.load(w_cols + ks[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)  # [BN, BK]
+        xt = tl.load(x_rows + ks[:, None], mask=k_ok[:, None] & m_ok[None, :], other=0.0)  # [BK, BM]
+        # "ieee": fp32 inputs stay fp32 (no tf32); bf16/fp16 take the tensor cores either way
+        acc = tl.dot(w, xt, acc, input_precision="ieee")  # [BN, BM]
+        if SUM_SQ:
+            # The norm's sum of squares from the same tile, reduced once after the loop. Not as a second MMA
+            # (x^T x's diagonal): that took the qkv at M=8 from 16.3 to 25.3 µs (verify_8b_h200/s14_qkv_variants.txt).
+            xf = xt.to(tl.float32)  # [BK, BM]
+            sq += xf * xf  # [BK, BM]
+    return acc, tl.sum(sq, axis=0)
+
+
+@triton.jit
 def _folded_kernel(
-    x_ptr, w_ptr, out_ptr, pos_ptr, freq_ptr, slots_ptr, k_ptr, v_ptr,
-    M, N, K, stride_xm, stride_wn, stride_om, eps,
-    EPI: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, PRECISE_TRIG: tl.constexpr,
+    x_ptr, x2_ptr, w_ptr, res_ptr, out_ptr, pos_ptr, freq_ptr, slots_ptr, k_ptr, v_ptr,
+    M, N, K, K2, stride_xm, stride_x2m, stride_wn, stride_rm, stride_om, eps,
+    EPI: tl.constexpr, TWO_INPUTS: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr,
+    PRECISE_TRIG: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     pid = tl.program_id(0)
@@ -127,33 +166,24 @@ def _folded_kernel(
     m = tl.arange(0, BLOCK_M)  # [BM]
     m_ok = m < M  # [BM]
     w_rows = w_ptr + wrow[:, None].to(tl.int64) * stride_wn  # [BN, 1]
-    x_rows = x_ptr + m[None, :].to(tl.int64) * stride_xm  # [1, BM]
-    kk = tl.arange(0, BLOCK_K)  # [BK]
-    acc = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)
-    sq = tl.zeros((BLOCK_K, BLOCK_M), tl.float32)  # per-lane partial sums of squares of x's rows
-    for k0 in range(0, K, BLOCK_K):
-        ks = k0 + kk  # [BK]
-        k_ok = ks < K  # [BK]
-        w = tl.load(w_rows + ks[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)  # [BN, BK]
-        xt = tl.load(x_rows + ks[:, None], mask=k_ok[:, None] & m_ok[None, :], other=0.0)  # [BK, BM]
-        # "ieee": fp32 inputs stay fp32 (no tf32); bf16/fp16 take the tensor cores either way
-        acc = tl.dot(w, xt, acc, input_precision="ieee")  # [BN, BM]
-        if EPI != 0:
-            # The norm's sum of squares from the same tile, reduced once after the loop. Not as a second MMA
-            # (x^T x's diagonal): that took the qkv at M=8 from 16.3 to 25.3 µs (verify_8b_h200/s14_qkv_variants.txt).
-            xf = xt.to(tl.float32)  # [BK, BM]
-            sq += xf * xf  # [BK, BM]
+    acc, sq = _rows_dot_x(x_ptr, stride_xm, w_rows, K, m, m_ok, row_ok, EPI != 0, BLOCK_M, BLOCK_N,
+                          BLOCK_K)  # [BN, BM], [BM]
     y = tl.trans(acc)  # [BM, BN]
 
     if EPI == 0:
-        offs = m[:, None].to(tl.int64) * stride_om + wrow[None, :]  # [BM, BN]
         mask = m_ok[:, None] & row_ok[None, :]  # [BM, BN]
-        prev = tl.load(out_ptr + offs, mask=mask, other=0.0).to(tl.float32)  # [BM, BN]
-        tl.store(out_ptr + offs, (prev + y).to(out_ptr.dtype.element_ty), mask=mask)
+        res = tl.load(res_ptr + m[:, None].to(tl.int64) * stride_rm + wrow[None, :], mask=mask, other=0.0)  # [BM, BN]
+        offs = m[:, None].to(tl.int64) * stride_om + wrow[None, :]  # [BM, BN]
+        tl.store(out_ptr + offs, (res.to(tl.float32) + y).to(out_ptr.dtype.element_ty), mask=mask)
     else:
-        rstd = tl.math.rsqrt(tl.sum(sq, axis=0) / K + eps)  # [BM]
+        rstd = tl.math.rsqrt(sq / K + eps)  # [BM]
         # as the references round: the GEMM output to dtype, then the row-scaled value to dtype
-        y = (y.to(dtype).to(tl.float32) * rstd[:, None]).to(dtype).to(tl.float32)  # [BM, BN]
+        y = y.to(dtype).to(tl.float32) * rstd[:, None]  # [BM, BN]
+        if TWO_INPUTS:  # the second input's columns follow the first's in w, with its own 1/rms
+            acc2, sq2 = _rows_dot_x(x2_ptr, stride_x2m, w_rows + K, K2, m, m_ok, row_ok, True, BLOCK_M, BLOCK_N,
+                                    BLOCK_K)  # [BN, BM], [BM]
+            y += tl.trans(acc2).to(dtype).to(tl.float32) * tl.math.rsqrt(sq2 / K2 + eps)[:, None]  # [BM, BN]
+        y = y.to(dtype).to(tl.float32)  # [BM, BN]
         if EPI == 1:
             g, u = tl.split(tl.reshape(y, (BLOCK_M, HALF, 2)))  # [BM, HALF] each
             s = (g / (1.0 + tl.exp(-g))).to(dtype).to(tl.float32)  # torch rounds silu before the multiply
@@ -194,12 +224,21 @@ def _folded_kernel(
 # Launchers
 
 
-def _check_proj(x: torch.Tensor, weight: torch.Tensor, x_name: str = "x") -> None:
-    """x [M, K] float, weight [N, K] row-major in x's dtype and on x's device (kernels/linear.py's checks)."""
-    if x.dim() != 2:
-        raise ValueError(f"{x_name} must be [M, K], got shape {list(x.shape)}")
+def _check_proj(x: torch.Tensor, weight: torch.Tensor, x_name: str = "x", x2: torch.Tensor | None = None) -> None:
+    """x [M, K] float, weight [N, K] row-major in x's dtype and on x's device (kernels/linear.py's checks); with x2
+    [M, K2] in x's dtype, weight [N, K + K2]."""
+    for name, t in ((x_name, x), ("x2", x2)):
+        if t is not None and t.dim() != 2:
+            raise ValueError(f"{name} must be [M, K], got shape {list(t.shape)}")
     _check_input(x_name, x)
-    _check_weight(weight, x.shape[1], x, None)
+    K = x.shape[1]
+    if x2 is not None:
+        _check_input("x2", x2)
+        if x2.shape[0] != x.shape[0] or x2.dtype != x.dtype or x2.device != x.device:
+            raise ValueError(f"x2 must be [M, K2] with M = {x.shape[0]} rows, {x.dtype} on {x.device} like x, got "
+                             f"{list(x2.shape)} {x2.dtype} on {x2.device}")
+        K += x2.shape[1]
+    _check_weight(weight, K, x, None)
 
 
 def _fused(*tensors: torch.Tensor) -> bool:
@@ -207,18 +246,28 @@ def _fused(*tensors: torch.Tensor) -> bool:
     return 1 <= tensors[0].shape[0] <= MAX_M and use_triton(*tensors)
 
 
+def _rows(t: torch.Tensor) -> torch.Tensor:
+    return t if t.stride(1) == 1 else t.contiguous()
+
+
 def _launch(epi: int, x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, grid_rows: int, *, eps: float = 0.0,
-            rope: tuple = (), heads: tuple = (1, 1, 1)) -> None:
-    """Run `_folded_kernel` over grid_rows accumulator rows (tiles of BLOCK_N)."""
-    x = x if x.stride(1) == 1 else x.contiguous()
+            rope: tuple = (), heads: tuple = (1, 1, 1), x2: torch.Tensor | None = None,
+            res: torch.Tensor | None = None) -> None:
+    """Run `_folded_kernel` over grid_rows accumulator rows (tiles of BLOCK_N); res: the residual the add epilogue
+    reads (out itself when None: in place)."""
+    x = _rows(x)
+    x2 = x if x2 is None else _rows(x2)
+    res = out if res is None else res
     positions, inv_freq, out_slots, k_cache, v_cache = rope or (x, x, x, x, x)  # dummies without RoPE
     hq, hkv, d = heads
+    K = x.shape[1]
     # the interpreter (CPU) takes the widest tiles
-    cfg = _config(epi, weight.shape[0], x.shape[1], x.dtype, _num_sms(x.device.index or 0) if x.is_cuda else 0)
+    cfg = _config(epi, weight.shape[0], K, x.dtype, _num_sms(x.device.index or 0) if x.is_cuda else 0)
     _folded_kernel[(triton.cdiv(grid_rows, cfg["BLOCK_N"]),)](
-        x, weight, out, positions, inv_freq, out_slots, k_cache, v_cache,
-        x.shape[0], weight.shape[0], x.shape[1], x.stride(0), weight.stride(0), out.stride(0), float(eps),
-        EPI=epi, HQ=hq, HKV=hkv, D=d, PRECISE_TRIG=not is_interpret(), BLOCK_M=MAX_M, **cfg,
+        x, x2, weight, res, out, positions, inv_freq, out_slots, k_cache, v_cache,
+        x.shape[0], weight.shape[0], K, weight.shape[1] - K, x.stride(0), x2.stride(0), weight.stride(0),
+        res.stride(0), out.stride(0), float(eps),
+        EPI=epi, TWO_INPUTS=x2 is not x, HQ=hq, HKV=hkv, D=d, PRECISE_TRIG=not is_interpret(), BLOCK_M=MAX_M, **cfg,
     )
 
 
@@ -234,21 +283,27 @@ def qkv_rope_store(
     n_kv_heads: int,
     head_dim: int,
     eps: float,
+    x2: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The folded qkv projection of the residual stream x [M, H] (weight [(Hq + 2 Hkv) D, H], the input norm's
     weight folded in), scaled by each row's 1/rms(x) (eps), RoPE on q and k, k and v stored at out_slots [M] of the
     caches; returns q [M, Hq, D]. Arguments and caches as in `kernels.rope.rope_qkv_store`. Fused for M <= MAX_M
-    and head_dim a multiple of 64 (a 64-row tile holds 32 rotary pairs of one head)."""
-    _check_proj(x, weight)
+    and head_dim a multiple of 64 (a 64-row tile holds 32 rotary pairs of one head).
+    x2 [M, H2]: a second input with its own norm, whose columns follow x's (weight [(Hq + 2 Hkv) D, H + H2]): the
+    projection of cat(norm(x), norm(x2)), as in an EAGLE-3 midlayer (embeddings, then hidden states). Its fallback
+    (more rows, no Triton) is the reference's composition: two GEMMs and elementwise ops, not one of a norm kernel."""
+    _check_proj(x, weight, x2=x2)
     # the projection's shape, dtype and device for rope's checks (a view of x, no data)
     qkv_like = x[:, :1].expand(x.shape[0], weight.shape[0])  # [M, (Hq+2Hkv)*D]
     _rope._check_args(qkv_like, positions, inv_freq, k_cache, v_cache, out_slots, n_heads, n_kv_heads, head_dim,
                       None, None, x)
+    rope_args = (positions, inv_freq, k_cache, v_cache, out_slots, n_heads, n_kv_heads, head_dim)
     if not (_fused(x, weight, positions, inv_freq, k_cache, v_cache, out_slots) and head_dim % 64 == 0):
-        return rope_qkv_store(F.linear(x, weight), positions, inv_freq, k_cache, v_cache, out_slots, n_heads,
-                              n_kv_heads, head_dim, norm_eps=eps, row_norm_of=x)
+        if x2 is None:
+            return rope_qkv_store(F.linear(x, weight), *rope_args, norm_eps=eps, row_norm_of=x)
+        return rope_qkv_store(_two_input_proj(x, x2, weight, eps), *rope_args)
     q = torch.empty(x.shape[0], n_heads, head_dim, dtype=x.dtype, device=x.device)  # [M, Hq, D]
-    _launch(_ROPE, x, weight, q, weight.shape[0], eps=eps,
+    _launch(_ROPE, x, weight, q, weight.shape[0], eps=eps, x2=x2,
             rope=(positions.contiguous(), inv_freq.contiguous(), out_slots.contiguous(), k_cache, v_cache),
             heads=(n_heads, n_kv_heads, head_dim))
     return q
@@ -267,16 +322,32 @@ def gate_up_silu(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Ten
     return out
 
 
+def _check_add(name: str, t: torch.Tensor, a: torch.Tensor, weight: torch.Tensor) -> None:
+    if tuple(t.shape) != (a.shape[0], weight.shape[0]) or t.dtype != a.dtype or t.device != a.device:
+        raise ValueError(f"{name} must be [M, N] = [{a.shape[0]}, {weight.shape[0]}] {a.dtype} on {a.device}, got "
+                         f"{list(t.shape)} {t.dtype} on {t.device}")
+    if t.stride(1) != 1:
+        raise ValueError(f"{name} must have unit stride along N, got strides {t.stride()}")
+
+
 def linear_add_(out: torch.Tensor, a: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """out [M, N] += a [M, K] @ weight [N, K].T in place, one rounding per element (the residual add of the o_proj and
     down projections); returns out."""
     _check_proj(a, weight, "a")
-    if tuple(out.shape) != (a.shape[0], weight.shape[0]) or out.dtype != a.dtype or out.device != a.device:
-        raise ValueError(f"out must be [M, N] = [{a.shape[0]}, {weight.shape[0]}] {a.dtype} on {a.device}, got "
-                         f"{list(out.shape)} {out.dtype} on {out.device}")
-    if out.stride(1) != 1:
-        raise ValueError(f"out must have unit stride along N (it is updated in place), got strides {out.stride()}")
+    _check_add("out", out, a, weight)
     if not _fused(a, weight, out):
         return out.addmm_(a, weight.t())
     _launch(_ADD, a, weight, out, weight.shape[0])
+    return out
+
+
+def linear_add(res: torch.Tensor, a: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """res [M, N] + a [M, K] @ weight [N, K].T as a new tensor [M, N], one rounding per element: `linear_add_` for a
+    residual the caller still needs (a draft layer's input)."""
+    _check_proj(a, weight, "a")
+    _check_add("res", res, a, weight)
+    if not _fused(a, weight, res):
+        return torch.addmm(res, a, weight.t())  # [M, N]
+    out = torch.empty_like(res, memory_format=torch.contiguous_format)  # [M, N]
+    _launch(_ADD, a, weight, out, weight.shape[0], res=res)
     return out

@@ -58,6 +58,7 @@ from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from eaglet.kernels.activation import silu_and_mul_ref
+from eaglet.kernels.folded_linear import MAX_M as FOLDED_MAX_M
 from eaglet.kernels.rmsnorm import rmsnorm_ref
 from eaglet.kernels.rope import rotate_half
 from eaglet.kernels.tree_attention import SUPPORTED_HEAD_DIMS
@@ -274,9 +275,38 @@ class DraftLayer(nn.Module):
         self.input_layernorm = RMSNorm(args.dim, args.norm_eps) if input_norm else None
         self.hidden_norm = RMSNorm(args.dim, args.norm_eps) if hidden_norm else None
         self.post_attention_layernorm = RMSNorm(args.dim, args.norm_eps)
+        self.norms_folded = False  # fold_norm_weights
+
+    def fold_norm_weights(self) -> bool:
+        """Fold the norm weights into the projections after them, in place (as `Transformer.fold_norm_weights`):
+        input_layernorm (and hidden_norm, EAGLE-3) into qkv_proj's columns, post_attention_layernorm into
+        gate_up_proj; the norms' weights become 1, so every path computes the same function. Up to 16 rows the
+        layer then runs kernels/folded_linear.py's 4 fused launches and no norm kernel (an EAGLE-3 draft step:
+        9 fewer launches). A layer without an input norm (EAGLE-1 layer 0, whose qkv reads x unscaled) is left as
+        it is. Returns whether the layer folded."""
+        attn = self.self_attn
+        if self.input_layernorm is None or self.norms_folded:
+            return self.norms_folded
+        if attn.qkv_proj.bias is not None or attn.o_proj.bias is not None:
+            raise ValueError("fold_norm_weights: a draft layer with attention_bias is not supported (the 1/rms row "
+                             "scale applies to the whole projection output); run without folding")
+        norms = [self.input_layernorm] + ([self.hidden_norm] if self.hidden_norm is not None else [])
+        with torch.no_grad():
+            attn.qkv_proj.weight.mul_(torch.cat([n.weight for n in norms])[None, :])  # [N, H or 2H] * [1, H or 2H]
+            self.mlp.gate_up_proj.weight.mul_(self.post_attention_layernorm.weight[None, :])  # [2I, H] * [1, H]
+            for n in norms + [self.post_attention_layernorm]:
+                n.weight.fill_(1.0)
+        self.norms_folded = True
+        return True
 
     def forward(self, x, positions, inv_freq, batch: ForwardBatch, kv: KVCache, embeds=None) -> torch.Tensor:
         """x [B, T, H] (residual stream) -> [B, T, H]; `embeds` [B, T, H] only for the EAGLE-3 variant."""
+        if self.norms_folded and x.numel() <= FOLDED_MAX_M * x.shape[-1]:
+            # x + attention as a new tensor (x, the caller's, is left as it is), then the MLP adds into it. Above
+            # FOLDED_MAX_M rows the plain path below runs (unit norm weights: the same function).
+            h = self.self_attn(x, positions, inv_freq, batch, kv, folded=True, in_place=False,
+                               embeds=embeds if self.hidden_norm is not None else None)  # [B, T, H]
+            return self.mlp(h, folded=True)  # [B, T, H]
         if self.hidden_norm is not None:
             a = torch.cat([self.input_layernorm(embeds), self.hidden_norm(x)], dim=-1)  # [B, T, 2H]
         elif self.input_layernorm is not None:
@@ -419,6 +449,15 @@ class DraftHead(nn.Module):
         return KVCache(self.num_kv_layers, self.args.n_kv_heads, self.args.head_dim, max_reqs=max_reqs,
                        max_context=max_context, page_size=page_size, num_pages=num_pages,
                        dtype=dtype or self.dtype, device=device if device is not None else self.device)
+
+    def fold_norm_weights(self) -> "DraftHead":
+        """Fold the norm weights of every layer with an input norm into its projections, in place
+        (`DraftLayer.fold_norm_weights`; serving only: `fold_norms=true` folds the target and the head). The final
+        norm before the LM head stays: the logits need their rows' scale."""
+        for m in self.modules():
+            if isinstance(m, DraftLayer):
+                m.fold_norm_weights()
+        return self
 
     # ---- forward ------------------------------------------------------------------------------
     def forward(self, tokens: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch,

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from eaglet.kernels.activation import silu_and_mul
-from eaglet.kernels.folded_linear import gate_up_silu, linear_add_, qkv_rope_store
+from eaglet.kernels.folded_linear import gate_up_silu, linear_add, linear_add_, qkv_rope_store
 from eaglet.kernels.linear import linear, norm_linear, silu_mul_linear
 from eaglet.kernels.rmsnorm import rmsnorm
 from eaglet.kernels.rope import rope_qkv_store
@@ -185,18 +185,26 @@ class Attention(nn.Module):
         self.invariant = False  # Transformer.set_invariant
 
     def forward(self, x, positions, inv_freq, batch: ForwardBatch, kv: KVCache, qkv=None,
-                folded: bool = False) -> torch.Tensor:
+                folded: bool = False, embeds=None, in_place: bool = True) -> torch.Tensor:
         """x [B, T, H] -> [B, T, H]; `qkv` [B, T, (Hq+2Hkv)*D]: the projection when the caller made it.
         folded (a block whose input norm weight is in qkv_proj, `Transformer.fold_norm_weights`): x is the
         residual stream, its rows' 1/rms scale the qkv rows, and the result is x + o_proj(o), the next stream,
-        written into x (kernels/folded_linear.py: fused kernels up to 16 rows, cuBLAS + the RoPE kernel above)."""
+        written into x (in_place) or a new tensor (kernels/folded_linear.py: fused kernels up to 16 rows, cuBLAS +
+        the RoPE kernel above). With embeds [B, T, E] (an EAGLE-3 midlayer, `DraftLayer.fold_norm_weights`) the
+        projection's input is cat(norm(embeds), norm(x)), each norm folded into its columns of qkv_proj."""
         B, T, _ = x.shape
         Hkv, D = self.n_kv_heads, self.head_dim
         k_cache, v_cache = kv.layer(self.layer_id)  # [pages, page_size, Hkv, D] each
         rope_args = (positions.reshape(-1), inv_freq, k_cache.view(-1, Hkv, D), v_cache.view(-1, Hkv, D),
                      batch.out_slots.reshape(-1), self.n_heads, Hkv, D)
         if folded:
-            q = qkv_rope_store(x.view(B * T, -1), self.qkv_proj.weight, *rope_args, self.norm_eps)  # [B*T, Hq, D]
+            # the stream updated in place must be x's own memory; a draft layer's x may be a strided view
+            x2d = x.view(B * T, -1) if in_place else x.reshape(B * T, -1)  # [B*T, H]
+            if embeds is None:
+                q = qkv_rope_store(x2d, self.qkv_proj.weight, *rope_args, self.norm_eps)  # [B*T, Hq, D]
+            else:
+                q = qkv_rope_store(embeds.reshape(B * T, -1), self.qkv_proj.weight, *rope_args, self.norm_eps,
+                                   x2=x2d)  # [B*T, Hq, D]
         else:
             qkv = (self.qkv_proj(x) if qkv is None else qkv).view(B * T, -1)  # [B*T, (Hq+2Hkv)*D]
             # q/k norm (Qwen3) + RoPE + the K/V store into the pool, one launch
@@ -205,8 +213,9 @@ class Attention(nn.Module):
                                norm_eps=self.norm_eps)  # [B*T, Hq, D]
         o = tree_attention(q.view(B, T, self.n_heads, D), k_cache, v_cache, batch.page_table, batch.prefix_lens,
                            batch.attn_mask, max_prefix_len=batch.max_prefix_len, invariant=self.invariant)  # [B, T, Hq, D]
-        if folded:  # the residual add in the GEMM's epilogue, in place
-            return linear_add_(x.view(B * T, -1), o.reshape(B * T, -1), self.o_proj.weight).view(B, T, -1)
+        if folded:  # the residual add in the GEMM's epilogue
+            add = linear_add_ if in_place else linear_add
+            return add(x2d, o.reshape(B * T, -1), self.o_proj.weight).view(B, T, -1)
         if self.invariant:
             return linear(o.reshape(B, T, -1), self.o_proj.weight, self.o_proj.bias, invariant=True)  # [B, T, H]
         return self.o_proj(o.reshape(B, T, -1))

@@ -97,6 +97,8 @@ def run(cfg: DictConfig, output_dir: str | Path) -> dict:
     engine = ar_engine
     if cfg.draft.name != "none":
         head = build_head(cfg.draft, cfg.target, model, dtype, device)
+        if cfg.fold_norms:
+            head.fold_norm_weights()
         tree = TreeSpec(cfg.tree.steps, cfg.tree.topk, cfg.tree.num_draft_tokens)
         sim = cfg.tree.get("simulate")
         engine = EagleEngine(model, head, tree, max_batch=batch_size, max_context=max_context,

@@ -1,6 +1,6 @@
 """The folded block's fused projections (kernels/folded_linear.py) against their torch references: qkv_rope_store
-(F.linear + rope_qkv_store_ref with x's 1/rms), gate_up_silu (F.linear + silu_and_mul_ref with x's 1/rms) and
-linear_add_ (addmm, in place).
+(F.linear + rope_qkv_store_ref with x's 1/rms; with a second input, an EAGLE-3 midlayer's), gate_up_silu (F.linear +
+silu_and_mul_ref with x's 1/rms) and linear_add_ / linear_add (addmm, in place or not).
 
 On CPU run with TRITON_INTERPRET=1 (CI does) so the Triton kernel itself is tested (fp32); on a GPU the same tests
 run there, plus bf16 at Llama-3-8B's verify shapes and a CUDA graph.
@@ -14,6 +14,7 @@ import torch
 from eaglet.kernels.folded_linear import (
     gate_up_silu,
     gate_up_silu_ref,
+    linear_add,
     linear_add_,
     linear_add_ref,
     qkv_rope_store,
@@ -86,6 +87,28 @@ def test_qkv_rope_store_matches_reference(M, H, Hq, Hkv, D):
     assert torch.equal(out[2][untouched], args["v_cache"][untouched])
 
 
+# (M, H, H2, Hq, Hkv, D): an EAGLE-3 midlayer's cat(norm(embeds), norm(hidden)) input; H2 != H with K tails;
+# M = 1 (a chain step), 4 (SmolLM2's top-4 tree step) and 17 (above MAX_M: the unfused composition)
+TWO_INPUT_SHAPES = [
+    pytest.param(1, 200, 136, 3, 1, 64, id="M1-H200-H136"),
+    pytest.param(4, 576, 576, 9, 3, 64, id="M4-smollm2-head"),
+    pytest.param(17, 128, 128, 2, 1, 128, id="M17-unfused"),
+]
+
+
+@needs_kernel
+@pytest.mark.parametrize("M,H,H2,Hq,Hkv,D", TWO_INPUT_SHAPES)
+def test_qkv_rope_store_two_inputs_matches_reference(M, H, H2, Hq, Hkv, D):
+    """Each input scaled by its own rows' 1/rms (x and x2 rows have different norms: using one input's scale for
+    both, or swapping the inputs' weight columns, is a large error)."""
+    args = make_qkv(M, H, Hq, Hkv, D, torch.float32, seed=M)
+    gen = torch.Generator().manual_seed(7)
+    args.update(x2=stream(M, H2, gen, torch.float32), weight=weight((Hq + 2 * Hkv) * D, H + H2, gen, torch.float32))
+    out, ref = run_qkv(qkv_rope_store, args), run_qkv(qkv_rope_store_ref, args)
+    for got, want, name in zip(out, ref, ("q", "k_cache", "v_cache")):
+        assert rel_err(got, want) < 1e-5, name
+
+
 @needs_kernel
 def test_qkv_rope_store_rotates_both_halves_of_every_head():
     """A weight whose rows are one-hot picks x's columns: every q/k dim must land in its head and half, rotated
@@ -139,6 +162,17 @@ def test_linear_add_updates_out_in_place(M, K, N):
 
 
 @needs_kernel
+@pytest.mark.parametrize("M", [3, 20])
+def test_linear_add_leaves_the_residual(M):
+    gen = torch.Generator().manual_seed(M)
+    a, w, res = stream(M, 300, gen, torch.float32), weight(100, 300, gen, torch.float32), stream(M, 100, gen,
+                                                                                              torch.float32)
+    kept = res.clone()
+    assert rel_err(linear_add(res, a, w), linear_add_ref(res, a, w)) < 1e-5
+    assert torch.equal(res, kept)
+
+
+@needs_kernel
 def test_folded_model_verify_through_the_fused_kernels():
     """A folded tiny Llama's verify-shaped forward (a prompt, then 8 tree tokens: the fused kernels' M) gives the
     unfolded model's hidden states, and writes the same K/V (here, unlike tests/models, the kernels run)."""
@@ -171,6 +205,59 @@ def test_folded_model_verify_through_the_fused_kernels():
         assert rel_err(got, want) < 1e-5
 
 
+@needs_kernel
+def test_folded_eagle3_head_through_the_fused_kernels():
+    """A folded EAGLE-3 head (DraftHead.fold_norm_weights) gives the unfolded head's hidden states and logits: its
+    extend over 2 x 6 target features and two draft steps of 2 x 3 rows each run the two-input qkv and the
+    out-of-place o_proj add (here, unlike tests/models, the kernels run)."""
+    from eaglet.models.eagle import new_draft_head
+    from eaglet.models.kv_cache import ForwardBatch, slots_for
+    from eaglet.models.llama import ModelArgs, Transformer
+
+    torch.manual_seed(0)
+    target = Transformer(ModelArgs(**{**ModelArgs.from_name("tiny_llama").__dict__, "n_layers": 8})).eval()
+    plain = new_draft_head("eagle3", target, draft_vocab_size=100).to(DEVICE).eval()
+    with torch.no_grad():  # norm weights far from 1, so that folding them changes the weights
+        for name, p in plain.named_parameters():
+            if "norm" in name:
+                p.uniform_(0.5, 1.5)
+    folded = new_draft_head("eagle3", target, draft_vocab_size=100).to(DEVICE).eval()
+    folded.load_state_dict(plain.state_dict())
+    folded.fold_norm_weights()
+    assert folded.midlayer.norms_folded and torch.equal(folded.midlayer.hidden_norm.weight,
+                                                        torch.ones_like(folded.midlayer.hidden_norm.weight))
+    target.to(DEVICE)
+    gen = torch.Generator().manual_seed(4)
+    B, T, K = 2, 6, 3  # B * K = 6 rows a draft step
+    tokens = torch.randint(0, 512, (B, T + 2 * K), generator=gen).to(DEVICE)
+    feats = torch.randn(B, T, 3 * 256, generator=gen).to(DEVICE)
+    results = []
+    for head in (plain, folded):
+        kv = head.kv_cache(max_reqs=B, max_context=32, page_size=4)
+        rows = [kv.alloc_request() for _ in range(B)]
+        for r in rows:
+            kv.reserve(r, 32)
+        pt = kv.req_to_page[rows]  # [B, P]
+        outs = []
+        with torch.inference_mode():
+            hidden, start = feats, 0
+            for step, n in ((None, T), (1, K), (2, K)):
+                pos = start + torch.arange(n, device=DEVICE)[None].repeat(B, 1)  # [B, n]
+                batch = ForwardBatch(pt, torch.full((B,), start, dtype=torch.int32, device=DEVICE),
+                                     slots_for(pt, pos, kv.page_size), max_prefix_len=start)
+                # draft steps: each request's last hidden state for its K nodes, a strided view [B, K, H] (stride 0
+                # along K) that cannot be viewed as rows, as the engine's gathers can give
+                x = hidden if step is None else hidden[:, -1:].expand(B, n, 256)
+                kept = x.clone()
+                hidden, logits = head(tokens[:, start:start + n], x, pos, batch, kv, step=step)  # [B, n, H], [B, n, Vd]
+                assert torch.equal(x, kept)  # the caller's hidden input is left as it was
+                outs += [hidden, logits]
+                start += n
+        results.append(outs + [kv.layer(0)[0].clone(), kv.layer(0)[1].clone()])
+    for got, want in zip(results[1], results[0]):
+        assert rel_err(got, want) < 1e-5
+
+
 def test_bad_inputs_name_the_argument():
     x = torch.randn(4, 64)
     with pytest.raises(ValueError, match=r"weight must be \[N, 64\]"):
@@ -188,6 +275,12 @@ def test_bad_inputs_name_the_argument():
         qkv_rope_store(**dict(args, n_heads=3))
     with pytest.raises(ValueError, match="out_slots must be"):
         qkv_rope_store(**dict(args, out_slots=args["out_slots"][:2]))
+    with pytest.raises(ValueError, match=r"x2 must be \[M, K2\] with M = 4 rows"):
+        qkv_rope_store(**dict(args, x2=torch.randn(3, 64, device=DEVICE)))
+    with pytest.raises(ValueError, match=r"weight must be \[N, 128\]"):
+        qkv_rope_store(**dict(args, x2=torch.randn(4, 64, device=DEVICE)))  # the weight covers x's columns only
+    with pytest.raises(ValueError, match=r"res must be \[M, N\] = \[4, 32\]"):
+        linear_add(torch.zeros(4, 31), x, torch.randn(32, 64))
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -203,12 +296,17 @@ def test_llama3_8b_shapes(M, dtype):
     for got, want in zip(run_qkv(qkv_rope_store, args), run_qkv(qkv_rope_store_ref, args)):
         assert rel_err(got, want) < tol(dtype)
     gen = torch.Generator().manual_seed(M)
+    # the public Llama-3.1-8B EAGLE-3 head's midlayer qkv: cat(norm(embeds), norm(hidden)), 2 x 4096 columns
+    args.update(x2=stream(M, 4096, gen, dtype), weight=weight(6144, 8192, gen, dtype))
+    for got, want in zip(run_qkv(qkv_rope_store, args), run_qkv(qkv_rope_store_ref, args)):
+        assert rel_err(got, want) < tol(dtype)
     x = stream(M, 4096, gen, dtype)
     w = weight(2 * 14336, 4096, gen, dtype)
     assert rel_err(gate_up_silu(x, w, EPS), gate_up_silu_ref(x, w, EPS)) < tol(dtype)
     a, wd = stream(M, 14336, gen, dtype), weight(4096, 14336, gen, dtype)
     out = x.clone()
     ref = linear_add_ref(out, a, wd)
+    assert rel_err(linear_add(out, a, wd), ref) < tol(dtype)
     assert rel_err(linear_add_(out, a, wd), ref) < tol(dtype)
 
 

@@ -215,6 +215,32 @@ def test_eagle3_extend_then_steps_equal_dense(target, page_size):
     assert rel_err(torch.cat(all_logits, 1), dense_logits) <= 1e-5
 
 
+@pytest.mark.parametrize("kind,n_layers", [("eagle1", 2), ("eagle3", 1)])
+def test_fold_norm_weights_keeps_the_function(target, kind, n_layers):
+    """Folded heads (serving's fold_norms=true) compute what the unfolded ones do; EAGLE-1's layer 0 has no input
+    norm to fold and is left as it is. Here the folded functions' torch fallbacks run (tests/kernels/
+    test_folded_linear.py runs their kernels)."""
+    plain = make_head(kind, target, num_layers=n_layers) if kind == "eagle1" else make_head(kind, target)
+    folded = make_head(kind, target, num_layers=n_layers) if kind == "eagle1" else make_head(kind, target)
+    folded.fold_norm_weights()
+    layers = list(folded.layers) if kind == "eagle1" else [folded.midlayer]
+    assert [layer.norms_folded for layer in layers] == ([False, True] if kind == "eagle1" else [True])
+    g = torch.Generator().manual_seed(4)
+    B, T = 2, 5
+    tokens = torch.randint(0, V, (B, T + 1), generator=g)
+    feats = torch.randn(B, T, folded.feature_size, generator=g)
+    outs = []
+    for head in (plain, folded):
+        kv, reqs = fresh_kv(head)
+        with torch.no_grad():
+            pos, batch = batch_at(kv, reqs, 0, T)
+            out, logits = head(tokens[:, :T], feats, pos, batch, kv)
+            pos, batch = batch_at(kv, reqs, T, 1)
+            outs.append((out, logits, *head(tokens[:, T:], out[:, -1:], pos, batch, kv, step=1)))
+    for got, want in zip(*reversed(outs)):
+        assert rel_err(got, want) <= 1e-5
+
+
 def test_multi_layer_extend_runs_every_layer_and_step_runs_one(target):
     head = make_head("multi_layer", target, num_layers=3)
     kv, reqs = fresh_kv(head)
