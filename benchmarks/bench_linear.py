@@ -78,10 +78,6 @@ def bench_graph(fn, n_copies: int) -> float | None:
         return None
 
 
-
-
-
-
 def err_with_residual(out, ref) -> float:
     """rel err of y; inf unless the new residual is bitwise the reference's."""
     return rel_err(out[0], ref[0]) if torch.equal(out[1], ref[1]) else math.inf
