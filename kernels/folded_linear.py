@@ -3,8 +3,10 @@
 
     qkv_rope_store(x, weight, positions, inv_freq, k_cache, v_cache, out_slots, n_heads, n_kv_heads, head_dim, eps)
         = rope_qkv_store(x @ weight.T, ..., row_norm_of=x): the input norm's 1/rms, RoPE, the K/V store -> q [M, Hq, D]
+        (x2=...: the projection of cat(norm(x), norm(x2)), an EAGLE-3 midlayer's [embeds | hidden] input)
     gate_up_silu(x, weight, eps) = silu_and_mul(x @ weight.T, row_norm_of=x)                         -> a [M, I]
     linear_add_(out, a, weight):   out += a @ weight.T in place (o_proj and down: the residual adds)   -> out
+    linear_add(res, a, weight):    res + a @ weight.T, a new tensor (a draft layer's residual stays)  -> [M, N]
 
 x is the residual stream [M, H]; the `*_ref` functions are the spec (the unfused ops, rounded as they round).
 
@@ -13,7 +15,8 @@ Why: in Llama-3-8B's B=1 verify (8 tree tokens) each layer ran qkv (cuBLAS), rop
 gap besides its run time, and the small GEMMs far from the weight-read floor (qkv 16.0 µs = 3.1 TB/s, o 12.8 µs
 = 2.6 TB/s). Here 4 launches do the same work: a layer's projections at M=8 take 117.2 instead of 129.2 µs (floor
 103.5; CUDA graphs, cold weights, H200: `benchmarks/results/folded_linear_h200.md`), and the verify 4.36 instead of
-4.84 ms (`benchmarks/results/verify_8b_h200/README.md`, session 14).
+4.84 ms (`benchmarks/results/verify_8b_h200/README.md`, session 14). A folded EAGLE-3 draft head's midlayer
+(`DraftHead.fold_norm_weights`) runs the same launches: 129.0 instead of 146.4 µs a draft step for the 8B head.
 
 Kernel (`_folded_kernel`): one program per BLOCK_N weight rows, over the whole K, so every output element is reduced
 by one program (no split-K reduce kernel) and the folded norm's sum of squares comes from the x tiles the program
