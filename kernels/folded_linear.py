@@ -258,8 +258,9 @@ def _launch(epi: int, x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, 
             res: torch.Tensor | None = None) -> None:
     """Run `_folded_kernel` over grid_rows accumulator rows (tiles of BLOCK_N); res: the residual the add epilogue
     reads (out itself when None: in place)."""
+    two = x2 is not None
     x = _rows(x)
-    x2 = x if x2 is None else _rows(x2)
+    x2 = _rows(x2) if two else x
     res = out if res is None else res
     positions, inv_freq, out_slots, k_cache, v_cache = rope or (x, x, x, x, x)  # dummies without RoPE
     hq, hkv, d = heads
@@ -270,7 +271,7 @@ def _launch(epi: int, x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, 
         x, x2, weight, res, out, positions, inv_freq, out_slots, k_cache, v_cache,
         x.shape[0], weight.shape[0], K, weight.shape[1] - K, x.stride(0), x2.stride(0), weight.stride(0),
         res.stride(0), out.stride(0), float(eps),
-        EPI=epi, TWO_INPUTS=x2 is not x, HQ=hq, HKV=hkv, D=d, PRECISE_TRIG=not is_interpret(), BLOCK_M=MAX_M, **cfg,
+        EPI=epi, TWO_INPUTS=two, HQ=hq, HKV=hkv, D=d, PRECISE_TRIG=not is_interpret(), BLOCK_M=MAX_M, **cfg,
     )
 
 
@@ -294,7 +295,8 @@ def qkv_rope_store(
     and head_dim a multiple of 64 (a 64-row tile holds 32 rotary pairs of one head).
     x2 [M, H2]: a second input with its own norm, whose columns follow x's (weight [(Hq + 2 Hkv) D, H + H2]): the
     projection of cat(norm(x), norm(x2)), as in an EAGLE-3 midlayer (embeddings, then hidden states). Its fallback
-    (more rows, no Triton) is the reference's composition: two GEMMs and elementwise ops, not one of a norm kernel."""
+    (more rows, no Triton) is the reference's composition, two GEMMs and elementwise ops; above MAX_M rows a draft
+    layer runs its unfolded path instead (`DraftLayer.forward`)."""
     _check_proj(x, weight, x2=x2)
     # the projection's shape, dtype and device for rope's checks (a view of x, no data)
     qkv_like = x[:, :1].expand(x.shape[0], weight.shape[0])  # [M, (Hq+2Hkv)*D]

@@ -107,6 +107,10 @@ def test_qkv_rope_store_two_inputs_matches_reference(M, H, H2, Hq, Hkv, D):
     out, ref = run_qkv(qkv_rope_store, args), run_qkv(qkv_rope_store_ref, args)
     for got, want, name in zip(out, ref, ("q", "k_cache", "v_cache")):
         assert rel_err(got, want) < 1e-5, name
+    if H2 == H:  # x itself as x2 is still a second input (the weight's second half)
+        args["x2"] = args["x"]
+        out, ref = run_qkv(qkv_rope_store, args), run_qkv(qkv_rope_store_ref, args)
+        assert rel_err(out[0], ref[0]) < 1e-5
 
 
 @needs_kernel
