@@ -1,0 +1,42 @@
+"""Triton reductions in an order written out in the source, the same for every tile shape and register layout.
+
+`tl.sum`'s order follows the tensor's layout, which Triton picks from the tile shape and the warp count: a row
+reduced in a 16-row tile and in a 128-row one may round differently. The batch-invariant kernels
+(kernels/projection.py, kernels/tree_attention.py) sum with `fixed_sum0` wherever the same logical reduction runs in
+tiles of different shapes.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _halve(t, H: tl.constexpr, BM: tl.constexpr):
+    """t [2H, BM] -> t[:H] + t[H:] [H, BM], elementwise (the halves by logical index)."""
+    a, b = tl.split(tl.permute(tl.reshape(t, (2, H, BM)), (1, 2, 0)))  # [H, BM] each
+    return a + b
+
+
+@triton.jit
+def fixed_sum0(t, N: tl.constexpr, BM: tl.constexpr):
+    """Sum over axis 0 of t [N, BM] (N a power of two, 1..256) -> [BM], pairwise: row i + row i + N/2, then again on
+    the half, down to one row."""
+    if N >= 256:
+        t = _halve(t, 128, BM)
+    if N >= 128:
+        t = _halve(t, 64, BM)
+    if N >= 64:
+        t = _halve(t, 32, BM)
+    if N >= 32:
+        t = _halve(t, 16, BM)
+    if N >= 16:
+        t = _halve(t, 8, BM)
+    if N >= 8:
+        t = _halve(t, 4, BM)
+    if N >= 4:
+        t = _halve(t, 2, BM)
+    if N >= 2:
+        t = _halve(t, 1, BM)
+    return tl.reshape(t, (BM,))

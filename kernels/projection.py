@@ -1,0 +1,593 @@
+"""Every projection of a block, batch-invariant, with the op next to it fused in:
+
+    linear(x, weight, bias=None, norm_weight=None, eps=0)       [rmsnorm(x) or x] @ W.T (+ b)         -> [M, N]
+    qkv_rope_store(x, norm_weight, weight, bias, positions, inv_freq, k_cache, v_cache, out_slots, Hq, Hkv, D, eps,
+                   x2=None, norm_weight2=None)                   qkv of rmsnorm(x), RoPE, K/V store  -> q [M, Hq, D]
+    gate_up_silu(x, norm_weight, weight, eps)                    silu(gate) * up of rmsnorm(x)       -> [M, I]
+    linear_add_(out, a, weight, bias=None)                       out += a @ W.T (+ b), in place      -> out
+    linear_add(res, a, weight, bias=None)                        res + a @ W.T (+ b), a new tensor   -> [M, N]
+
+x is a block's residual stream [M, K]; the `*_ref` functions are the spec. The RMSNorm in front of a projection is
+computed as the projection streams its input: x * g is rounded and multiplied, and each output row is scaled by its
+input row's 1/rms (rmsnorm(x) @ W.T = rstd * ((x * g) @ W.T), rstd per row), so no normed activation is written.
+With x2 (an EAGLE-3 midlayer's [embeds | hidden] input) the projection is of cat(rmsnorm(x), rmsnorm(x2)).
+
+Batch invariance (why one kernel serves decode, verify and prefill): a row's result depends on that row and the
+weight only, never on M or on the other rows, so a verify of 8 tree tokens computes each of them exactly as a decode
+of that token does, and greedy speculative output equals plain decoding in bf16. The reduction order of an output
+element is fixed by the weight's shape (`_config`):
+  * K is cut into SPLITS fixed ranges (split_k keys each, a multiple of BLOCK_K); split s's partial sum is one chain of
+    MMAs over its range, k ascending, from a zero accumulator; the partials are added in split order. With two inputs
+    each has its own SPLITS ranges and its own sum.
+  * The norm's sum of squares: per split, elementwise over the K steps into [BLOCK_K, rows] lanes, then a pairwise
+    tree written out in kernels/_fixed_order.py, so the order does not follow the register layout, which changes
+    with the row tile. It costs ~1 µs a program in layout conversions (SmolLM2's qkv at M=1: 5.8 µs against 4.8 for
+    kernels/folded_linear.py, which sums with tl.sum); an fp32 FMA dot of the lanes with a ones row cost more (6.8).
+  * The MMA: the weight rows are its M dimension (BLOCK_N) and x's rows its N (BLOCK_M, zero-padded). An element of
+    an MMA does not depend on the other elements, so a row gives the same bits in a 16-row tile as in a 128-row one
+    (tests/kernels/test_projection.py checks this on the GPU in bf16; fp32 takes FMA dots, sequential in k).
+Decode-sized calls (M <= MAX_SPLIT_M) run one program per (BLOCK_N weight rows, split, 16 x rows): the split-K fills
+the GPU where the weight has few row tiles (an 8B o_proj: 64 tiles of 64 rows for 132 SMs) and every program streams
+its slab of the weight once. Their partials go to an fp32 workspace; the last program of a tile to finish (an atomic
+counter, reset by that program) adds them in split order and runs the epilogue. Prefill (more rows) runs one program
+per (weight tile, x tile) with wider x tiles, which loops over the same splits in the same order itself.
+
+The SiLU and RoPE epilogues need two weight rows per result (gate j with up j; dims i and i + D/2 of a head): their
+programs load the rows in interleaved pairs, so that splitting the accumulator's row pairs gives both halves.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+from triton.language.extra import libdevice
+
+from eaglet.kernels import rope as _rope
+from eaglet.kernels._fixed_order import fixed_sum0
+from eaglet.kernels._utils import is_hip, is_interpret, use_triton
+from eaglet.kernels.activation import silu_and_mul_ref
+from eaglet.kernels.rmsnorm import row_rstd_ref
+from eaglet.kernels.rope import rope_qkv_store, rope_qkv_store_ref
+
+_FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+# norm_weight=FOLDED: the RMSNorm's weight is already inside the projection's weight (W' = W diag(g),
+# `Transformer.fold_norm_weights`): only the row scale 1/rms(x) remains, and the K loop multiplies nothing
+FOLDED = "folded"
+_PLAIN, _ADD, _SILU, _ROPE = 0, 1, 2, 3  # the epilogue
+MAX_SPLIT_M = 64  # rows up to which the split-K grid runs (decode, verify); above, the prefill tiles
+
+
+# ----------------------------------------------------------------------------------------------------
+# Torch references (the spec)
+
+
+def _normed(x: torch.Tensor, norm_weight, eps: float) -> torch.Tensor:
+    """x's projection input as the kernel forms it: x * g rounded to x's dtype (x itself without a norm weight)."""
+    return x if _norm_mode(norm_weight) < 2 else (x.float() * norm_weight.float()).to(x.dtype)
+
+
+def proj_ref(x, weight, norm_weight=None, eps=0.0, x2=None, norm_weight2=None) -> torch.Tensor:
+    """The projection as the kernel rounds it, before the epilogue: [M, N] in x's dtype. Without a norm:
+    x @ W.T rounded once. With one: (x * g) @ W.T rounded, times 1/rms(x) in fp32, rounded. With x2 (weight
+    [W1 | W2]): the two inputs' scaled products summed in fp32 and rounded once."""
+    K = x.shape[1]
+    w1 = weight[:, :K] if x2 is not None else weight
+    y = F.linear(_normed(x, norm_weight, eps), w1)  # [M, N]
+    if norm_weight is not None:
+        y = y.float() * row_rstd_ref(x, eps)[:, None]  # [M, N]
+    if x2 is not None:
+        y2 = F.linear(_normed(x2, norm_weight2, eps), weight[:, K:])  # [M, N]
+        y2 = y2.float() * row_rstd_ref(x2, eps)[:, None] if norm_weight2 is not None else y2.float()
+        y = y.float() + y2  # [M, N]
+    return y.to(x.dtype)
+
+
+def linear_ref(x, weight, bias=None, norm_weight=None, eps=0.0) -> torch.Tensor:
+    """`proj_ref`, plus the bias in fp32, rounded: [M, N]."""
+    y = proj_ref(x, weight, norm_weight, eps)  # [M, N]
+    return y if bias is None else (y.float() + bias.float()).to(x.dtype)
+
+
+def qkv_rope_store_ref(x, norm_weight, weight, bias, positions, inv_freq, k_cache, v_cache, out_slots, n_heads,
+                       n_kv_heads, head_dim, eps, x2=None, norm_weight2=None) -> torch.Tensor:
+    """`proj_ref` (+ bias), then `rope_qkv_store_ref`: writes the caches, returns q [M, Hq, D]."""
+    qkv = proj_ref(x, weight, norm_weight, eps, x2, norm_weight2)  # [M, (Hq+2Hkv)*D]
+    if bias is not None:
+        qkv = (qkv.float() + bias.float()).to(x.dtype)
+    return rope_qkv_store_ref(qkv, positions, inv_freq, k_cache, v_cache, out_slots, n_heads, n_kv_heads, head_dim)
+
+
+def gate_up_silu_ref(x, norm_weight, weight, eps) -> torch.Tensor:
+    """`proj_ref`, then `silu_and_mul_ref`: x [M, H] -> [M, I]."""
+    return silu_and_mul_ref(proj_ref(x, weight, norm_weight, eps))  # [M, I]
+
+
+def linear_add_ref(res, a, weight, bias=None) -> torch.Tensor:
+    """res + (a @ W.T (+ b)) in fp32 with one rounding, as a new tensor [M, N]."""
+    y = a.float() @ weight.float().t()  # [M, N]
+    if bias is not None:
+        y = y + bias.float()
+    return (res.float() + y).to(res.dtype)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Launch configs: the one table
+
+
+@functools.lru_cache(maxsize=None)
+def _num_sms(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def _config(N: int, K: int, epi: int, dtype: torch.dtype, sms: int, hip: bool) -> dict:
+    """The reduction plan and tiles of an [N, K] weight (K: one input's columns): a function of the weight's shape and
+    dtype only, never of M. SPLITS doubles (up to 16) while the grid has fewer than two programs per SM and each split
+    keeps at least 512 columns; BLOCK_N = 64 (the RoPE epilogue's tile holds 32 rotary pairs of one head)."""
+    wide = dtype.itemsize == 2 and K >= 1024
+    block_k = 128 if wide or K >= 128 else 64
+    tiles = triton.cdiv(N, 64)
+    splits = 1
+    while splits < 16 and tiles * splits < 2 * sms and K // (2 * splits) >= 512:
+        splits *= 2
+    split_k = triton.cdiv(triton.cdiv(K, splits), block_k) * block_k
+    cfg = dict(BLOCK_N=64, BLOCK_K=block_k, SPLITS=triton.cdiv(K, split_k), SPLIT_K=split_k)
+    if hip:  # MI300: compiled and resource-checked only (PORTABILITY.md); 2 stages as in tutorial 06's AMD entries
+        return dict(cfg, num_warps=4, num_stages=2, waves_per_eu=2)
+    return dict(cfg, num_warps=4, num_stages=4 if dtype.itemsize == 2 else 2)
+
+
+def _prefill_tiles(cfg: dict, epi: int, head_dim: int, dtype: torch.dtype, hip: bool) -> dict:
+    """More than MAX_SPLIT_M rows (prefill, compute-bound): wide tiles, with the decode plan's BLOCK_K and splits
+    (its order), SPLITS looped in the program. 128 weight rows where the epilogue allows (a RoPE tile is one head's
+    rotary pairs: head_dim 128), 128 x rows, 8 warps."""
+    if dtype.itemsize == 4 or hip:
+        return dict(cfg, BLOCK_M=64, num_warps=4, num_stages=2)
+    wide_n = epi != _ROPE or head_dim % 128 == 0
+    return dict(cfg, BLOCK_N=128 if wide_n else 64, BLOCK_M=128, num_warps=8, num_stages=3)
+
+
+def launch_config(N: int, K: int, M: int, epi: int, dtype: torch.dtype, device: torch.device,
+                  head_dim: int = 64) -> dict:
+    """The config a call runs with (public for the benchmarks and the compile checks). Up to MAX_SPLIT_M rows the
+    x tile is the smallest of 16 / 32 / 64 rows that holds them: each weight tile is read by one program per split."""
+    hip = is_hip()
+    sms = _num_sms(device.index or 0) if device.type == "cuda" else 8  # the interpreter: few SMs, still splits
+    cfg = _config(N, K, epi, dtype, sms, hip)
+    if M > MAX_SPLIT_M:
+        return _prefill_tiles(cfg, epi, head_dim, dtype, hip)
+    return dict(cfg, BLOCK_M=16 if M <= 16 else 32 if M <= 32 else 64)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Kernel
+
+
+@triton.jit
+def _split_dot(x_ptr, stride_xm, g_ptr, w_rows, k_lo, k_hi, m, m_ok, row_ok, NORM: tl.constexpr,
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """One split: acc [BN, BM] = w[:, k_lo:k_hi] @ a[m, k_lo:k_hi]^T, one MMA chain from zero, k ascending; a = x
+    (NORM 0, 1) or x * g rounded (NORM 2); with NORM >= 1 also x's sum of squares over the range [BM]
+    (`fixed_sum0`). w_rows [BN, 1]: the tile's weight rows at their first column of this input."""
+    dtype = x_ptr.dtype.element_ty
+    x_rows = x_ptr + m[None, :].to(tl.int64) * stride_xm  # [1, BM]
+    kk = tl.arange(0, BLOCK_K)  # [BK]
+    acc = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)
+    sq = tl.zeros((BLOCK_K, BLOCK_M), tl.float32)  # lane k: the sum of x[m, k0 + k]^2 over the steps k0
+    for k0 in range(k_lo, k_hi, BLOCK_K):
+        ks = k0 + kk  # [BK]
+        k_ok = ks < k_hi  # [BK]
+        w = tl.load(w_rows + ks[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)  # [BN, BK]
+        xt = tl.load(x_rows + ks[:, None], mask=k_ok[:, None] & m_ok[None, :], other=0.0)  # [BK, BM]
+        if NORM >= 1:
+            xf = xt.to(tl.float32)  # [BK, BM]
+            sq += xf * xf
+            if NORM == 2:
+                g = tl.load(g_ptr + ks, mask=k_ok, other=0.0).to(tl.float32)  # [BK]
+                xt = (xf * g[:, None]).to(dtype)  # [BK, BM]
+        # "ieee": fp32 inputs stay fp32 (FMA dots, no tf32); bf16/fp16 take the tensor cores either way
+        acc = tl.dot(w, xt, acc, input_precision="ieee")  # [BN, BM]
+    if NORM >= 1:
+        return acc, fixed_sum0(sq, BLOCK_K, BLOCK_M)
+    return acc, tl.zeros((BLOCK_M,), tl.float32)
+
+
+@triton.jit
+def _input_sum(x_ptr, stride_xm, g_ptr, w_rows, K, SPLIT_K, s_lo, s_hi, m, m_ok, row_ok, NORM: tl.constexpr,
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Splits [s_lo, s_hi) of one input, in one program, added in split order from zero (the prefill path)."""
+    tot = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)
+    sq = tl.zeros((BLOCK_M,), tl.float32)
+    for s in range(s_lo, s_hi):
+        acc, q = _split_dot(x_ptr, stride_xm, g_ptr, w_rows, s * SPLIT_K, tl.minimum(s * SPLIT_K + SPLIT_K, K), m,
+                            m_ok, row_ok, NORM, BLOCK_M, BLOCK_N, BLOCK_K)  # [BN, BM], [BM]
+        tot += acc
+        sq += q
+    return tot, sq
+
+
+@triton.jit
+def _partial_sum(ws_ptr, base, s_lo, s_hi, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The workspace's partials of splits [s_lo, s_hi) of one tile, added in split order from zero: ([BN, BM], [BM]).
+    base: the tile's first partial; a split's record is BN * BM products, then BM sums of squares."""
+    rec: tl.constexpr = BLOCK_N * BLOCK_M + BLOCK_M
+    r = tl.arange(0, BLOCK_N)[:, None] * BLOCK_M + tl.arange(0, BLOCK_M)[None, :]  # [BN, BM]
+    tot = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)
+    sq = tl.zeros((BLOCK_M,), tl.float32)
+    for s in range(s_lo, s_hi):
+        p = ws_ptr + base + s * rec
+        # .cg: another program wrote these; read them from L2, never from a stale L1 line
+        tot += tl.load(p + r, cache_modifier=".cg")
+        sq += tl.load(p + BLOCK_N * BLOCK_M + tl.arange(0, BLOCK_M), cache_modifier=".cg")
+    return tot, sq
+
+
+@triton.jit
+def _proj_kernel(
+    x_ptr, x2_ptr, g_ptr, g2_ptr, w_ptr, b_ptr, res_ptr, out_ptr, ws_ptr, cnt_ptr,
+    pos_ptr, freq_ptr, slots_ptr, k_ptr, v_ptr,
+    M, N, K, K2, stride_xm, stride_x2m, stride_wn, stride_rm, stride_om, eps,
+    EPI: tl.constexpr, NORM: tl.constexpr, NORM2: tl.constexpr, TWO_INPUTS: tl.constexpr, HAS_BIAS: tl.constexpr,
+    HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, PRECISE_TRIG: tl.constexpr,
+    SPLITS: tl.constexpr, SPLIT_K, SPLITS2: tl.constexpr, SPLIT_K2, IN_PROGRAM: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """Grid: split-K (IN_PROGRAM false) n_tiles * (SPLITS + SPLITS2) * m_tiles programs, m fastest; prefill
+    (IN_PROGRAM) n_tiles * m_tiles, m fastest. ws / cnt: the split-K partials and per-tile arrival counters."""
+    pid = tl.program_id(0)
+    m_tiles = tl.cdiv(M, BLOCK_M)
+    n_splits: tl.constexpr = SPLITS + SPLITS2
+    pid_m = pid % m_tiles
+    if IN_PROGRAM:
+        pid_n = pid // m_tiles
+        split = 0
+    else:
+        split = (pid // m_tiles) % n_splits
+        pid_n = pid // (m_tiles * n_splits)
+    HALF: tl.constexpr = BLOCK_N // 2
+    r = tl.arange(0, BLOCK_N)  # [BN] the tile's accumulator rows
+    n0 = pid_n * BLOCK_N
+    pair = False  # rows interleaved in pairs (even r: first of the pair)
+    if EPI == 2:  # gate j, up j; N = 2I
+        j = pid_n * HALF + r // 2  # [BN] the output column of the pair
+        wrow = j + (r % 2) * (N // 2)  # [BN]
+        row_ok = j < N // 2  # [BN]
+    elif EPI == 3:  # q and k heads: dims i and i + D/2 of head n0 // D; v heads: plain rows
+        pair = n0 < (HQ + HKV) * D
+        i = (n0 % D) // 2 + r // 2  # [BN] the rotary frequency index
+        wrow = tl.where(pair, (n0 // D) * D + i + (r % 2) * (D // 2), n0 + r)  # [BN]
+        row_ok = wrow < N  # [BN]
+    else:
+        wrow = n0 + r  # [BN]
+        row_ok = wrow < N  # [BN]
+    m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # [BM]
+    m_ok = m < M  # [BM]
+    w_rows = w_ptr + wrow[:, None].to(tl.int64) * stride_wn  # [BN, 1]
+
+    # ---- the reduction: (tot, sq) of input 1 and (tot2, sq2) of input 2, each in split order from zero
+    if IN_PROGRAM:
+        tot, sq = _input_sum(x_ptr, stride_xm, g_ptr, w_rows, K, SPLIT_K, 0, SPLITS, m, m_ok, row_ok, NORM,
+                             BLOCK_M, BLOCK_N, BLOCK_K)  # [BN, BM], [BM]
+        tot2, sq2 = tot, sq
+        if TWO_INPUTS:
+            tot2, sq2 = _input_sum(x2_ptr, stride_x2m, g2_ptr, w_rows + K, K2, SPLIT_K2, 0, SPLITS2, m, m_ok,
+                                   row_ok, NORM2, BLOCK_M, BLOCK_N, BLOCK_K)  # [BN, BM], [BM]
+        _epilogue(tot, sq, tot2, sq2, out_ptr, b_ptr, res_ptr, pos_ptr, freq_ptr, slots_ptr, k_ptr, v_ptr, M, N, K,
+                  K2, stride_rm, stride_om, eps, pid_n, m, m_ok, r, wrow, row_ok, pair, n0, EPI, NORM, NORM2,
+                  TWO_INPUTS, HAS_BIAS, HQ, HKV, D, PRECISE_TRIG, BLOCK_M, BLOCK_N)
+    elif n_splits == 1:
+        tot, sq = _split_dot(x_ptr, stride_xm, g_ptr, w_rows, 0, K, m, m_ok, row_ok, NORM, BLOCK_M, BLOCK_N,
+                             BLOCK_K)  # [BN, BM], [BM]
+        _epilogue(tot, sq, tot, sq, out_ptr, b_ptr, res_ptr, pos_ptr, freq_ptr, slots_ptr, k_ptr, v_ptr, M, N, K,
+                  K2, stride_rm, stride_om, eps, pid_n, m, m_ok, r, wrow, row_ok, pair, n0, EPI, NORM, NORM2,
+                  TWO_INPUTS, HAS_BIAS, HQ, HKV, D, PRECISE_TRIG, BLOCK_M, BLOCK_N)
+    else:
+        if split < SPLITS:
+            acc, q = _split_dot(x_ptr, stride_xm, g_ptr, w_rows, split * SPLIT_K,
+                                tl.minimum(split * SPLIT_K + SPLIT_K, K), m, m_ok, row_ok, NORM, BLOCK_M, BLOCK_N,
+                                BLOCK_K)  # [BN, BM], [BM]
+        else:
+            s2 = split - SPLITS
+            acc, q = _split_dot(x2_ptr, stride_x2m, g2_ptr, w_rows + K, s2 * SPLIT_K2,
+                                tl.minimum(s2 * SPLIT_K2 + SPLIT_K2, K2), m, m_ok, row_ok, NORM2, BLOCK_M, BLOCK_N,
+                                BLOCK_K)  # [BN, BM], [BM]
+        rec: tl.constexpr = BLOCK_N * BLOCK_M + BLOCK_M
+        tile = pid_n * m_tiles + pid_m
+        base = tile.to(tl.int64) * (n_splits * rec)
+        p = ws_ptr + base + split * rec
+        tl.store(p + r[:, None] * BLOCK_M + tl.arange(0, BLOCK_M)[None, :], acc)
+        tl.store(p + BLOCK_N * BLOCK_M + tl.arange(0, BLOCK_M), q)
+        # Every thread's partial stores precede the arrival (the barrier), which releases them at GPU scope; the last
+        # program to arrive acquires them all, adds them in split order and runs the epilogue.
+        tl.debug_barrier()
+        arrived = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel", scope="gpu")
+        if arrived == n_splits - 1:
+            tl.store(cnt_ptr + tile, 0)  # ready for the next launch (graph replays included)
+            tot, sq = _partial_sum(ws_ptr, base, 0, SPLITS, BLOCK_M, BLOCK_N)  # [BN, BM], [BM]
+            tot2, sq2 = tot, sq
+            if TWO_INPUTS:
+                tot2, sq2 = _partial_sum(ws_ptr, base, SPLITS, n_splits, BLOCK_M, BLOCK_N)  # [BN, BM], [BM]
+            _epilogue(tot, sq, tot2, sq2, out_ptr, b_ptr, res_ptr, pos_ptr, freq_ptr, slots_ptr, k_ptr, v_ptr, M, N, K,
+                      K2, stride_rm, stride_om, eps, pid_n, m, m_ok, r, wrow, row_ok, pair, n0, EPI, NORM, NORM2,
+                      TWO_INPUTS, HAS_BIAS, HQ, HKV, D, PRECISE_TRIG, BLOCK_M, BLOCK_N)
+
+
+@triton.jit
+def _epilogue(tot, sq, tot2, sq2, out_ptr, b_ptr, res_ptr, pos_ptr, freq_ptr, slots_ptr, k_ptr, v_ptr, M, N, K, K2,
+              stride_rm, stride_om, eps, pid_n, m, m_ok, r, wrow, row_ok, pair, n0,
+              EPI: tl.constexpr, NORM: tl.constexpr, NORM2: tl.constexpr, TWO_INPUTS: tl.constexpr,
+              HAS_BIAS: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr,
+              PRECISE_TRIG: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """y = the tile's projection [BM, BN] from the reduced sums (tot [BN, BM] and x's sum of squares sq [BM]; tot2 /
+    sq2 the second input's), rounded as the references round, then the epilogue's op and store."""
+    dtype = out_ptr.dtype.element_ty
+    HALF: tl.constexpr = BLOCK_N // 2
+    y = tl.trans(tot)  # [BM, BN]
+    if EPI == 1:  # res + product (+ bias), one rounding
+        if HAS_BIAS:
+            y += tl.load(b_ptr + wrow, mask=row_ok, other=0.0).to(tl.float32)[None, :]  # [BM, BN]
+        mask = m_ok[:, None] & row_ok[None, :]  # [BM, BN]
+        res = tl.load(res_ptr + m[:, None].to(tl.int64) * stride_rm + wrow[None, :], mask=mask, other=0.0)  # [BM, BN]
+        offs = m[:, None].to(tl.int64) * stride_om + wrow[None, :]  # [BM, BN]
+        tl.store(out_ptr + offs, (res.to(tl.float32) + y).to(dtype), mask=mask)
+    else:
+        y = y.to(dtype).to(tl.float32)  # the product rounded, as F.linear rounds it
+        if NORM >= 1:
+            y = y * tl.math.rsqrt(sq / K + eps)[:, None]  # [BM, BN]
+        if TWO_INPUTS:
+            y2 = tl.trans(tot2).to(dtype).to(tl.float32)  # [BM, BN]
+            if NORM2 >= 1:
+                y2 = y2 * tl.math.rsqrt(sq2 / K2 + eps)[:, None]  # [BM, BN]
+            y = y + y2  # [BM, BN]
+        y = y.to(dtype).to(tl.float32)  # [BM, BN]
+        if HAS_BIAS:
+            y = (y + tl.load(b_ptr + wrow, mask=row_ok, other=0.0).to(tl.float32)[None, :]).to(dtype).to(tl.float32)
+        if EPI == 0:
+            offs = m[:, None].to(tl.int64) * stride_om + wrow[None, :]  # [BM, BN]
+            tl.store(out_ptr + offs, y.to(dtype), mask=m_ok[:, None] & row_ok[None, :])
+        elif EPI == 2:
+            g, u = tl.split(tl.reshape(y, (BLOCK_M, HALF, 2)))  # [BM, HALF] each
+            s = (g / (1.0 + tl.exp(-g))).to(dtype).to(tl.float32)  # torch rounds silu before the multiply
+            cols = pid_n * HALF + tl.arange(0, HALF)  # [HALF]
+            offs = m[:, None].to(tl.int64) * stride_om + cols[None, :]  # [BM, HALF]
+            tl.store(out_ptr + offs, (s * u).to(dtype), mask=m_ok[:, None] & (cols < N // 2)[None, :])
+        else:
+            slot = tl.load(slots_ptr + m, mask=m_ok, other=0).to(tl.int64)  # [BM]
+            if pair:
+                x1, x2 = tl.split(tl.reshape(y, (BLOCK_M, HALF, 2)))  # [BM, HALF]: dims i and i + D/2
+                fi = (n0 % D) // 2 + tl.arange(0, HALF)  # [HALF]
+                pos = tl.load(pos_ptr + m, mask=m_ok, other=0).to(tl.float32)  # [BM]
+                angle = pos[:, None] * tl.load(freq_ptr + fi)[None, :]  # [BM, HALF]; one fp32 product, as torch
+                if PRECISE_TRIG:  # libdevice's full range reduction (angles reach ~1e5 rad); see kernels/rope.py
+                    cos = libdevice.cos(angle)  # [BM, HALF]
+                    sin = libdevice.sin(angle)  # [BM, HALF]
+                else:  # the interpreter has no libdevice; its numpy cos/sin are accurate
+                    cos = tl.cos(angle)  # [BM, HALF]
+                    sin = tl.sin(angle)  # [BM, HALF]
+                o1 = x1 * cos - x2 * sin  # [BM, HALF]
+                o2 = x2 * cos + x1 * sin  # [BM, HALF]
+                head = n0 // D
+                if head < HQ:
+                    q_dst = out_ptr + m[:, None].to(tl.int64) * (HQ * D) + head * D + fi[None, :]  # [BM, HALF]
+                    tl.store(q_dst, o1.to(dtype), mask=m_ok[:, None])
+                    tl.store(q_dst + D // 2, o2.to(dtype), mask=m_ok[:, None])
+                else:
+                    cache_dtype = k_ptr.dtype.element_ty
+                    k_dst = k_ptr + slot[:, None] * (HKV * D) + (head - HQ) * D + fi[None, :]  # [BM, HALF]
+                    tl.store(k_dst, o1.to(dtype).to(cache_dtype), mask=m_ok[:, None])
+                    tl.store(k_dst + D // 2, o2.to(dtype).to(cache_dtype), mask=m_ok[:, None])
+            else:
+                v_dst = v_ptr + slot[:, None] * (HKV * D) + (n0 - (HQ + HKV) * D + r)[None, :]  # [BM, BN]
+                tl.store(v_dst, y.to(v_ptr.dtype.element_ty), mask=m_ok[:, None])
+
+
+# ----------------------------------------------------------------------------------------------------
+# Launchers
+
+
+_COUNTERS: dict = {}  # device -> int32 arrival counters, zero between launches
+
+
+def _counters(device: torch.device, n: int) -> torch.Tensor:
+    """The split-K arrival counters of a device (each launch leaves them at zero). One buffer per device: eaglet runs
+    projections on one stream per device (the stream plan's side stream runs no projection); two launches that
+    overlap on two streams would need two buffers."""
+    buf = _COUNTERS.get(device)
+    if buf is None or buf.numel() < n:
+        if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("projection counters must be allocated before CUDA-graph capture: run the graph's "
+                               "shapes once eagerly first (the engines' warm-up does)")
+        buf = torch.zeros(max(n, 4096), dtype=torch.int32, device=device)
+        _COUNTERS[device] = buf
+    return buf
+
+
+def _check(name: str, t: torch.Tensor, shape: tuple, x: torch.Tensor) -> None:
+    if tuple(t.shape) != shape:
+        raise ValueError(f"{name} must have shape {list(shape)}, got {list(t.shape)}")
+    if t.dtype != x.dtype:
+        raise ValueError(f"{name} dtype {t.dtype} != input dtype {x.dtype}: cast {name} to {x.dtype}")
+    if t.device != x.device:
+        raise ValueError(f"{name} is on {t.device}, the input on {x.device}: move it to {x.device}")
+
+
+def _check_rows(name: str, x: torch.Tensor) -> None:
+    if x.dim() != 2 or x.shape[1] == 0:
+        raise ValueError(f"{name} must be [M, K] with K >= 1, got shape {list(x.shape)}")
+    if x.dtype not in _FLOAT_DTYPES:
+        raise ValueError(f"{name} must be float32/bfloat16/float16, got {x.dtype}")
+
+
+def _check_proj(x, weight, bias=None, norm_weight=None, x2=None, norm_weight2=None, x_name: str = "x") -> None:
+    """x [M, K] (and x2 [M, K2]) float, weight [N, K (+ K2)] row-major, bias [N], norm weights [K] / [K2], all in x's
+    dtype on x's device."""
+    _check_rows(x_name, x)
+    K = x.shape[1]
+    if x2 is not None:
+        _check_rows("x2", x2)
+        if x2.shape[0] != x.shape[0] or x2.dtype != x.dtype or x2.device != x.device:
+            raise ValueError(f"x2 must be [M, K2] with M = {x.shape[0]} rows, {x.dtype} on {x.device} like x, got "
+                             f"{list(x2.shape)} {x2.dtype} on {x2.device}")
+        K += x2.shape[1]
+    if weight.dim() != 2 or weight.shape[0] == 0 or weight.shape[1] != K:
+        raise ValueError(f"weight must be [N, {K}] with N >= 1 (nn.Linear layout), got shape {list(weight.shape)}")
+    _check("weight", weight, tuple(weight.shape), x)
+    if weight.stride(1) != 1:
+        raise ValueError(f"weight must be row-major (stride 1 along K), got strides {weight.stride()}: "
+                         "call .contiguous() once at load time, not per call")
+    if bias is not None:
+        _check("bias", bias, (weight.shape[0],), x)
+    for name, g, width in (("norm_weight", norm_weight, K if x2 is None else x.shape[1]),
+                           ("norm_weight2", norm_weight2, None if x2 is None else x2.shape[1])):
+        if isinstance(g, str) and g != FOLDED:
+            raise ValueError(f"{name} must be a tensor, None or projection.FOLDED, got {g!r}")
+        if _norm_mode(g) == 2:
+            _check(name, g, (width,), x)
+
+
+def _tensors(*ts) -> list[torch.Tensor]:
+    return [t for t in ts if isinstance(t, torch.Tensor)]
+
+
+def _norm_mode(norm_weight) -> int:
+    """The kernel's NORM: 0 no norm, 1 the norm's weight folded into the projection (FOLDED), 2 a norm weight."""
+    return 0 if norm_weight is None else 1 if isinstance(norm_weight, str) else 2
+
+
+def _rows(t: torch.Tensor) -> torch.Tensor:
+    return t if t.stride(1) == 1 else t.contiguous()
+
+
+def _launch(epi: int, x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, *, norm_weight=None, eps: float = 0.0,
+            x2=None, norm_weight2=None, bias=None, res=None, rope: tuple = (), heads: tuple = (1, 1, 1),
+            cfg: dict | None = None) -> None:
+    """Run `_proj_kernel`; res: the residual the add epilogue reads (out itself when None: in place). cfg: a launch
+    config instead of the table's (benchmarks)."""
+    two = x2 is not None
+    x = _rows(x)
+    x2 = _rows(x2) if two else x
+    res = out if res is None else res
+    positions, inv_freq, out_slots, k_cache, v_cache = rope or (x, x, x, x, x)  # dummies without RoPE
+    hq, hkv, d = heads
+    M, K = x.shape
+    N = weight.shape[0]
+    K2 = x2.shape[1] if two else 0
+    if cfg is None:
+        cfg = launch_config(N, K, M, epi, x.dtype, x.device, d)
+    cfg = dict(cfg)
+    splits, split_k = cfg.pop("SPLITS"), cfg.pop("SPLIT_K")
+    splits2, split_k2 = 0, 1
+    if two:
+        c2 = launch_config(N, K2, M, epi, x.dtype, x.device, d)
+        splits2, split_k2 = c2["SPLITS"], c2["SPLIT_K"]
+    block_m, block_n = cfg["BLOCK_M"], cfg["BLOCK_N"]
+    in_program = M > MAX_SPLIT_M
+    m_tiles, n_tiles = triton.cdiv(M, block_m), triton.cdiv(N, block_n)
+    n_splits = splits + splits2
+    ws = cnt = out
+    if not in_program and n_splits > 1:
+        ws = torch.empty(n_tiles * m_tiles * n_splits * (block_n * block_m + block_m), dtype=torch.float32,
+                         device=x.device)
+        cnt = _counters(x.device, n_tiles * m_tiles)
+    grid = (n_tiles * m_tiles * (1 if in_program else n_splits),)
+    _proj_kernel[grid](
+        x, x2, norm_weight if _norm_mode(norm_weight) == 2 else x, norm_weight2 if _norm_mode(norm_weight2) == 2 else x,
+        weight,
+        weight if bias is None else bias, res, out, ws, cnt, positions, inv_freq, out_slots, k_cache, v_cache,
+        M, N, K, K2, x.stride(0), x2.stride(0), weight.stride(0), res.stride(0), out.stride(0), float(eps),
+        EPI=epi, NORM=_norm_mode(norm_weight), NORM2=_norm_mode(norm_weight2), TWO_INPUTS=two,
+        HAS_BIAS=bias is not None, HQ=hq, HKV=hkv, D=d, PRECISE_TRIG=not is_interpret(),
+        SPLITS=splits, SPLIT_K=split_k, SPLITS2=splits2, SPLIT_K2=split_k2, IN_PROGRAM=in_program, **cfg,
+    )
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+           norm_weight: torch.Tensor | None = None, eps: float = 0.0, cfg: dict | None = None) -> torch.Tensor:
+    """x [M, K] @ weight [N, K].T (+ bias [N]) -> [M, N]; with norm_weight [K]: rmsnorm(x) (eps) @ weight.T, the norm
+    fused (module doc). Any row stride; weight row-major; all in x's dtype."""
+    _check_proj(x, weight, bias, norm_weight)
+    if not use_triton(x, weight, *_tensors(bias, norm_weight)):
+        return linear_ref(x, weight, bias, norm_weight, eps)
+    out = torch.empty(x.shape[0], weight.shape[0], dtype=x.dtype, device=x.device)  # [M, N]
+    if x.shape[0]:
+        _launch(_PLAIN, x, weight, out, norm_weight=norm_weight, eps=eps, bias=bias, cfg=cfg)
+    return out
+
+
+def qkv_rope_store(x, norm_weight, weight, bias, positions, inv_freq, k_cache, v_cache, out_slots, n_heads: int,
+                   n_kv_heads: int, head_dim: int, eps: float, x2=None, norm_weight2=None,
+                   cfg: dict | None = None) -> torch.Tensor:
+    """The qkv projection of rmsnorm(x) (x [M, H], norm_weight [H]; None: of x itself), weight
+    [(Hq + 2 Hkv) D, H], bias or None, then RoPE on q and k (positions [M], inv_freq [D/2] fp32), k and v stored at
+    out_slots [M] of k_cache / v_cache ([slots, Hkv, D] or paged); returns q [M, Hq, D]. With x2 [M, H2] (and
+    norm_weight2): the projection of cat(rmsnorm(x), rmsnorm(x2)), weight [(Hq + 2 Hkv) D, H + H2], an EAGLE-3
+    midlayer's. head_dim a multiple of 64 (a 64-row tile holds 32 rotary pairs of one head)."""
+    _check_proj(x, weight, bias, norm_weight, x2, norm_weight2)
+    qkv_like = x[:, :1].expand(x.shape[0], weight.shape[0])  # [M, (Hq+2Hkv)*D]: rope's checks, no data
+    _rope._check_args(qkv_like, positions, inv_freq, k_cache, v_cache, out_slots, n_heads, n_kv_heads, head_dim,
+                      None, None, None)
+    if head_dim % 64:
+        raise ValueError(f"qkv_rope_store needs head_dim a multiple of 64, got {head_dim}")
+    tensors = _tensors(bias, norm_weight, x2, norm_weight2)
+    if not use_triton(x, weight, positions, inv_freq, k_cache, v_cache, out_slots, *tensors):
+        return qkv_rope_store_ref(x, norm_weight, weight, bias, positions, inv_freq, k_cache, v_cache, out_slots,
+                                  n_heads, n_kv_heads, head_dim, eps, x2, norm_weight2)
+    q = torch.empty(x.shape[0], n_heads, head_dim, dtype=x.dtype, device=x.device)  # [M, Hq, D]
+    if x.shape[0]:
+        _launch(_ROPE, x, weight, q, norm_weight=norm_weight, eps=eps, x2=x2, norm_weight2=norm_weight2, bias=bias,
+                rope=(positions.contiguous(), inv_freq.contiguous(), out_slots.contiguous(), k_cache, v_cache),
+                heads=(n_heads, n_kv_heads, head_dim), cfg=cfg)
+    return q
+
+
+def gate_up_silu(x: torch.Tensor, norm_weight: torch.Tensor, weight: torch.Tensor, eps: float,
+                 cfg: dict | None = None) -> torch.Tensor:
+    """silu(gate) * up of the gate_up projection of rmsnorm(x): x [M, H], norm_weight [H], weight [2I, H] (gate rows,
+    then up rows) -> [M, I]."""
+    _check_proj(x, weight, None, norm_weight)
+    if weight.shape[0] % 2:
+        raise ValueError(f"weight must be [2I, H] (gate rows, then up rows), got {weight.shape[0]} rows")
+    if not use_triton(x, weight, *_tensors(norm_weight)):
+        return gate_up_silu_ref(x, norm_weight, weight, eps)
+    out = torch.empty(x.shape[0], weight.shape[0] // 2, dtype=x.dtype, device=x.device)  # [M, I]
+    if x.shape[0]:
+        _launch(_SILU, x, weight, out, norm_weight=norm_weight, eps=eps, cfg=cfg)
+    return out
+
+
+def _check_add(name: str, t: torch.Tensor, a: torch.Tensor, weight: torch.Tensor) -> None:
+    if tuple(t.shape) != (a.shape[0], weight.shape[0]) or t.dtype != a.dtype or t.device != a.device:
+        raise ValueError(f"{name} must be [M, N] = [{a.shape[0]}, {weight.shape[0]}] {a.dtype} on {a.device}, got "
+                         f"{list(t.shape)} {t.dtype} on {t.device}")
+    if t.stride(1) != 1:
+        raise ValueError(f"{name} must have unit stride along N, got strides {t.stride()}")
+
+
+def linear_add_(out: torch.Tensor, a: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                cfg: dict | None = None) -> torch.Tensor:
+    """out [M, N] += a [M, K] @ weight [N, K].T (+ bias) in place, one rounding per element (the residual adds of
+    o_proj and down); returns out."""
+    _check_proj(a, weight, bias, x_name="a")
+    _check_add("out", out, a, weight)
+    if not use_triton(a, weight, out, *([bias] if bias is not None else [])):
+        return out.copy_(linear_add_ref(out, a, weight, bias))
+    if a.shape[0]:
+        _launch(_ADD, a, weight, out, bias=bias, cfg=cfg)
+    return out
+
+
+def linear_add(res: torch.Tensor, a: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+               cfg: dict | None = None) -> torch.Tensor:
+    """res [M, N] + a [M, K] @ weight [N, K].T (+ bias) as a new tensor [M, N]: `linear_add_` for a residual the caller
+    still needs (a draft layer's input)."""
+    _check_proj(a, weight, bias, x_name="a")
+    _check_add("res", res, a, weight)
+    if not use_triton(a, weight, res, *([bias] if bias is not None else [])):
+        return linear_add_ref(res, a, weight, bias)
+    out = torch.empty(res.shape, dtype=res.dtype, device=res.device)  # [M, N]
+    if a.shape[0]:
+        _launch(_ADD, a, weight, out, bias=bias, res=res, cfg=cfg)
+    return out

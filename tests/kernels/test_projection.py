@@ -1,0 +1,267 @@
+"""The batch-invariant projections (kernels/projection.py) against their torch references, and the property they
+exist for: a row's result is bit-identical whatever else is in the call (M = 1, 2, 7, 8, 16, 37, 64 on the split-K
+grid, a 513-row prefill on the wide tiles), with splits of K and without.
+
+On CPU run with TRITON_INTERPRET=1 (CI does): fp32, the Triton kernel itself. On a GPU the same tests run there, plus
+bf16 / fp16 at SmolLM2-135M's and Llama-3.1-8B's shapes with the launch table's own configs.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from eaglet.kernels import projection as P
+from kernel_testing import CUDA, DEVICE, gpu_only, needs_kernel, rel_err
+
+EPS = 1e-6
+MAX_POS = 131072  # angles up to ~1.3e5 rad: the cos/sin range reduction
+INVARIANT_MS = (1, 2, 7, 8, 16, 37, 64, 513)  # decode, verify sizes, the split grid's limit, a prefill
+
+
+def rows(M, K, gen, dtype):
+    """Residual-stream-like rows of very different norms [M, K] (the norm's row scale matters)."""
+    return (torch.randn(M, K, generator=gen) * torch.rand(M, 1, generator=gen).mul(8).add(0.1)).to(DEVICE, dtype)
+
+
+def mat(N, K, gen, dtype):
+    return (torch.randn(N, K, generator=gen) * K**-0.5).to(DEVICE, dtype)  # [N, K]
+
+
+def vec(K, gen, dtype, lo=0.5):
+    return (torch.rand(K, generator=gen) + lo).to(DEVICE, dtype)  # [K]
+
+
+def cfg(N, K, M, splits, block_k=64):
+    """A launch config with `splits` splits of K (the interpreter's table would not split small K)."""
+    split_k = -(-(-(-K // splits)) // block_k) * block_k
+    return dict(BLOCK_N=64, BLOCK_K=block_k, SPLITS=-(-K // split_k), SPLIT_K=split_k, num_warps=4, num_stages=2,
+                BLOCK_M=16 if M <= 16 else 32 if M <= 32 else 64)
+
+
+def rope_args(M, Hq, Hkv, D, gen, dtype, spare=5):
+    """positions, inv_freq and caches holding junk (misplaced or missing writes show), slots a permutation."""
+    S = M + spare
+    return dict(
+        positions=torch.randint(0, MAX_POS, (M,), generator=gen).to(DEVICE),  # [M]
+        inv_freq=(1.0 / 5e5 ** (torch.arange(0, D, 2, dtype=torch.float64) / D)).float().to(DEVICE),  # [D/2]
+        k_cache=torch.randn(S, Hkv, D, generator=gen).to(DEVICE, dtype),  # [S, Hkv, D]
+        v_cache=torch.randn(S, Hkv, D, generator=gen).to(DEVICE, dtype),  # [S, Hkv, D]
+        out_slots=torch.randperm(S, generator=gen)[:M].to(DEVICE),  # [M]
+        n_heads=Hq, n_kv_heads=Hkv, head_dim=D,
+    )
+
+
+def run_qkv(fn, x, g, w, b, ra, **kw):
+    a = dict(ra, k_cache=ra["k_cache"].clone(), v_cache=ra["v_cache"].clone())
+    q = fn(x, g, w, b, a["positions"], a["inv_freq"], a["k_cache"], a["v_cache"], a["out_slots"], a["n_heads"],
+           a["n_kv_heads"], a["head_dim"], EPS, **kw)
+    return q, a["k_cache"], a["v_cache"]
+
+
+def tol(dtype):
+    # fp32: summation order only. bf16: a rounding of the product (2^-8) may flip between two fp32 orders
+    return 1e-5 if dtype == torch.float32 else 1e-2
+
+
+# (M, N, K, splits): K tails of the 64-wide tile, N tails of the 64-row tile, split-K on and off, a prefill
+SHAPES = [
+    pytest.param(1, 96, 200, 1, id="M1-ktail"),
+    pytest.param(5, 130, 320, 3, id="M5-ntail-split3"),
+    pytest.param(20, 192, 256, 2, id="M20-two-mtiles"),
+    pytest.param(70, 64, 192, 3, id="M70-prefill-tiles"),
+]
+
+
+@needs_kernel
+@pytest.mark.parametrize("M,N,K,splits", SHAPES)
+def test_linear_and_adds_match_reference(M, N, K, splits):
+    gen = torch.Generator().manual_seed(M * 7 + N)
+    x, w, g, b = rows(M, K, gen, torch.float32), mat(N, K, gen, torch.float32), vec(K, gen, torch.float32), \
+        vec(N, gen, torch.float32, -0.5)
+    c = cfg(N, K, M, splits)
+    assert rel_err(P.linear(x, w, cfg=c), P.linear_ref(x, w)) < 1e-5
+    assert rel_err(P.linear(x, w, b, g, EPS, cfg=c), P.linear_ref(x, w, b, g, EPS)) < 1e-5
+    res = rows(M, N, gen, torch.float32)
+    want = P.linear_add_ref(res, x, w, b)
+    got = P.linear_add(res, x, w, b, cfg=c)
+    assert rel_err(got, want) < 1e-5 and not torch.equal(got, res)
+    out = res.clone()
+    assert P.linear_add_(out, x, w, cfg=c) is out
+    assert rel_err(out, P.linear_add_ref(res, x, w)) < 1e-5
+    x_strided = torch.cat([x, x], dim=1)[:, :K]  # rows with a stride != K
+    assert torch.equal(P.linear(x_strided, w, cfg=c), P.linear(x, w, cfg=c))
+
+
+@needs_kernel
+@pytest.mark.parametrize("M,N,K,splits", SHAPES)
+def test_gate_up_silu_matches_reference(M, N, K, splits):
+    gen = torch.Generator().manual_seed(M + K)
+    x, w, g = rows(M, K, gen, torch.float32), mat(2 * N, K, gen, torch.float32), vec(K, gen, torch.float32)
+    got = P.gate_up_silu(x, g, w, EPS, cfg=cfg(2 * N, K, M, splits))
+    assert got.shape == (M, N)
+    assert rel_err(got, P.gate_up_silu_ref(x, g, w, EPS)) < 1e-5
+    swapped = torch.cat([w[N:], w[:N]])  # gate and up exchanged: a different function
+    assert rel_err(P.gate_up_silu(x, g, swapped, EPS, cfg=cfg(2 * N, K, M, splits)), got) > 1e-2
+
+
+# (M, H, Hq, Hkv, D, bias, two inputs, splits)
+QKV_SHAPES = [
+    pytest.param(8, 200, 3, 1, 64, False, False, 1, id="M8-H200-D64"),
+    pytest.param(1, 256, 4, 1, 128, True, False, 2, id="M1-D128-bias-split"),
+    pytest.param(16, 192, 9, 3, 64, False, True, 2, id="M16-eagle3-two-inputs"),
+    pytest.param(66, 128, 2, 1, 64, False, False, 2, id="M66-prefill-tiles"),
+]
+
+
+@needs_kernel
+@pytest.mark.parametrize("M,H,Hq,Hkv,D,bias,two,splits", QKV_SHAPES)
+def test_qkv_rope_store_matches_reference(M, H, Hq, Hkv, D, bias, two, splits):
+    gen = torch.Generator().manual_seed(M + H)
+    dt = torch.float32
+    x, g = rows(M, H, gen, dt), vec(H, gen, dt)
+    N = (Hq + 2 * Hkv) * D
+    w = mat(N, 2 * H if two else H, gen, dt)
+    b = vec(N, gen, dt, -0.5) if bias else None
+    kw = dict(x2=rows(M, H, gen, dt), norm_weight2=vec(H, gen, dt)) if two else {}
+    ra = rope_args(M, Hq, Hkv, D, gen, dt)
+    got = run_qkv(P.qkv_rope_store, x, g, w, b, ra, cfg=cfg(N, H, M, splits), **kw)
+    want = run_qkv(P.qkv_rope_store_ref, x, g, w, b, ra, **kw)
+    for o, r in zip(got, want):
+        assert rel_err(o, r) < 1e-5
+    untouched = torch.ones(ra["k_cache"].shape[0], dtype=torch.bool)
+    untouched[ra["out_slots"].cpu()] = False
+    assert torch.equal(got[1][untouched.to(DEVICE)], ra["k_cache"][untouched.to(DEVICE)])
+    if two:  # each input has its own 1/rms: scaling x2 alone leaves rmsnorm(x2), so the result, as it is
+        kw2 = dict(kw, x2=kw["x2"] * 3)
+        other = run_qkv(P.qkv_rope_store, x, g, w, b, ra, cfg=cfg(N, H, M, splits), **kw2)
+        assert rel_err(other[0], got[0]) < 1e-5
+
+
+@needs_kernel
+@pytest.mark.parametrize("splits", [1, 3])
+def test_rows_are_bit_identical_across_m(splits):
+    """Every function's row m is the same bits whatever M is (the split grid up to 64 rows, the wide prefill tiles
+    above), and equals that row computed alone: what makes a verify compute its tokens as decoding does."""
+    gen = torch.Generator().manual_seed(splits)
+    dt = torch.bfloat16 if CUDA else torch.float32
+    H, Hq, Hkv, D, I = 192, 3, 1, 64, 160
+    big = max(INVARIANT_MS)
+    x, g, g2 = rows(big, H, gen, dt), vec(H, gen, dt), vec(H, gen, dt)
+    wqkv, wgu, wd = mat((Hq + 2 * Hkv) * D, 2 * H, gen, dt), mat(2 * I, H, gen, dt), mat(H, I, gen, dt)
+    a = rows(big, I, gen, dt)
+    e = rows(big, H, gen, dt)
+    ra = rope_args(big, Hq, Hkv, D, gen, dt)
+
+    def every(M):
+        c = lambda n, k: cfg(n, k, M, splits)  # noqa: E731
+        r = {k: (v[:M] if k in ("positions", "out_slots") else v) for k, v in ra.items()}
+        q, kc, vc = run_qkv(P.qkv_rope_store, e[:M], g, wqkv, None, r, x2=x[:M], norm_weight2=g2,
+                            cfg=c(wqkv.shape[0], H))
+        slots = r["out_slots"]
+        return dict(
+            lin=P.linear(x[:M], wd.t().contiguous(), None, g, EPS, cfg=c(I, H)),
+            add=P.linear_add(x[:M], a[:M], wd, cfg=c(H, I)),
+            silu=P.gate_up_silu(x[:M], g, wgu, EPS, cfg=c(2 * I, H)),
+            q=q, k=kc[slots], v=vc[slots],
+        )
+
+    full = every(big)
+    for M in INVARIANT_MS[:-1]:
+        part = every(M)
+        for name, t in part.items():
+            assert torch.equal(t, full[name][:M]), (name, M)
+    if CUDA:  # the table's own configs too (cfg=None), at both regimes
+        one = P.gate_up_silu(x[:1], g, wgu, EPS)
+        assert torch.equal(one, P.gate_up_silu(x, g, wgu, EPS)[:1])
+
+
+def test_config_depends_on_the_weight_only():
+    """The launch table: the reduction plan (the splits and the K tile: what fixes an element's order) is one per
+    weight shape, never per M (the row tiles may differ); more splits where the weight has few row tiles."""
+    dev = torch.device("cpu")
+    for N, K in [(6144, 4096), (4096, 14336), (960, 576)]:
+        plans = {(c["SPLITS"], c["SPLIT_K"], c["BLOCK_K"])
+                 for M in (1, 8, 64, 2048) for c in [P.launch_config(N, K, M, P._PLAIN, torch.bfloat16, dev)]}
+        assert len(plans) == 1, (N, K, plans)
+    few = P._config(4096, 14336, P._ADD, torch.bfloat16, 132, False)
+    many = P._config(28672, 4096, P._SILU, torch.bfloat16, 132, False)
+    assert few["SPLITS"] > 1 and many["SPLITS"] == 1
+    assert few["SPLITS"] * few["SPLIT_K"] >= 14336 > (few["SPLITS"] - 1) * few["SPLIT_K"]
+
+
+@needs_kernel
+def test_bad_inputs():
+    x = torch.randn(4, 64, device=DEVICE)
+    w = torch.randn(32, 64, device=DEVICE)
+    with pytest.raises(ValueError, match="weight must be"):
+        P.linear(x, torch.randn(32, 63, device=DEVICE))
+    with pytest.raises(ValueError, match="row-major"):
+        P.linear(x, torch.randn(64, 32, device=DEVICE).t())
+    with pytest.raises(ValueError, match="norm_weight must have shape"):
+        P.linear(x, w, norm_weight=torch.ones(63, device=DEVICE))
+    with pytest.raises(ValueError, match="dtype"):
+        P.linear(x, w.double())
+    with pytest.raises(ValueError, match=r"out must be \[M, N\]"):
+        P.linear_add_(torch.zeros(4, 31, device=DEVICE), x, w)
+    with pytest.raises(ValueError, match="gate rows"):
+        P.gate_up_silu(x, torch.ones(64, device=DEVICE), torch.randn(31, 64, device=DEVICE), EPS)
+    with pytest.raises(ValueError, match="x2 must be"):
+        ra = rope_args(4, 1, 1, 64, torch.Generator().manual_seed(0), torch.float32)
+        run_qkv(P.qkv_rope_store, x, None, torch.randn(192, 128, device=DEVICE), None, ra,
+                x2=torch.randn(3, 64, device=DEVICE))
+
+
+# SmolLM2-135M and Llama-3.1-8B (H, I, Hq, Hkv, D)
+MODELS = {"smollm2": (576, 1536, 9, 3, 64), "llama3_8b": (4096, 14336, 32, 8, 128)}
+
+
+@gpu_only
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("model", list(MODELS))
+def test_model_shapes_gpu(model, dtype):
+    """The table's configs at the real shapes: close to the reference, and every row bit-identical across M
+    (decode 1, verify 8, the split grid's 64, a 513-token prefill) for all four block projections and the LM head."""
+    H, I, Hq, Hkv, D = MODELS[model]
+    gen = torch.Generator().manual_seed(0)
+    big = 513
+    x, g = rows(big, H, gen, dtype), vec(H, gen, dtype)
+    wqkv, wo = mat((Hq + 2 * Hkv) * D, H, gen, dtype), mat(H, Hq * D, gen, dtype)
+    wgu, wd = mat(2 * I, H, gen, dtype), mat(H, I, gen, dtype)
+    o, a = rows(big, Hq * D, gen, dtype), rows(big, I, gen, dtype)
+    ra = rope_args(big, Hq, Hkv, D, gen, dtype)
+
+    def every(M):
+        r = {k: (v[:M] if k in ("positions", "out_slots") else v) for k, v in ra.items()}
+        q, kc, vc = run_qkv(P.qkv_rope_store, x[:M], g, wqkv, None, r)
+        return dict(q=q, k=kc[r["out_slots"]], o=P.linear_add(x[:M], o[:M], wo), gu=P.gate_up_silu(x[:M], g, wgu, EPS),
+                    down=P.linear_add(x[:M], a[:M], wd))
+
+    full = every(big)
+    want_q = run_qkv(P.qkv_rope_store_ref, x, g, wqkv, None, ra)[0]
+    assert rel_err(full["q"], want_q) < tol(dtype)
+    assert rel_err(full["gu"], P.gate_up_silu_ref(x, g, wgu, EPS)) < tol(dtype)
+    assert rel_err(full["down"], P.linear_add_ref(x, a, wd)) < tol(dtype)
+    for M in (1, 8, 64):
+        part = every(M)
+        for name, t in part.items():
+            assert torch.equal(t, full[name][:M]), (name, M)
+
+
+@gpu_only
+def test_cuda_graph_replays_split_k():
+    """The split-K arrival counters are left at zero by each launch: a captured graph replays correctly, again."""
+    gen = torch.Generator().manual_seed(1)
+    dt = torch.bfloat16
+    x, w = rows(8, 4096, gen, dt), mat(4096, 4096, gen, dt)
+    assert P.launch_config(4096, 4096, 8, P._ADD, dt, x.device)["SPLITS"] > 1
+    want = P.linear_add(x, x, w)
+    out = torch.empty_like(want)
+    P.linear_add(x, x, w)  # warm-up: compile and allocate the counters outside capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out.copy_(P.linear_add(x, x, w))
+    for _ in range(3):
+        out.zero_()
+        graph.replay()
+        assert torch.equal(out, want)
