@@ -27,16 +27,18 @@ The Triton path (flash-decoding with GQA packing):
 A row whose allowed key set is empty (impossible for a tree: a node sees itself) gives 0 here
 and NaN in the reference.
 
-Invariant mode (`invariant=True`, `_inv_fwd_kernel`): a query's output depends only on its own keys, never
-on the batch, the tree around it or the split plan, so a tree node's output is bit-identical to the
-output of the same token decoded alone at the same position. A node at depth d with prefix P sees the
-logical sequence 0..P+d: the prefix, then its ancestors in depth order (the j-th allowed new key is its
-depth-j ancestor: new tokens are numbered parents first, and key j of the new tokens is at position
-P + j). One program serves one token's G query heads and walks that sequence in BLOCK_N tiles aligned to
-multiples of BLOCK_N, cut into splits at multiples of a fixed `_INVARIANT_CHUNK`; the merge combines a
-row's splits one at a time, in order. A decode step (N = 1) and a causal prefill see the same tiles, so
-verify, decode and prefill agree to the bit. It reads the prefix once per token instead of once per
-tile of tokens.
+Invariant mode (`invariant=True`, `_inv_fwd_kernel` + `_inv_merge_kernel`): a query's output depends only on its
+own keys, never on the batch, the tree around it or the grid's split count, so a tree node's output is bit-identical
+to the output of the same token decoded alone at the same position. A node at depth d with prefix P sees the logical
+sequence 0..P+d: the prefix, then its ancestors in depth order (the j-th allowed new key is its depth-j ancestor: new
+tokens are numbered parents first, and key j of the new tokens is at position P + j). Every program holds 16 query
+rows (an MMA tile of the same shape for every call: TOKS = 16 // G tokens of G heads) and walks splits of a fixed
+`_INVARIANT_CHUNK` logical positions in `_INVARIANT_BLOCK_N`-key tiles from the split's start. A split whose keys are
+in every row's sequence (below the prefix; causal: below the tile's first token) is attended once for the 16 rows;
+the splits that reach the tree are attended per token (one sub-program each, its ancestors gathered into depth order).
+The merge takes a row's splits in blocks of `_INVARIANT_MERGE`, each summed in `fixed_sum0`'s order, so a verify,
+a decode step and a prefill reduce alike. On an H200 a decode costs 1.07-1.13x the split-KV kernel and a B=1 verify of
+8 tokens 1.24-1.40x (benchmarks/results/invariant_h200/).
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ import torch
 import triton
 import triton.language as tl
 
+from eaglet.kernels._fixed_order import fixed_sum0
 from eaglet.kernels._utils import autotune_configs, is_hip, is_interpret, use_triton
 
 SUPPORTED_HEAD_DIMS = (64, 128)
@@ -74,8 +77,9 @@ _MAX_SPLITS = 32
 _MERGE_SPLITS = 64
 # Invariant mode: the split length (a constant, so split boundaries never move with the batch or the
 # context bound), and its key tile (fixed: tile boundaries must not move with an autotuner's choice).
-_INVARIANT_CHUNK = 256
+_INVARIANT_CHUNK = 128
 _INVARIANT_BLOCK_N = 64
+_INVARIANT_MERGE = 64  # splits merged per pass (a constant: the merge's summation order must not follow the grid)
 # Largest row tile: 128 rows x D fp32 accumulator is 64 registers/thread at 8 warps.
 _MAX_BLOCK_M = 128
 # Resident programs per SM worth filling: several 4-warp 64-row programs (their K/V streams
@@ -395,71 +399,158 @@ def _fwd_kernel(
 
 
 @triton.jit
-def _inv_fwd_kernel(
-    Q, K, V, PT, PL, MASK, O, qk_scale, chunk, num_splits, N, NK, Hkv,
-    stride_qb, stride_qn, stride_qh, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
-    stride_ptb, stride_mb, stride_mi,
-    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr, HAS_MASK: tl.constexpr,
-    SPLIT: tl.constexpr, DOT_DTYPE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_NK: tl.constexpr,
-):
-    """Invariant mode (module doc). Grid (N tokens, splits, B * Hkv); one program: one token's GROUP query
-    heads (rows padded to BLOCK_M) over logical key positions [split * chunk, (split + 1) * chunk) of its
-    sequence. O as in `_fwd_kernel`; every split is written (an empty one as o = 0, lse = -inf)."""
-    tok = tl.program_id(0)
-    split = tl.program_id(1)
-    pid_bh = tl.program_id(2)
-    b = pid_bh // Hkv
-    kvh = pid_bh % Hkv
-    prefix = tl.load(PL + b)
-    grp = tl.arange(0, BLOCK_M)  # [BLOCK_M] query head within the KV head's group
-    row_ok = grp < GROUP  # [BLOCK_M]
+def _inv_tiles(acc, l_i, m_i, q, K, V, pt_row, kvh, lo, hi, prefix, allowed, rank, jj, qk_scale, stride_kp,
+               stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, GATHER: tl.constexpr, HEAD_DIM: tl.constexpr,
+               PAGE_SIZE: tl.constexpr, DOT_DTYPE: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Online softmax of the 16 rows over logical key positions [lo, hi) in BLOCK_N tiles from lo. GATHER: logical
+    position prefix + e is one token's depth-e ancestor, new key j with rank[j] == e among its allowed keys (a tree
+    token's sequence); else a logical position is where it sits in the pool (the prefix, a causal row's keys)."""
     offs_d = tl.arange(0, HEAD_DIM)  # [D]
-    if HAS_MASK:
-        jj = tl.arange(0, BLOCK_NK)  # [BLOCK_NK] new-key index
-        allowed = tl.load(MASK + b * stride_mb + tok * stride_mi + jj, mask=jj < NK, other=0) != 0  # [BLOCK_NK]
-        rank = tl.cumsum(allowed.to(tl.int32), 0) - 1  # [BLOCK_NK] depth of each allowed new key
-        depth = tl.sum(allowed.to(tl.int32), 0) - 1
-    else:
-        depth = tok
-    lo = split * chunk
-    hi = tl.minimum(lo + chunk, prefix + depth + 1)  # the row's logical sequence is [0, prefix + depth]
-
-    q_ptrs = Q + b * stride_qb + tok * stride_qn + (kvh * GROUP + grp)[:, None] * stride_qh + offs_d[None, :]
-    q = tl.load(q_ptrs, mask=row_ok[:, None], other=0.0).to(DOT_DTYPE)  # [BLOCK_M, D]
-    m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
-    pt_row = PT + b * stride_ptb
     for start in range(lo, hi, BLOCK_N):
         pos = start + tl.arange(0, BLOCK_N)  # [BLOCK_N] logical key positions
         kv_ok = pos < hi  # [BLOCK_N]
-        phys = pos  # [BLOCK_N] pool positions: the prefix and a causal row's new keys are where they sit
-        if HAS_MASK:
-            if start + BLOCK_N > prefix:  # the tile reaches the ancestors: logical P + e is ancestor e
-                e = pos - prefix  # [BLOCK_N]
-                hit = allowed[None, :] & (rank[None, :] == e[:, None])  # [BLOCK_N, BLOCK_NK]
-                phys = tl.where(e >= 0, prefix + tl.sum(tl.where(hit, jj[None, :], 0), 1), pos)  # [BLOCK_N]
+        phys = pos  # [BLOCK_N] pool positions
+        if GATHER and start + BLOCK_N > prefix:  # the tile reaches the ancestors
+            e = pos - prefix  # [BLOCK_N]
+            hit = allowed[None, :] & (rank[None, :] == e[:, None])  # [BLOCK_N, BLOCK_NK]
+            phys = tl.where(e >= 0, prefix + tl.sum(tl.where(hit, jj[None, :], 0), 1), pos)  # [BLOCK_N]
         page = tl.load(pt_row + phys // PAGE_SIZE, mask=kv_ok, other=0)  # [BLOCK_N]
         slot_k = page.to(tl.int64) * stride_kp + (phys % PAGE_SIZE) * stride_ks  # [BLOCK_N]
         slot_v = page.to(tl.int64) * stride_vp + (phys % PAGE_SIZE) * stride_vs  # [BLOCK_N]
         k = tl.load(K + kvh * stride_kh + slot_k[:, None] + offs_d[None, :], mask=kv_ok[:, None], other=0.0)
         v = tl.load(V + kvh * stride_vh + slot_v[:, None] + offs_d[None, :], mask=kv_ok[:, None], other=0.0)
-        qk = tl.dot(q, tl.trans(k.to(DOT_DTYPE)), input_precision="ieee") * qk_scale  # [BLOCK_M, BLOCK_N]
-        qk = tl.where(kv_ok[None, :], qk, float("-inf"))  # [BLOCK_M, BLOCK_N]
+        qk = tl.dot(q, tl.trans(k.to(DOT_DTYPE)), input_precision="ieee")  # [16, BLOCK_N]
+        qk = tl.where(kv_ok[None, :], qk * qk_scale, float("-inf"))  # [16, BLOCK_N]
         acc, l_i, m_i = _softmax_update(acc, l_i, m_i, qk, v, DOT_DTYPE)
+    return acc, l_i, m_i
 
-    l_safe = tl.where(l_i > 0, l_i, 1.0)  # [BLOCK_M]
-    o = acc / l_safe[:, None]  # [BLOCK_M, D]
-    if SPLIT:
-        part_row = ((pid_bh * num_splits + split) * N + tok) * GROUP + grp  # [BLOCK_M] row of [B, Hkv, S, N, G]
-        tl.store(O + part_row[:, None] * HEAD_DIM + offs_d[None, :], o, mask=row_ok[:, None])
-        LSE = O + tl.num_programs(2) * num_splits * N * GROUP * HEAD_DIM
-        lse = tl.where(l_i > 0, m_i + tl.math.log2(l_safe), float("-inf"))  # [BLOCK_M]
-        tl.store(LSE + part_row, lse, mask=row_ok)
+
+@triton.jit
+def _inv_fwd_kernel(
+    Q, K, V, PT, PL, MASK, O, qk_scale, num_splits, N, NK, Hkv,
+    stride_qb, stride_qn, stride_qh, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
+    stride_ptb, stride_mb, stride_mi,
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr, HAS_MASK: tl.constexpr,
+    SPLIT: tl.constexpr, DOT_DTYPE: tl.constexpr, TOKS: tl.constexpr, HEAD_TILES: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_NK: tl.constexpr, CHUNK: tl.constexpr,
+):
+    """Invariant mode (module doc). Grid (row tiles * TOKS, splits, B * Hkv). A row tile is 16 query rows: TOKS tokens
+    of GROUP heads (GROUP <= 16), or 16 heads of one token (HEAD_TILES tiles a token). Split s is the logical key
+    positions [s * CHUNK, (s + 1) * CHUNK) of each row's sequence. Where every token of the tile sees the same keys
+    there (a split below the prefix; causal: below the tile's first token), sub-program 0 attends it for all rows
+    at once; elsewhere sub-program t attends token t's own keys (its ancestors gathered into depth order) with the
+    whole tile's q and stores that token's rows. O as in `_fwd_kernel`; a split past a row's sequence is not written
+    (the merge reads a row's first cdiv(length, CHUNK) splits)."""
+    pid0 = tl.program_id(0)
+    split = tl.program_id(1)
+    pid_bh = tl.program_id(2)
+    tile = pid0 // TOKS
+    sub = pid0 % TOKS
+    tok_tile = tile // HEAD_TILES
+    b = pid_bh // Hkv
+    kvh = pid_bh % Hkv
+    prefix = tl.load(PL + b)
+    GT: tl.constexpr = GROUP // HEAD_TILES  # heads of one token in a tile
+    rr = tl.arange(0, 16)  # [16] the tile's rows
+    tok = tok_tile * TOKS + rr // GT  # [16] new-token index of each row
+    grp = (tile % HEAD_TILES) * GT + rr % GT  # [16] query head within the KV head's group
+    row_ok = (rr < TOKS * GT) & (tok < N)  # [16]
+    offs_d = tl.arange(0, HEAD_DIM)  # [D]
+    lo = split * CHUNK
+    first = tok_tile * TOKS  # the tile's first token
+    if HAS_MASK:  # keys [0, shared_end) are in every row's sequence
+        shared_end = prefix
     else:
-        out_row = (b * N + tok) * (Hkv * GROUP) + kvh * GROUP + grp  # [BLOCK_M] row of [B, N, Hq]
-        tl.store(O + out_row[:, None] * HEAD_DIM + offs_d[None, :], o.to(O.dtype.element_ty), mask=row_ok[:, None])
+        shared_end = prefix + first + 1
+    shared = lo + CHUNK <= shared_end
+    t = first + sub  # the token this sub-program attends for, outside the shared splits
+    if shared:
+        go = sub == 0
+        row_st = row_ok  # [16] the rows it stores
+    else:
+        go = t < N
+        row_st = row_ok & (tok == t)  # [16]
+    if go:
+        jj = tl.arange(0, BLOCK_NK)  # [BLOCK_NK] new-key index
+        if HAS_MASK:
+            allowed = tl.load(MASK + b * stride_mb + t * stride_mi + jj, mask=jj < tl.where(t < N, NK, 0), other=0) != 0
+            rank = tl.cumsum(allowed.to(tl.int32), 0) - 1  # [BLOCK_NK] depth of each allowed new key
+            depth = tl.sum(allowed.to(tl.int32), 0) - 1
+        else:
+            allowed = jj < 0
+            rank = jj
+            depth = t
+        hi = tl.where(shared, lo + CHUNK, tl.minimum(lo + CHUNK, prefix + depth + 1))  # row sequence [0, P + depth]
+        if hi > lo:
+            q_ptrs = Q + b * stride_qb + tok[:, None] * stride_qn + (kvh * GROUP + grp)[:, None] * stride_qh + offs_d[None, :]
+            q = tl.load(q_ptrs, mask=row_ok[:, None], other=0.0).to(DOT_DTYPE)  # [16, D]
+            m_i = tl.full([16], -1.0e30, dtype=tl.float32)
+            l_i = tl.zeros([16], dtype=tl.float32)
+            acc = tl.zeros([16, HEAD_DIM], dtype=tl.float32)
+            pt_row = PT + b * stride_ptb
+            acc, l_i, m_i = _inv_tiles(acc, l_i, m_i, q, K, V, pt_row, kvh, lo, hi, prefix, allowed, rank, jj,
+                                       qk_scale, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
+                                       HAS_MASK, HEAD_DIM, PAGE_SIZE, DOT_DTYPE, BLOCK_N)
+            l_safe = tl.where(l_i > 0, l_i, 1.0)  # [16]
+            o = acc / l_safe[:, None]  # [16, D]
+            if SPLIT:
+                part_row = ((pid_bh * num_splits + split) * N + tok) * GROUP + grp  # [16] row of [B, Hkv, S, N, G]
+                tl.store(O + part_row[:, None] * HEAD_DIM + offs_d[None, :], o, mask=row_st[:, None])
+                LSE = O + tl.num_programs(2) * num_splits * N * GROUP * HEAD_DIM
+                lse = tl.where(l_i > 0, m_i + tl.math.log2(l_safe), float("-inf"))  # [16]
+                tl.store(LSE + part_row, lse, mask=row_st)
+            else:
+                out_row = (b * N + tok) * (Hkv * GROUP) + kvh * GROUP + grp  # [16] row of [B, N, Hq]
+                tl.store(O + out_row[:, None] * HEAD_DIM + offs_d[None, :], o.to(O.dtype.element_ty),
+                         mask=row_st[:, None])
+
+
+@triton.jit
+def _inv_merge_kernel(WS, PL, MASK, OUT, num_splits, N, NK, Hkv, stride_mb, stride_mi,
+                      GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, HAS_MASK: tl.constexpr, BLOCK_NK: tl.constexpr,
+                      CHUNK: tl.constexpr, BLOCK_S: tl.constexpr):
+    """Invariant mode: one packed row's splits [0, cdiv(its sequence length, CHUNK)) merged BLOCK_S at a time (a
+    constant), each block's sums in `fixed_sum0`'s order and the blocks in split order: the same arithmetic for a
+    row whatever the grid's split count."""
+    row = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    LSE = WS + tl.num_programs(1) * num_splits * N * GROUP * HEAD_DIM
+    b = pid_bh // Hkv
+    kvh = pid_bh % Hkv
+    tok = row // GROUP
+    grp = row % GROUP
+    prefix = tl.load(PL + b)
+    if HAS_MASK:
+        jj = tl.arange(0, BLOCK_NK)  # [BLOCK_NK]
+        allowed = tl.load(MASK + b * stride_mb + tok * stride_mi + jj, mask=jj < NK, other=0) != 0
+        length = prefix + tl.sum(allowed.to(tl.int32), 0)
+    else:
+        length = prefix + tok + 1
+    n_used = tl.cdiv(length, CHUNK)
+    offs_d = tl.arange(0, HEAD_DIM)  # [D]
+    row0 = pid_bh * num_splits * N * GROUP + row  # split 0 of this row in [B, Hkv, S, N, G]
+    m = -1.0e30
+    l = 0.0
+    acc = tl.zeros([HEAD_DIM], dtype=tl.float32)
+    for s0 in range(0, n_used, BLOCK_S):
+        offs_s = s0 + tl.arange(0, BLOCK_S)  # [BLOCK_S]
+        ok = offs_s < n_used  # [BLOCK_S]
+        part_rows = row0 + offs_s * (N * GROUP)  # [BLOCK_S]
+        lse = tl.load(LSE + part_rows, mask=ok, other=float("-inf"))  # [BLOCK_S]
+        o = tl.load(WS + part_rows[:, None] * HEAD_DIM + offs_d[None, :], mask=ok[:, None], other=0.0)  # [BLOCK_S, D]
+        m_blk = tl.max(lse, 0)  # exact in any order
+        w = tl.math.exp2(lse - m_blk)  # [BLOCK_S]; 0 for the unused
+        l_blk = fixed_sum0(w[:, None], BLOCK_S, 1)  # [1]
+        acc_blk = fixed_sum0(w[:, None] * o, BLOCK_S, HEAD_DIM)  # [D]
+        m_new = tl.maximum(m, m_blk)
+        a_old = tl.math.exp2(m - m_new)
+        a_blk = tl.math.exp2(m_blk - m_new)
+        l = l * a_old + tl.sum(l_blk, 0) * a_blk
+        acc = acc * a_old + acc_blk * a_blk  # [D]
+        m = m_new
+    out = acc / tl.where(l > 0, l, 1.0)  # [D]
+    out_row = (b * N + tok) * (Hkv * GROUP) + kvh * GROUP + grp
+    tl.store(OUT + out_row * HEAD_DIM + offs_d, out.to(OUT.dtype.element_ty))
 
 
 @triton.jit
@@ -477,11 +568,10 @@ def _merge_kernel(
     HAS_MASK: tl.constexpr,
     BLOCK_S: tl.constexpr,
     TREE_APART: tl.constexpr,
-    FIXED_CHUNK: tl.constexpr,
 ):
     """One packed row: out = sum_s 2^(lse_s - m) o_s / sum_s 2^(lse_s - m) over the splits it used.
-    WS: the forward's workspace (partial outputs, then LSEs); TREE_APART as in the forward; FIXED_CHUNK: splits
-    of chunk keys (the invariant forward's), else of `_split_len` keys (the forward's)."""
+    WS: the forward's workspace (partial outputs, then LSEs); TREE_APART as in the forward; splits of
+    `_split_len` keys."""
     row = tl.program_id(0)
     pid_bh = tl.program_id(1)
     LSE = WS + tl.num_programs(1) * num_splits * N * GROUP * HEAD_DIM
@@ -494,8 +584,7 @@ def _merge_kernel(
         row_end = prefix + NK
     else:
         row_end = prefix + tok + 1
-    if not FIXED_CHUNK:
-        chunk = _split_len(prefix, NK, chunk, num_splits, TREE_APART)
+    chunk = _split_len(prefix, NK, chunk, num_splits, TREE_APART)
     # The splits the row used (the forward's store rule): the first n_used, and the new keys' own split.
     if TREE_APART:
         n_used = tl.minimum(tl.cdiv(prefix, chunk), num_splits - 1)
@@ -636,43 +725,46 @@ def _prepare(q, k, v, pt, pl, mask, sm_scale, max_prefix_len, interpret: bool, i
     scale = sm_scale if sm_scale is not None else 1.0 / math.sqrt(D)
     NK = N if mask is None else mask[0][2]  # new keys (after the prefix)
     kv_max = (pt[0][1] * page_size) if max_prefix_len is None else (max_prefix_len + NK)
-    if invariant:  # one program per token, fixed splits (module doc)
-        block_m, m_tiles, chunk = max(16, triton.next_power_of_2(group)), N, _INVARIANT_CHUNK
-        num_splits, apart = _cdiv(kv_max, chunk), False
-    else:
-        # Interpreter: few SMs, still splits. (A CPU call without it takes the reference; the plan is unused.)
-        num_sms = _num_sms(q_dev.index) if q_dev.type == "cuda" and not interpret else 8
-        block_m, m_tiles, num_splits, chunk, apart = _plan(B, N, Hq, Hkv, kv_max, NK, num_sms)
-    split = num_splits > 1
     # fp32 inputs use exact fp32 dots (tf32 would miss 1e-4); the interpreter's bf16 is wrong, so upcast there.
     dot_dtype = tl.float32 if (q_dtype == torch.float32 or interpret) else (
         tl.bfloat16 if q_dtype == torch.bfloat16 else tl.float16
     )
-    fwd_args = (
-        scale * _LOG2E, chunk, num_splits, N, NK, Hkv, *q_stride[:3], *k_stride[:3], *v_stride[:3], pt[1][0],
-        *(mask[1][:2] if mask is not None else (0, 0)),
-    )  # fmt: skip
+    mask_strides = mask[1][:2] if mask is not None else (0, 0)
+    strides = (*q_stride[:3], *k_stride[:3], *v_stride[:3], pt[1][0], *mask_strides)
+    if invariant:  # 16-row tiles, fixed splits and tiles, no autotuning (module doc)
+        need(group <= 16 or group % 16 == 0,
+             lambda: f"invariant tree attention needs Hq/Hkv <= 16 or a multiple of 16, got {group}")
+        toks, head_tiles = max(1, 16 // group), max(1, group // 16)
+        num_splits = _cdiv(kv_max, _INVARIANT_CHUNK)
+        split = num_splits > 1
+        block_nk = max(16, triton.next_power_of_2(NK))
+        fwd_args = (scale * _LOG2E, num_splits, N, NK, Hkv, *strides)
+        fwd_kw = dict(GROUP=group, HEAD_DIM=D, PAGE_SIZE=page_size, HAS_MASK=mask is not None, SPLIT=split,
+                      DOT_DTYPE=dot_dtype, TOKS=toks, HEAD_TILES=head_tiles, BLOCK_N=_INVARIANT_BLOCK_N,
+                      BLOCK_NK=block_nk, CHUNK=_INVARIANT_CHUNK, num_warps=4, num_stages=1 if is_hip() else 2)
+        grid = (_cdiv(N, toks) * head_tiles * toks, num_splits, B * Hkv)
+        merge = None
+        if split:
+            merge = (_inv_merge_kernel, (N * group, B * Hkv), (num_splits, N, NK, Hkv, *mask_strides),
+                     dict(GROUP=group, HEAD_DIM=D, HAS_MASK=mask is not None, BLOCK_NK=block_nk,
+                          CHUNK=_INVARIANT_CHUNK, BLOCK_S=_INVARIANT_MERGE, num_warps=4), True)
+        ws_numel = B * Hkv * num_splits * N * group * (D + 1) if split else 0  # partial outputs + LSEs
+        return _inv_fwd_kernel, grid, fwd_args, fwd_kw, ws_numel, merge
+    # Interpreter: few SMs, still splits. (A CPU call without it takes the reference; the plan is unused.)
+    num_sms = _num_sms(q_dev.index) if q_dev.type == "cuda" and not interpret else 8
+    block_m, m_tiles, num_splits, chunk, apart = _plan(B, N, Hq, Hkv, kv_max, NK, num_sms)
+    split = num_splits > 1
+    fwd_args = (scale * _LOG2E, chunk, num_splits, N, NK, Hkv, *strides, pt[0][1] * page_size)  # kv_cap last
     fwd_kw = dict(GROUP=group, HEAD_DIM=D, PAGE_SIZE=page_size, HAS_MASK=mask is not None, SPLIT=split,
-                  DOT_DTYPE=dot_dtype, BLOCK_M=block_m)  # fmt: skip
-    if not invariant:
-        fwd_args += (pt[0][1] * page_size,)  # kv_cap
-        fwd_kw.update(TREE_APART=apart)
-    else:  # a fixed config: no autotuning (it could choose differently for another shape)
-        fwd_kw.update(BLOCK_N=_INVARIANT_BLOCK_N, BLOCK_NK=max(16, triton.next_power_of_2(NK)), num_warps=4,
-                      num_stages=1 if is_hip() else 2)
+                  DOT_DTYPE=dot_dtype, BLOCK_M=block_m, TREE_APART=apart)
     ws_numel = B * Hkv * num_splits * N * group * (D + 1) if split else 0  # partial outputs + LSEs
     merge = None
     if split:
-        merge = (
-            (N * group, B * Hkv), (chunk, num_splits, N, NK, Hkv),
-            # All splits in one pass (a serial pass per block of splits costs µs of latency); invariant mode
-            # one split at a time, in order, whatever the split count.
-            dict(GROUP=group, HEAD_DIM=D, HAS_MASK=mask is not None, TREE_APART=apart, FIXED_CHUNK=invariant,
-                 BLOCK_S=1 if invariant else triton.next_power_of_2(num_splits),
-                 num_warps=4 if num_splits <= 32 else 8),
-        )  # fmt: skip
-    kernel = _inv_fwd_kernel if invariant else _fwd_kernel
-    return kernel, (m_tiles, num_splits, B * Hkv), fwd_args, fwd_kw, ws_numel, merge
+        # All splits in one pass (a serial pass per block of splits costs µs of latency).
+        merge = (_merge_kernel, (N * group, B * Hkv), (chunk, num_splits, N, NK, Hkv),
+                 dict(GROUP=group, HEAD_DIM=D, HAS_MASK=mask is not None, TREE_APART=apart,
+                      BLOCK_S=triton.next_power_of_2(num_splits), num_warps=4 if num_splits <= 32 else 8), False)
+    return _fwd_kernel, (m_tiles, num_splits, B * Hkv), fwd_args, fwd_kw, ws_numel, merge
 
 
 def tree_attention(
@@ -718,5 +810,9 @@ def tree_attention(
     with torch.cuda.device(q.device) if on_other_gpu else contextlib.nullcontext():
         kernel[grid](q, k_cache, v_cache, page_table, prefix_lens, mask, ws, *fwd_args, **fwd_kw)
         if merge:
-            _merge_kernel[merge[0]](ws, prefix_lens, out, *merge[1], **merge[2])
+            merge_kernel, merge_grid, merge_args, merge_kw, takes_mask = merge
+            if takes_mask:  # the invariant merge reads each row's sequence length from its mask row
+                merge_kernel[merge_grid](ws, prefix_lens, mask, out, *merge_args, **merge_kw)
+            else:
+                merge_kernel[merge_grid](ws, prefix_lens, out, *merge_args, **merge_kw)
     return out
