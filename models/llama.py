@@ -23,6 +23,7 @@ from torch import nn
 
 from eaglet.kernels.activation import silu_and_mul
 from eaglet.kernels.folded_linear import gate_up_silu, linear_add, linear_add_, qkv_rope_store
+from eaglet.kernels import projection as proj
 from eaglet.kernels.linear import linear, norm_linear, silu_mul_linear
 from eaglet.kernels.rmsnorm import rmsnorm
 from eaglet.kernels.rope import rope_qkv_store
@@ -221,6 +222,33 @@ class Attention(nn.Module):
         return self.o_proj(o.reshape(B, T, -1))
 
 
+    def forward_stream(self, x2d, norm_weight, positions, inv_freq, batch: ForwardBatch, kv: KVCache, B: int,
+                       embeds2d=None, norm_weight2=None) -> torch.Tensor:
+        """The invariant path's attention half before o_proj: q/k/v of rmsnorm(x2d) (x2d [B*T, H], the residual
+        stream; norm_weight: the norm's weight, projection.FOLDED when it is inside qkv_proj, None: no norm), RoPE,
+        the K/V store, tree attention -> o [B*T, Hq*D]. With embeds2d (an EAGLE-3 midlayer) the projection's input is
+        cat(norm(embeds2d), norm2(x2d))."""
+        Hkv, D = self.n_kv_heads, self.head_dim
+        k_cache, v_cache = kv.layer(self.layer_id)  # [pages, page_size, Hkv, D] each
+        rope_args = (positions.reshape(-1), inv_freq, k_cache.view(-1, Hkv, D), v_cache.view(-1, Hkv, D),
+                     batch.out_slots.reshape(-1), self.n_heads, Hkv, D)
+        g = norm_weight
+        w, b = self.qkv_proj.weight, self.qkv_proj.bias
+        if self.q_norm is not None:  # Qwen3: the per-head q/k norms sit between the projection and RoPE
+            qkv = proj.linear(x2d, w, b, norm_weight=g, eps=self.norm_eps)  # [B*T, (Hq+2Hkv)*D]
+            q = rope_qkv_store(qkv, *rope_args, q_norm_weight=self.q_norm.weight, k_norm_weight=self.k_norm.weight,
+                               norm_eps=self.norm_eps)  # [B*T, Hq, D]
+        elif embeds2d is not None:
+            q = proj.qkv_rope_store(embeds2d, g, w, b, *rope_args, self.norm_eps, x2=x2d,
+                                    norm_weight2=norm_weight2)  # [B*T, Hq, D]
+        else:
+            q = proj.qkv_rope_store(x2d, g, w, b, *rope_args, self.norm_eps)  # [B*T, Hq, D]
+        T = x2d.shape[0] // B
+        o = tree_attention(q.view(B, T, self.n_heads, D), k_cache, v_cache, batch.page_table, batch.prefix_lens,
+                           batch.attn_mask, max_prefix_len=batch.max_prefix_len, invariant=True)  # [B, T, Hq, D]
+        return o.view(B * T, -1)
+
+
 class FeedForward(nn.Module):
     def __init__(self, args: ModelArgs):
         super().__init__()
@@ -254,7 +282,9 @@ class TransformerBlock(nn.Module):
         returns (block output, residual) whose sum is the residual stream; residual=None at layer 0.
         With folded norms (Transformer.fold_norm_weights) it returns (the residual stream, None), and a multi-token
         call updates x, the stream, in place."""
-        if self.invariant or x.numel() <= _FUSED_LINEAR_MAX_TOKENS * x.shape[-1]:
+        if self.invariant:
+            return self._forward_invariant(x if residual is None else x + residual, positions, inv_freq, batch, kv)
+        if x.numel() <= _FUSED_LINEAR_MAX_TOKENS * x.shape[-1]:
             return self._forward_fused_linear(x, residual, positions, inv_freq, batch, kv)
         if self.norms_folded:  # no norm kernel: the norms' 1/rms go into RoPE and SiLU, the adds into the GEMMs
             # x is the stream, owned by Transformer.forward and updated in place: a clone here was a graph memcpy
@@ -269,6 +299,23 @@ class TransformerBlock(nn.Module):
         h = self.self_attn(h, positions, inv_freq, batch, kv)
         h, residual = self.post_attention_layernorm(h, residual)
         return self.mlp(h), residual
+
+    def _forward_invariant(self, x, positions, inv_freq, batch, kv):
+        """The batch-invariant block (module doc): x [B, T, H] is the residual stream, updated in place, returned as
+        (stream, None). Four projection launches (kernels/projection.py: each norm inside the projection after it,
+        RoPE and the K/V store in qkv's epilogue, SiLU·mul in gate_up's, the residual adds in o's and down's) around
+        the tree attention."""
+        attn, mlp = self.self_attn, self.mlp
+        B = x.shape[0]
+        x2d = x.view(-1, x.shape[-1])  # [B*T, H]
+        folded = self.norms_folded  # the norm weights are inside qkv_proj and gate_up_proj: only the row scale
+        g1 = proj.FOLDED if folded else self.input_layernorm.weight
+        g2 = proj.FOLDED if folded else self.post_attention_layernorm.weight
+        o = attn.forward_stream(x2d, g1, positions, inv_freq, batch, kv, B)  # [B*T, Hq*D]
+        proj.linear_add_(x2d, o, attn.o_proj.weight, attn.o_proj.bias)
+        a = proj.gate_up_silu(x2d, g2, mlp.gate_up_proj.weight, mlp.norm_eps)  # [B*T, I]
+        proj.linear_add_(x2d, a, mlp.down_proj.weight)
+        return x, None
 
     def _forward_fused_linear(self, x, residual, positions, inv_freq, batch, kv):
         """The same block with each norm fused into the projection after it and SiLU·mul into the
@@ -412,7 +459,7 @@ class Transformer(nn.Module):
         if self._inv_freq.device != positions.device:
             self._inv_freq = self._inv_freq.to(positions.device)
         x = self.model.embed_tokens(tokens) if embeds is None else embeds  # [B, T, dim]
-        if embeds is not None and self.model.layers[0].norms_folded:
+        if embeds is not None and (self.invariant or self.model.layers[0].norms_folded):
             x = embeds.clone()  # folded blocks update the stream in place; the caller's tensor stays as it was
         residual, captured = None, []
         for i, layer in enumerate(self.model.layers):
@@ -424,7 +471,8 @@ class Transformer(nn.Module):
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [..., dim] -> logits [..., V] in fp32 (argmax/softmax stability in bf16 runs)."""
         if self.invariant:
-            return linear(hidden, self.lm_head.weight, invariant=True).float()
+            shape = hidden.shape
+            return proj.linear(hidden.reshape(-1, shape[-1]), self.lm_head.weight).view(*shape[:-1], -1).float()
         return self.lm_head(hidden).float()
 
     @classmethod

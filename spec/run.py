@@ -72,7 +72,10 @@ def run(cfg: DictConfig, output_dir: str | Path) -> dict:
         model = Transformer.from_pretrained(path, dtype=dtype, device=device)
         tokenizer = load_tokenizer(path)
     load_s = time.perf_counter() - t0
-    if cfg.fold_norms:
+    if cfg.fold_norms and (model.args.attention_bias or model.args.qk_norm):
+        print(f"[eaglet] fold_norms: {model.args.family} keeps its norm weights (qkv bias / q-k norms): the "
+              f"projections apply them", flush=True)
+    elif cfg.fold_norms:
         model.fold_norm_weights()
     model.set_invariant(cfg.invariant)
     max_context = min(cfg.gen.max_context, model.args.max_seq_len)

@@ -26,14 +26,21 @@ def _logits_of(model, kv, row, tokens, positions, prefix, mask=None, bound=None)
 
 
 @needs_kernel
+@pytest.mark.parametrize("folded", [False, True], ids=["norm-weights", "folded"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16] if CUDA else [torch.float32])
-def test_invariant_verify_logits_equal_decode_logits(dtype):
+def test_invariant_verify_logits_equal_decode_logits(dtype, folded):
     """set_invariant(True): the logits of the tree nodes on one root-to-leaf path of a verify are
     bit-identical to those of decoding that path one token at a time (and the prompt's logits do not
     depend on its padding into a longer batch row), which is what makes bf16 speculation lossless."""
     torch.manual_seed(0)
     dev = "cuda" if CUDA else "cpu"
     model = Transformer(ModelArgs.from_name("tiny_llama")).to(dev, dtype).eval().set_invariant(True)
+    with torch.no_grad():  # norm weights that matter: applied in the projections, or folded into them
+        for layer in model.model.layers:
+            layer.input_layernorm.weight.uniform_(0.5, 1.5)
+            layer.post_attention_layernorm.weight.uniform_(0.5, 1.5)
+    if folded:
+        model.fold_norm_weights()
     prompt = torch.randint(0, 512, (70,)).tolist()  # 70 tokens: the path crosses the 64-key tile boundary
     P = len(prompt)
     # tree (parents first): 0 root; 1, 2 children of 0; 3 child of 1; 4, 5 children of 2 -> path 0, 2, 5
