@@ -96,9 +96,8 @@ def unfused_norm_linear(x, nw, w, res):
     return F.linear(h, w), new_res
 
 
-def cases(model: str, M: int, inv: bool = False):
-    """(projection, N, K, eaglet fn(i), unfused fn(i), ref fn(), compare, bytes moved, n weight copies);
-    inv: eaglet runs its invariant configs (kernels/linear.py)."""
+def cases(model: str, M: int):
+    """(projection, N, K, eaglet fn(i), unfused fn(i), ref fn(), compare, bytes moved, n weight copies)."""
     c = MODELS[model]
     H, I = c["H"], c["I"]
     x = torch.randn(M, H, device=DEV, dtype=DTYPE)  # [M, H]
@@ -108,27 +107,24 @@ def cases(model: str, M: int, inv: bool = False):
     for name, n in (("qkv", c["qkv"]), ("gate_up", 2 * I)):
         ws = weights(n, H)
         yield (name, n, H,
-               lambda i, ws=ws: norm_linear(x, nw, EPS, ws[i], residual=res, invariant=inv),
+               lambda i, ws=ws: norm_linear(x, nw, EPS, ws[i], residual=res),
                lambda i, ws=ws: unfused_norm_linear(x, nw, ws[i], res),
                lambda ws=ws: norm_linear_ref(x, nw, EPS, ws[0], residual=res), err_with_residual,
                n * H * BYTES + 3 * act + H * BYTES + M * n * BYTES, len(ws))  # x, res in; new res, y out
     ws = weights(H, H)
-    yield ("o", H, H, lambda i: linear(x, ws[i], invariant=inv), lambda i: F.linear(x, ws[i]), lambda: linear_ref(x, ws[0]),
+    yield ("o", H, H, lambda i: linear(x, ws[i]), lambda i: F.linear(x, ws[i]), lambda: linear_ref(x, ws[0]),
            rel_err, H * H * BYTES + 2 * act, len(ws))
     gu = torch.randn(M, 2 * I, device=DEV, dtype=DTYPE) * 2  # [M, 2I]
     wd = weights(H, I)
-    yield ("down", H, I, lambda i: silu_mul_linear(gu, wd[i], invariant=inv), lambda i: F.linear(silu_and_mul(gu), wd[i]),
+    yield ("down", H, I, lambda i: silu_mul_linear(gu, wd[i]), lambda i: F.linear(silu_and_mul(gu), wd[i]),
            lambda: silu_mul_linear_ref(gu, wd[0]), rel_err, H * I * BYTES + 2 * M * I * BYTES + act, len(wd))
     wh = weights(c["V"], H)
-    yield ("lm_head", c["V"], H, lambda i: linear(x, wh[i], invariant=inv), lambda i: F.linear(x, wh[i]),
+    yield ("lm_head", c["V"], H, lambda i: linear(x, wh[i]), lambda i: F.linear(x, wh[i]),
            lambda: linear_ref(x, wh[0]), rel_err, c["V"] * H * BYTES + act + M * c["V"] * BYTES, len(wh))
 
 
-def picked_config(M: int, N: int, K: int, inv: bool) -> str:
-    """The config the autotuner used for the last eaglet launch at M rows (inv: the fixed invariant one)."""
-    if inv:
-        kw = lin._invariant_config(N, K, lin._num_sms(torch.cuda.current_device()))
-        return f"inv dot16 {kw['BLOCK_N']}x{kw['BLOCK_K']} w{kw['num_warps']}s{kw['num_stages']}"
+def picked_config(M: int) -> str:
+    """The config the autotuner used for the last eaglet launch at M rows."""
     kernel, bucket = lin._kernel_for(M)
     cfg = getattr(kernel, "best_config", None)
     if cfg is None:
@@ -189,7 +185,6 @@ def main() -> None:
     ap.add_argument("--md", default=None, help="also write the tables as markdown here")
     ap.add_argument("--models", default=",".join(MODELS), help=f"comma list of {','.join(MODELS)}")
     ap.add_argument("--ms", default=",".join(map(str, MS)), help="comma list of token counts M (<= 64)")
-    ap.add_argument("--invariant", action="store_true", help="time eaglet's invariant configs (lossless bf16)")
     args = ap.parse_args()
     torch.manual_seed(0)
     bw = copy_bandwidth()
@@ -198,13 +193,13 @@ def main() -> None:
     rows = []
     for model in args.models.split(","):
         for M in map(int, args.ms.split(",")):
-            for proj, N, K, fn_eaglet, fn_unfused, fn_ref, compare, nbytes, copies in cases(model, M, args.invariant):
+            for proj, N, K, fn_eaglet, fn_unfused, fn_ref, compare, nbytes, copies in cases(model, M):
                 t0 = time.perf_counter()
                 fn_eaglet(0)  # autotune + compile outside timing and capture
                 torch.cuda.synchronize()
                 tune_s = time.perf_counter() - t0
-                config = picked_config(M, N, K, args.invariant)
-                log = "fixed config, not tuned" if args.invariant else tuning_log(M)
+                config = picked_config(M)
+                log = tuning_log(M)
                 print(f"  tuned {model} {proj} M={M} in {tune_s:.1f} s: {config} | {log}",
                       file=sys.stderr, flush=True)
                 fn_unfused(0)
@@ -224,7 +219,7 @@ def main() -> None:
         f"Measured copy bandwidth: {bw / 1e12:.2f} TB/s (read+write). bf16; eager = median of do_bench (cold L2); "
         f"graph = per call inside a CUDA graph of {GRAPH_REPEATS} calls over cold weight copies; unfused = the "
         "eaglet rmsnorm / silu_and_mul kernel + F.linear (cuBLAS), what models/llama.py runs above one token; "
-        f"eaglet configs: {'the fixed invariant ones' if args.invariant else 'autotuned'}; "
+        "eaglet configs: autotuned (the invariant projections: benchmarks/bench_invariant.py); "
         "rel err = eaglet vs the torch reference.\n"
     )
     report(header, md, args.md, rows)

@@ -34,11 +34,8 @@ checks this on GPU). Not M-independent: M == 1 (when the GEMV wins, it sums in a
 `norm_linear`'s sum of squares, a tree reduction whose shape follows the tile layout, so its rstd
 may differ in the last fp32 bit between the M <= 16 and M > 16 buckets.
 
-Invariant mode (`invariant=True`, for the target model when speculative output must equal plain decoding
-bit for bit in bf16): every M, prefill included, takes the tl.dot variant with BLOCK_M = 16 and one fixed
-config per (N, K) (`_invariant_config`, no autotuning), so a row's result, the norm's rstd included, depends
-only on that row: a verify of 8 tree tokens computes each row exactly as a decode of one token does. It costs
-the GEMV at M == 1 and cuBLAS for prefill.
+The batch-invariant projections that `invariant=true` runs live in kernels/projection.py; these kernels are the
+fastest per shape (`invariant=false`), and their rounding changes with M.
 
 CUDA graphs: the first call of each (N, K, M bucket, mode, dtype) autotunes (benchmarks the
 configs); make it before capture (the engines' warm-up does). EAGLET_AUTOTUNE=0 takes the first
@@ -331,30 +328,16 @@ def _kernel_for(M: int):
     return _mma_kernel, {"BLOCK_M": 16 if M <= 16 else 32}
 
 
-@functools.lru_cache(maxsize=None)
-def _invariant_config(N: int, K: int, sms: int) -> dict:
-    """The one launch config of invariant mode for an [N, K] weight (a function of the shape only, never of
-    M). 16-wide column tiles where 32-wide ones would not give two programs per SM at M <= 16."""
-    block_n = 32 if triton.cdiv(N, 32) >= 2 * sms else 16
-    stages = 2 if is_hip() else 4
-    return dict(BLOCK_M=16, BLOCK_N=block_n, BLOCK_K=min(128, max(16, triton.next_power_of_2(K))), num_warps=4,
-                num_stages=stages)
-
-
 def _launch(mode: int, x: torch.Tensor, K: int, weight: torch.Tensor, *, residual=None, norm_weight=None,
-            eps: float = 0.0, bias=None, invariant: bool = False):
-    """Run `_linear_kernel` on x [..., K or 2K] (1 <= M <= MAX_FAST_M rows, any M when invariant):
-    y [..., N] (, new_residual)."""
+            eps: float = 0.0, bias=None):
+    """Run `_linear_kernel` on x [..., K or 2K] (1 <= M <= MAX_FAST_M rows): y [..., N] (, new_residual)."""
     N = weight.shape[0]
     x2 = _as_rows(x, x.shape[-1])  # [M, K] or [M, 2K]
     M = x2.shape[0]
     y = torch.empty(M, N, dtype=x.dtype, device=x.device)  # [M, N]
     r2 = _as_rows(residual, K) if residual is not None else x2  # [M, K]; a dummy pointer without residual
     new_res = torch.empty(x.shape, dtype=x.dtype, device=x.device) if residual is not None else y  # [..., K]
-    if invariant:
-        kernel, kw = _linear_kernel, _invariant_config(N, K, _num_sms(x.device.index or 0) if x.is_cuda else 8)
-    else:
-        kernel, kw = _kernel_for(M)
+    kernel, kw = _kernel_for(M)
     if M > 0:
         kernel[lambda meta: (triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"]),)](
             x2, r2, x2 if norm_weight is None else norm_weight.contiguous(), weight, weight if bias is None else bias,
@@ -376,10 +359,9 @@ def norm_linear(
     weight: torch.Tensor,
     bias: torch.Tensor | None = None,
     residual: torch.Tensor | None = None,
-    invariant: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """RMSNorm fused into the projection after it (input_layernorm -> qkv_proj,
-    post_attention_layernorm -> gate_up_proj). invariant: a row's result independent of M (module doc).
+    post_attention_layernorm -> gate_up_proj).
 
     x [..., K] (fp32/bf16/fp16, any row stride), norm_weight [K], weight [N, K] (row-major), bias [N]
     or None, all in x's dtype. residual None -> y = rmsnorm(x) @ weight.T (+ bias) [..., N].
@@ -394,21 +376,19 @@ def norm_linear(
     extra = [t for t in (bias, residual) if t is not None]
     if not use_triton(x, norm_weight, weight, *extra):
         return norm_linear_ref(x, norm_weight, eps, weight, bias, residual)
-    if not invariant and not 1 <= _rows(x) <= MAX_FAST_M:
+    if not 1 <= _rows(x) <= MAX_FAST_M:
         norm = rmsnorm if K <= MAX_HIDDEN else rmsnorm_ref
         if residual is None:
             return F.linear(norm(x, norm_weight, eps), weight, bias)
         h, new_residual = norm(x, norm_weight, eps, residual)  # [..., K] each
         return F.linear(h, weight, bias), new_residual
-    return _launch(_NORM, x, K, weight, residual=residual, norm_weight=norm_weight, eps=eps, bias=bias,
-                   invariant=invariant)
+    return _launch(_NORM, x, K, weight, residual=residual, norm_weight=norm_weight, eps=eps, bias=bias)
 
 
-def silu_mul_linear(gu: torch.Tensor, weight: torch.Tensor, invariant: bool = False) -> torch.Tensor:
+def silu_mul_linear(gu: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """SiLU·mul fused into the down projection: gu [..., 2I] (gate half first, as gate_up_proj writes
     it; fp32/bf16/fp16, any row stride), weight [N, I] (row-major, gu's dtype) ->
-    (silu(gate) * up) @ weight.T [..., N]. The activation is formed on load, never written.
-    invariant: a row's result independent of M (module doc)."""
+    (silu(gate) * up) @ weight.T [..., N]. The activation is formed on load, never written."""
     _check_input("gu", gu)
     if gu.shape[-1] % 2:
         raise ValueError(f"gu must be [..., 2*I] (gate then up), got shape {list(gu.shape)}: last dim must be even")
@@ -416,20 +396,18 @@ def silu_mul_linear(gu: torch.Tensor, weight: torch.Tensor, invariant: bool = Fa
     _check_weight(weight, I, gu, None)
     if not use_triton(gu, weight):
         return silu_mul_linear_ref(gu, weight)
-    if not invariant and not 1 <= _rows(gu) <= MAX_FAST_M:
+    if not 1 <= _rows(gu) <= MAX_FAST_M:
         return F.linear(silu_and_mul(gu), weight)
-    return _launch(_SILU, gu, I, weight, invariant=invariant)
+    return _launch(_SILU, gu, I, weight)
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-           invariant: bool = False) -> torch.Tensor:
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """x [..., K] (fp32/bf16/fp16, any row stride) @ weight.T (+ bias) -> [..., N]; weight [N, K]
-    (row-major), bias [N] or None, in x's dtype. For o_proj and the LM head at decode sizes.
-    invariant: a row's result independent of M (module doc)."""
+    (row-major), bias [N] or None, in x's dtype. For o_proj and the LM head at decode sizes."""
     _check_input("x", x)
     _check_weight(weight, x.shape[-1], x, bias)
     if not use_triton(x, weight, *([bias] if bias is not None else [])):
         return linear_ref(x, weight, bias)
-    if not invariant and not 1 <= _rows(x) <= MAX_FAST_M:
+    if not 1 <= _rows(x) <= MAX_FAST_M:
         return F.linear(x, weight, bias)
-    return _launch(_PLAIN, x, x.shape[-1], weight, bias=bias, invariant=invariant)
+    return _launch(_PLAIN, x, x.shape[-1], weight, bias=bias)

@@ -7,7 +7,8 @@ tree verification (the new tokens are a tree: `attn_mask` is ancestor-or-self).
 
 `Transformer.set_invariant(True)` makes every token's result independent of what else is in the forward
 (the batch, the other tree nodes, the prompt padding): the projections and the attention take their
-invariant kernels (kernels/linear.py, kernels/tree_attention.py). Then a verify computes each accepted tree
+invariant kernels (kernels/projection.py, 4 launches a block, and kernels/tree_attention.py). Then a verify computes
+each accepted tree
 node exactly as plain decoding computes that token, and greedy speculative decoding in bf16 emits plain
 decoding's tokens, ties included. Without it, bf16 runs diverge at near-ties of the two best logits.
 """
@@ -24,7 +25,7 @@ from torch import nn
 from eaglet.kernels.activation import silu_and_mul
 from eaglet.kernels.folded_linear import gate_up_silu, linear_add, linear_add_, qkv_rope_store
 from eaglet.kernels import projection as proj
-from eaglet.kernels.linear import linear, norm_linear, silu_mul_linear
+from eaglet.kernels.linear import norm_linear, silu_mul_linear
 from eaglet.kernels.rmsnorm import rmsnorm
 from eaglet.kernels.rope import rope_qkv_store
 from eaglet.kernels.tree_attention import tree_attention
@@ -183,7 +184,6 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(args.head_dim, args.norm_eps) if args.qk_norm else None
         self.k_norm = RMSNorm(args.head_dim, args.norm_eps) if args.qk_norm else None
         self.norm_eps = args.norm_eps
-        self.invariant = False  # Transformer.set_invariant
 
     def forward(self, x, positions, inv_freq, batch: ForwardBatch, kv: KVCache, qkv=None,
                 folded: bool = False, embeds=None, in_place: bool = True) -> torch.Tensor:
@@ -213,12 +213,10 @@ class Attention(nn.Module):
                                k_norm_weight=None if self.k_norm is None else self.k_norm.weight,
                                norm_eps=self.norm_eps)  # [B*T, Hq, D]
         o = tree_attention(q.view(B, T, self.n_heads, D), k_cache, v_cache, batch.page_table, batch.prefix_lens,
-                           batch.attn_mask, max_prefix_len=batch.max_prefix_len, invariant=self.invariant)  # [B, T, Hq, D]
+                           batch.attn_mask, max_prefix_len=batch.max_prefix_len)  # [B, T, Hq, D]
         if folded:  # the residual add in the GEMM's epilogue
             add = linear_add_ if in_place else linear_add
             return add(x2d, o.reshape(B * T, -1), self.o_proj.weight).view(B, T, -1)
-        if self.invariant:
-            return linear(o.reshape(B, T, -1), self.o_proj.weight, self.o_proj.bias, invariant=True)  # [B, T, H]
         return self.o_proj(o.reshape(B, T, -1))
 
 
@@ -320,19 +318,16 @@ class TransformerBlock(nn.Module):
     def _forward_fused_linear(self, x, residual, positions, inv_freq, batch, kv):
         """The same block with each norm fused into the projection after it and SiLU·mul into the
         down projection (kernels/linear.py: ~90 fewer launches per SmolLM2 step). Same results on
-        CPU (the kernels' references are exactly the unfused ops). The invariant block always runs here."""
+        CPU (the kernels' references are exactly the unfused ops)."""
         attn, mlp, ln1, ln2 = self.self_attn, self.mlp, self.input_layernorm, self.post_attention_layernorm
-        inv = self.invariant
         if residual is None:
-            qkv, residual = norm_linear(x, ln1.weight, ln1.eps, attn.qkv_proj.weight, attn.qkv_proj.bias,
-                                        invariant=inv), x
+            qkv, residual = norm_linear(x, ln1.weight, ln1.eps, attn.qkv_proj.weight, attn.qkv_proj.bias), x
         else:
             qkv, residual = norm_linear(x, ln1.weight, ln1.eps, attn.qkv_proj.weight, attn.qkv_proj.bias,
-                                        residual=residual, invariant=inv)  # [B, T, (Hq+2Hkv)*D], [B, T, H]
+                                        residual=residual)  # [B, T, (Hq+2Hkv)*D], [B, T, H]
         h = attn(x, positions, inv_freq, batch, kv, qkv=qkv)  # [B, T, H]
-        gu, residual = norm_linear(h, ln2.weight, ln2.eps, mlp.gate_up_proj.weight, residual=residual,
-                                   invariant=inv)  # [B, T, 2I]
-        return silu_mul_linear(gu, mlp.down_proj.weight, invariant=inv), residual
+        gu, residual = norm_linear(h, ln2.weight, ln2.eps, mlp.gate_up_proj.weight, residual=residual)  # [B, T, 2I]
+        return silu_mul_linear(gu, mlp.down_proj.weight), residual
 
 
 # Token counts up to which a block runs the fused projections (kernels/linear.py) instead of the rmsnorm
@@ -425,7 +420,7 @@ class Transformer(nn.Module):
         """Batch- and position-invariant numerics on (module doc) or off (the fastest kernels per shape)."""
         self.invariant = bool(invariant)
         for layer in self.model.layers:
-            layer.invariant = layer.self_attn.invariant = self.invariant
+            layer.invariant = self.invariant
         return self
 
     @property
