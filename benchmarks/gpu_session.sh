@@ -2,6 +2,9 @@
 # Stages of a GPU session, each sized to fit one 10-minute call on an offline GPU machine (the H200 box):
 #   bash benchmarks/gpu_session.sh STAGE [OUT]
 #   tests      GPU tests: kernels (bf16, graphs), CUDA-graph decode, EAGLE losslessness, stream plans (CSAN, stress)
+#   invariant  the invariant kernels' GPU tests, then benchmarks/bench_invariant.py (PARTS=proj,attn,step,sweep)
+#   e2e        run_spec.py with the defaults (SmolLM2 B=1/8 with AR passes, the fastest plain decoding) and random
+#              Llama-3.1-8B (plain; EAGLE-3 tree=simulate); a table of their metrics
 #   ar         benchmarks/bench_ar.py (needs the SmolLM2 GGUF and MT-bench; see benchmarks/offline_gpu_env.sh)
 #   kernels    tree attention, tree/verify and model-kernel benchmarks
 #   ablation   the overlap ablations (ABLATION_EXP, default both: ablate_overlap on random Llama-3.1-8B weights,
@@ -21,7 +24,7 @@
 # Results go to OUT (default $OUT, else ./gpu_out); tables are printed last.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-stage=${1:?stage: tests | ar | kernels | ablation | regen | train | experiments | scaling | lossless}
+stage=${1:?stage: tests | invariant | ar | kernels | ablation | regen | train | experiments | scaling | lossless}
 out=${2:-${OUT:-gpu_out}}
 mkdir -p "$out"
 source benchmarks/offline_gpu_env.sh
@@ -91,6 +94,32 @@ case $stage in
     # (EAGLET_AUTOTUNE=0): tuning every test shape costs minutes of compilation
     EAGLET_AUTOTUNE=0 python -m pytest -v -rf -p no:cacheprovider tests/kernels tests/spec 2>&1 | tee "$out/tests.log" \
       | grep -E "PASSED|FAILED|ERROR|passed|failed|^E " | tail -60 ;;
+  invariant)
+    # the invariant kernels' GPU tests (bf16 bit-identity across M, graphs), then benchmarks/bench_invariant.py's parts
+    # (PARTS, default proj,attn,step; sweep tunes the launch table)
+    EAGLET_AUTOTUNE=0 timeout ${TEST_S:-200} python -m pytest -v -rf -p no:cacheprovider tests/kernels/test_projection.py \
+      tests/kernels/test_invariant_model.py "tests/kernels/test_tree_attention.py::test_invariant_node_equals_its_decode" \
+      2>&1 | tee "$out/invariant_tests.log" | grep -E "passed|failed|^E |FAILED" | tail -20
+    timeout ${BENCH_S:-380} python benchmarks/bench_invariant.py --parts ${PARTS:-proj,attn,step} \
+      --md "$out/invariant_h200.md" 2>&1 | tee "$out/invariant.log" | grep -E "^\||Error|error" | tail -80 ;;
+  e2e)
+    # the issue-level end-to-end runs of the defaults (SmolLM2 + the shipped head, MT-bench, B=1 and 8, each with its
+    # AR pass), the fastest plain decoding beside them, and random Llama-3.1-8B (plain decoding; EAGLE-3 with
+    # tree=simulate); one line per run from its metrics.json (benchmarks/summarize_runs.py)
+    train_setup >/dev/null 2>&1
+    R=/tmp/e2e; mkdir -p $R
+    one() { local name=$1; shift; timeout ${RUN_S:-240} python run_spec.py hydra.run.dir=$R/$name logger=none "$@" \
+              > $R/$name.log 2>&1 || tail -3 $R/$name.log; }
+    for b in ${E2E_BATCHES:-1 8}; do
+      one smol_b$b target.path="$smol" gen.batch_size=$b ${E2E_ARGS:-}
+      one smol_ar_b$b target.path="$smol" draft=none gen.batch_size=$b ${AR_ARGS:-}
+    done
+    r8=(target=random_llama3_8b data=synthetic data.limit=1 data.prompt_len=1024 gen.max_new_tokens=256)
+    one l8b_ar "${r8[@]}" draft=none ${AR8_ARGS:-}
+    one l8b_eagle3_sim +experiment=ablate_overlap hydra.mode=RUN gen.batch_size=1 stream=serial tree=simulate \
+      ${SIM_ARGS:-}
+    python benchmarks/summarize_runs.py $R/* | tee "$out/e2e.md"
+    tar cz -C $R --exclude=wandb --exclude=trace.json --exclude=.hydra . > "$out/e2e.tgz" ;;
   ar)
     python benchmarks/bench_ar.py --batch 1 8 --max-new 256 --hf-max-new 32 --out "$out/ar_h200.md" ;;
   kernels)

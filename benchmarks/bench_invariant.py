@@ -1,0 +1,409 @@
+"""What batch invariance costs: the invariant kernels (kernels/projection.py, invariant tree attention) against the
+fastest non-invariant ones, in one run, on SmolLM2-135M's and Llama-3.1-8B's shapes.
+
+    python benchmarks/bench_invariant.py --md benchmarks/results/invariant_h200.md [--parts proj,attn,step,sweep]
+
+Parts (bf16, CUDA graphs; "graph µs" = per call inside a graph of 20 calls over cold weight copies, the method of
+benchmarks/bench_linear.py; floors = bytes that must move over the measured copy bandwidth):
+  proj   the four projections of a block (each with the op it absorbs: qkv with the norm, RoPE and the K/V store; o
+         with the residual add; gate_up with the norm and SiLU·mul; down with the residual add) and the LM head
+         (with the final norm), at M = 1, 8, 32, 64 rows and a 2,048-token prefill. Peers: the block compositions
+         eaglet's non-invariant paths run (cublas: the rmsnorm kernel + cuBLAS + the RoPE / SiLU kernels; fused:
+         kernels/linear.py, the GEMV at M = 1; folded: kernels/folded_linear.py up to 16 rows, its cuBLAS fallback
+         above). Their op boundaries differ, so the fair comparison is the layer: the sum of a scheme's projections.
+  attn   tree attention at decode (N = 1) and verify (B=1: N = 8 tree tokens; B=8: N = 8 each) shapes, invariant
+         against the split-KV kernel.
+  step   a whole forward of random-weight models in a CUDA graph: decode (B=1, 8; 1 token) and verify (B=1: 8 tree
+         tokens; B=8: 8 each) after a 1k-token prefix, invariant against the fastest non-invariant model paths.
+  sweep  the invariant projections' launch configs around the table's choice, at M = 1 and 8 (tuning, not
+         recorded).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+
+import torch
+import torch.nn.functional as F
+import triton
+from _common import bench, fmt, provenance, rel_err
+from bench_linear import BYTES, DEV, DTYPE, bench_graph, weights
+
+import eaglet.kernels.folded_linear as fl
+import eaglet.kernels.linear as lin
+import eaglet.kernels.projection as P
+from eaglet.kernels._utils import copy_bandwidth
+from eaglet.kernels.activation import silu_and_mul
+from eaglet.kernels.rmsnorm import rmsnorm
+from eaglet.kernels.rope import rope_qkv_store
+from eaglet.kernels.tree_attention import tree_attention
+
+MODELS = {
+    "SmolLM2-135M": dict(name="smollm2_135m", H=576, I=1536, Hq=9, Hkv=3, D=64, V=49152, layers=30),
+    "Llama-3.1-8B": dict(name="llama3_8b", H=4096, I=14336, Hq=32, Hkv=8, D=128, V=128256, layers=32),
+}
+PROJ_MS = (1, 8, 32, 64, 2048)
+LAYER = ("qkv", "o", "gate_up", "down")
+EPS = 1e-5
+
+
+# ----------------------------------------------------------------------------------------------------
+# proj: one projection per scheme
+
+
+def proj_cases(c: dict, M: int):
+    """(proj, weight copies, bytes moved, {scheme: fn(i) over weight copy i}, rel err of the invariant kernel).
+    Schemes: invariant (the norm weight applied in the kernel), inv_folded (the norm weight folded into the
+    projection: `Transformer.fold_norm_weights`), and the non-invariant peers."""
+    H, I, Hq, Hkv, D, V = c["H"], c["I"], c["Hq"], c["Hkv"], c["D"], c["V"]
+    x = torch.randn(M, H, device=DEV, dtype=DTYPE)  # [M, H] the residual stream
+    res = torch.randn(M, H, device=DEV, dtype=DTYPE)  # [M, H] the unfolded paths' residual
+    xs = x.clone()  # [M, H] the stream the in-place adds update (x itself stays the input of the others)
+    g = torch.rand(H, device=DEV, dtype=DTYPE) + 0.5  # [H] a norm weight
+    slots = torch.randperm(4 * M, device=DEV)[:M]  # [M]
+    pos = torch.randint(0, 4096, (M,), device=DEV)  # [M]
+    inv_freq = (1.0 / 5e5 ** (torch.arange(0, D, 2, device=DEV, dtype=torch.float64) / D)).float()  # [D/2]
+    kc, vc = (torch.zeros(4 * M, Hkv, D, device=DEV, dtype=DTYPE) for _ in range(2))  # [S, Hkv, D] each
+    rope = (pos, inv_freq, kc, vc, slots, Hq, Hkv, D)
+    act = M * H * BYTES
+    small = M <= fl.MAX_M
+
+    ws = weights((Hq + 2 * Hkv) * D, H)
+    qkv = {
+        "invariant": lambda i: P.qkv_rope_store(x, g, ws[i], None, *rope, EPS),
+        "inv_folded": lambda i: P.qkv_rope_store(x, P.FOLDED, ws[i], None, *rope, EPS),
+        "cublas": lambda i: rope_qkv_store(F.linear(rmsnorm(x, g, EPS, residual=res)[0], ws[i]), *rope),
+        "fused": (lambda i: rope_qkv_store(lin.norm_linear(x, g, EPS, ws[i], residual=res)[0], *rope))
+        if M <= lin.MAX_FAST_M else None,
+        "folded": (lambda i: fl.qkv_rope_store(x, ws[i], *rope, EPS)) if small
+        else (lambda i: rope_qkv_store(F.linear(x, ws[i]), *rope, norm_eps=EPS, row_norm_of=x)),
+    }
+    ref_q = P.qkv_rope_store_ref(x, g, ws[0], None, *rope, EPS)
+    yield "qkv", len(ws), ws[0].numel() * BYTES + 2 * act, qkv, rel_err(qkv["invariant"](0), ref_q)
+
+    o = torch.randn(M, Hq * D, device=DEV, dtype=DTYPE) * 0.1  # [M, Hq*D]
+    wo = weights(H, Hq * D)
+    ops = {
+        "invariant": lambda i: P.linear_add_(xs, o, wo[i]),
+        "inv_folded": lambda i: P.linear_add_(xs, o, wo[i]),
+        "cublas": lambda i: F.linear(o, wo[i]),
+        "fused": (lambda i: lin.linear(o, wo[i])) if M <= lin.MAX_FAST_M else None,
+        "folded": (lambda i: fl.linear_add_(xs, o, wo[i])) if small else (lambda i: xs.addmm_(o, wo[i].t())),
+    }
+    x0 = x.clone()
+    err = rel_err(P.linear_add(x0, o, wo[0]), P.linear_add_ref(x0, o, wo[0]))
+    yield "o", len(wo), wo[0].numel() * BYTES + M * Hq * D * BYTES + 2 * act, ops, err
+
+    wgu = weights(2 * I, H)
+    ops = {
+        "invariant": lambda i: P.gate_up_silu(x, g, wgu[i], EPS),
+        "inv_folded": lambda i: P.gate_up_silu(x, P.FOLDED, wgu[i], EPS),
+        "cublas": lambda i: silu_and_mul(F.linear(rmsnorm(x, g, EPS, residual=res)[0], wgu[i])),
+        "fused": (lambda i: lin.norm_linear(x, g, EPS, wgu[i], residual=res)) if M <= lin.MAX_FAST_M else None,
+        "folded": (lambda i: fl.gate_up_silu(x, wgu[i], EPS)) if small
+        else (lambda i: silu_and_mul(F.linear(x, wgu[i]), row_norm_of=x, eps=EPS)),
+    }
+    yield "gate_up", len(wgu), wgu[0].numel() * BYTES + act + M * I * BYTES, ops, \
+        rel_err(ops["invariant"](0), P.gate_up_silu_ref(x, g, wgu[0], EPS))
+
+    a = torch.randn(M, I, device=DEV, dtype=DTYPE) * 0.1  # [M, I]
+    gu = torch.randn(M, 2 * I, device=DEV, dtype=DTYPE)  # [M, 2I] the fused path's down input (SiLU on load)
+    wd = weights(H, I)
+    ops = {
+        "invariant": lambda i: P.linear_add_(xs, a, wd[i]),
+        "inv_folded": lambda i: P.linear_add_(xs, a, wd[i]),
+        "cublas": lambda i: F.linear(a, wd[i]),
+        "fused": (lambda i: lin.silu_mul_linear(gu, wd[i])) if M <= lin.MAX_FAST_M else None,
+        "folded": (lambda i: fl.linear_add_(xs, a, wd[i])) if small else (lambda i: xs.addmm_(a, wd[i].t())),
+    }
+    x0 = x.clone()
+    yield "down", len(wd), wd[0].numel() * BYTES + M * I * BYTES + 2 * act, ops, \
+        rel_err(P.linear_add(x0, a, wd[0]), P.linear_add_ref(x0, a, wd[0]))
+
+    if M <= 64:  # the LM head runs on the decode / verify rows only (a prefill's logits are its last row's)
+        we = weights(V, H)
+        ops = {
+            "invariant": lambda i: P.linear(x, we[i], None, g, EPS),
+            "inv_folded": lambda i: P.linear(x, we[i], None, g, EPS),
+            "cublas": lambda i: F.linear(rmsnorm(x, g, EPS), we[i]),
+            "fused": lambda i: lin.linear(rmsnorm(x, g, EPS), we[i]),
+        }
+        yield "lm_head", len(we), we[0].numel() * BYTES + act + M * V * BYTES, ops, \
+            rel_err(ops["invariant"](0), P.linear_ref(x, we[0], None, g, EPS))
+
+
+def run_proj(models: list[str], bw: float, ms=PROJ_MS) -> tuple[list[dict], str]:
+    rows = []
+    for model in models:
+        c = MODELS[model]
+        for M in ms:
+            for proj, copies, nbytes, ops, err in proj_cases(c, M):
+                times = {}
+                for k, f in ops.items():
+                    if f is not None:
+                        f(0)  # compile (and autotune) outside the graph capture
+                    times[k] = bench_graph(f, copies) if f is not None else None
+                rows.append(dict(model=model, M=M, proj=proj, floor=nbytes / bw * 1e6, err=err, **times))
+                print(f"  {model} M={M} {proj}: " + ", ".join(f"{k} {fmt(v, '.2f')}" for k, v in times.items())
+                      + f" (floor {nbytes / bw * 1e6:.2f}, err {err:.1e})", flush=True)
+            torch.cuda.empty_cache()
+    return rows, proj_table(rows)
+
+
+PEERS = ("cublas", "fused", "folded")
+
+
+def proj_table(rows: list[dict]) -> str:
+    head = ("| model | M | proj | floor µs | invariant µs | inv folded µs | cublas µs | fused µs | folded µs | "
+            "inv folded / best | rel err |")
+    out = [head, "|" + "---|" * (head.count("|") - 1)]
+    for r in rows:
+        best = min([r[p] for p in PEERS if r.get(p)], default=None)
+        ratio = r["inv_folded"] / best if best and r.get("inv_folded") else None
+        out.append(f"| {r['model']} | {r['M']} | {r['proj']} | {r['floor']:.2f} | {fmt(r['invariant'], '.2f')} | "
+                   f"{fmt(r.get('inv_folded'), '.2f')} | "
+                   + " | ".join(fmt(r.get(p), ".2f") if r.get(p) is not None else "" for p in PEERS)
+                   + f" | {fmt(ratio, '.3f')} | {r['err']:.1e} |")
+    out += ["", "Per layer (the four projections; a scheme's sum, so that its op boundaries cancel) and per decode step "
+            "(layers x layer + LM head):", "",
+            "| model | M | layer floor µs | invariant | inv folded | cublas | fused | folded | inv folded / best | "
+            "step inv folded µs | step best µs |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for model, M in dict.fromkeys((r["model"], r["M"]) for r in rows):
+        by = {r["proj"]: r for r in rows if r["model"] == model and r["M"] == M}
+        if not all(p in by for p in LAYER):
+            continue
+
+        def layer(k):
+            v = [by[p].get(k) for p in LAYER]
+            return None if any(t is None for t in v) else sum(v)
+
+        sums = {k: layer(k) for k in ("invariant", "inv_folded") + PEERS}
+        best_k = min((k for k in PEERS if sums[k] is not None), key=lambda k: sums[k], default=None)
+        best = sums[best_k] if best_k else None
+        n = MODELS[model]["layers"]
+        head_t = by.get("lm_head", {})
+        step_inv = sums["inv_folded"] * n + (head_t.get("inv_folded") or 0) if sums["inv_folded"] else None
+        head_best = min([head_t[p] for p in PEERS if head_t.get(p)], default=0)
+        step_best = best * n + head_best if best else None
+        ratio = sums["inv_folded"] / best if best and sums["inv_folded"] else None
+        out.append(f"| {model} | {M} | {sum(by[p]['floor'] for p in LAYER):.1f} | {fmt(sums['invariant'])} | "
+                   f"{fmt(sums['inv_folded'])} | "
+                   + " | ".join(fmt(sums[k]) if sums[k] is not None else "" for k in PEERS)
+                   + f" | {fmt(ratio, '.3f')} | {fmt(step_inv)} | {fmt(step_best)} |")
+    return "\n".join(out)
+
+
+# ----------------------------------------------------------------------------------------------------
+# attn
+
+
+def attn_inputs(B, N, Hq, Hkv, D, prefix, page_size=16, tree=True, seed=0):
+    gen = torch.Generator(device=DEV).manual_seed(seed)
+    pages_per = triton.cdiv(prefix + N, page_size)
+    num_pages = B * pages_per
+    k = torch.randn(num_pages, page_size, Hkv, D, device=DEV, dtype=DTYPE, generator=gen)
+    v = torch.randn(num_pages, page_size, Hkv, D, device=DEV, dtype=DTYPE, generator=gen)
+    pt = torch.randperm(num_pages, device=DEV, generator=gen).view(B, pages_per).int()  # [B, P]
+    pl = torch.full((B,), prefix, device=DEV, dtype=torch.int32)  # [B]
+    q = torch.randn(B, N, Hq, D, device=DEV, dtype=DTYPE, generator=gen)  # [B, N, Hq, D]
+    mask = None
+    if tree and N > 1:  # a 4-ary EAGLE-2-like tree, parents first
+        parents = [-1] + [(i - 1) // 4 for i in range(1, N)]
+        m = torch.zeros(N, N, dtype=torch.bool)
+        for i in range(N):
+            j = i
+            while j >= 0:
+                m[i, j], j = True, parents[j]
+        mask = m[None].expand(B, N, N).contiguous().to(DEV)  # [B, N, N]
+    return q, k, v, pt, pl, mask
+
+
+ATTN_CASES = [(1, 1, 1024), (1, 8, 1024), (8, 1, 1024), (8, 8, 1024), (1, 8, 4096), (8, 8, 4096)]  # (B, N, L)
+
+
+def run_attn(models: list[str], bw: float) -> str:
+    head = "| model | B | N | prefix | KV floor µs | invariant µs | split-KV µs | inv / split-KV |"
+    out = [head, "|" + "---|" * (head.count("|") - 1)]
+    for model in models:
+        c = MODELS[model]
+        for B, N, L in ATTN_CASES:
+            inputs = attn_inputs(B, N, c["Hq"], c["Hkv"], c["D"], L)
+            bound = L + 64  # a graph's bound on the prefix, a little above it (as the engines pass it)
+            t = {}
+            for name, inv in (("invariant", True), ("split", False)):
+                tree_attention(*inputs, max_prefix_len=bound, invariant=inv)  # compile / autotune outside capture
+                t[name] = bench_graph(lambda i, inv=inv: tree_attention(*inputs, max_prefix_len=bound, invariant=inv),
+                                      1)
+            floor = B * (L + N) * c["Hkv"] * c["D"] * 2 * BYTES / bw * 1e6
+            ratio = t["invariant"] / t["split"] if t["invariant"] and t["split"] else None
+            out.append(f"| {model} | {B} | {N} | {L} | {floor:.2f} | {fmt(t['invariant'], '.2f')} | "
+                       f"{fmt(t['split'], '.2f')} | {fmt(ratio, '.3f')} |")
+            print("  " + out[-1], flush=True)
+    return "\n".join(out)
+
+
+# ----------------------------------------------------------------------------------------------------
+# step
+
+
+def run_step(models: list[str]) -> str:
+    from eaglet.models.kv_cache import ForwardBatch, KVCache, slots_for
+    from eaglet.models.llama import ModelArgs, Transformer
+
+    head = ("| model | case | invariant ms | non-invariant ms | folded non-invariant ms | inv / fastest |")
+    out = [head, "|---|---|---|---|---|---|"]
+    L, ctx = 1024, 2048
+    for model in models:
+        c = MODELS[model]
+        args = ModelArgs.from_name(c["name"])
+        with torch.device(DEV):
+            net = Transformer(args).to(DTYPE)
+        with torch.no_grad():
+            for p in net.parameters():
+                p.normal_(0, 0.02)
+            for layer in net.model.layers:
+                layer.input_layernorm.weight.uniform_(0.5, 1.5)
+                layer.post_attention_layernorm.weight.uniform_(0.5, 1.5)
+        net.eval()
+        cases = []
+        for B, T in ((1, 1), (8, 1), (1, 8), (8, 8)):
+            kv = KVCache.for_model(args, max_reqs=B, max_context=ctx, page_size=16, dtype=DTYPE, device=DEV)
+            reqs = [kv.alloc_request() for _ in range(B)]
+            for r in reqs:
+                kv.reserve(r, L + T)
+            pt = kv.req_to_page[reqs]  # [B, P]
+            at = L + torch.arange(T, device=DEV)[None].expand(B, T)  # [B, T]
+            mask = attn_inputs(B, T, 1, 1, 64, 0)[5] if T > 1 else None
+            batch = ForwardBatch(pt, torch.full((B,), L, dtype=torch.int32, device=DEV), slots_for(pt, at, 16), mask,
+                                 ctx - T)  # the engines' graph bound: the context
+            tokens = torch.randint(0, args.vocab_size, (B, T), device=DEV)
+            cases.append((f"B={B} T={T}", tokens, at.clone(), batch, kv))
+        times = {}
+        for variant in ("invariant", "non-invariant", "folded non-invariant"):
+            if variant == "folded non-invariant":
+                net.fold_norm_weights()  # in place, so last
+            net.set_invariant(variant == "invariant")
+            for name, tokens, positions, batch, kv in cases:
+                def fwd():
+                    h, _ = net(tokens, positions, batch, kv)
+                    return net.logits(h)
+
+                with torch.inference_mode():
+                    fwd()
+                    fwd()
+                    graph = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(graph):
+                        fwd()
+                    times[variant, name] = bench(graph.replay) / 1e3
+                    del graph
+                print(f"  {model} {name} {variant}: {times[variant, name]:.3f} ms", flush=True)
+        for name, *_ in cases:
+            inv, plain, folded = (times[v, name] for v in ("invariant", "non-invariant", "folded non-invariant"))
+            out.append(f"| {model} | {name} | {inv:.3f} | {plain:.3f} | {folded:.3f} | {inv / min(plain, folded):.3f} |")
+        del net, cases
+        torch.cuda.empty_cache()
+    return "\n".join(out)
+
+
+# ----------------------------------------------------------------------------------------------------
+# sweep
+
+
+def run_sweep(models: list[str]) -> str:
+    """Time the invariant projections under configs around the table's, at M = 1 and 8."""
+    out = ["| model | proj | N x K | M | table config µs | best config | best µs |", "|---|---|---|---|---|---|---|"]
+    for model in models:
+        c = MODELS[model]
+        H, I, Hq, Hkv, D = c["H"], c["I"], c["Hq"], c["Hkv"], c["D"]
+        shapes = {"qkv": ((Hq + 2 * Hkv) * D, H, P._ROPE), "o": (H, Hq * D, P._ADD), "gate_up": (2 * I, H, P._SILU),
+                  "down": (H, I, P._ADD), "lm_head": (c["V"], H, P._PLAIN)}
+        for proj, (N, K, epi) in shapes.items():
+            ws = weights(N, K)
+            copies = len(ws)
+            for M in (1, 8):
+                x = torch.randn(M, K, device=DEV, dtype=DTYPE)
+                xa = torch.randn(M, H if epi != P._ADD else K, device=DEV, dtype=DTYPE)
+                res = torch.randn(M, N, device=DEV, dtype=DTYPE)
+                g = torch.rand(K, device=DEV, dtype=DTYPE) + 0.5
+                rope = None
+                if epi == P._ROPE:
+                    rope = (torch.randint(0, 4096, (M,), device=DEV),
+                            torch.rand(D // 2, device=DEV), torch.zeros(4 * M, Hkv, D, device=DEV, dtype=DTYPE),
+                            torch.zeros(4 * M, Hkv, D, device=DEV, dtype=DTYPE), torch.arange(M, device=DEV),
+                            Hq, Hkv, D)
+
+                def call(i, cfg):
+                    if epi == P._ROPE:
+                        return P.qkv_rope_store(x, g, ws[i], None, *rope, EPS, cfg=cfg)
+                    if epi == P._SILU:
+                        return P.gate_up_silu(x, g, ws[i], EPS, cfg=cfg)
+                    if epi == P._ADD:
+                        return P.linear_add(res, x, ws[i], cfg=cfg)
+                    return P.linear(x, ws[i], None, g, EPS, cfg=cfg)
+
+                base = P.launch_config(N, K, M, epi, DTYPE, x.device)
+                t_base = bench_graph(lambda i: call(i, base), copies)
+                best, best_t = None, None
+                for splits, bk, stages, warps in itertools.product((1, 2, 4, 8), (128, 256), (4,), (4,)):
+                    split_k = triton.cdiv(triton.cdiv(K, splits), bk) * bk
+                    cfg = dict(BLOCK_N=64, BLOCK_K=bk, SPLITS=triton.cdiv(K, split_k), SPLIT_K=split_k,
+                               num_warps=warps, num_stages=stages, BLOCK_M=16)
+                    if cfg["SPLITS"] != splits or split_k < bk:
+                        continue
+                    try:
+                        call(0, cfg)
+                        t = bench_graph(lambda i, cfg=cfg: call(i, cfg), copies)
+                    except Exception as e:  # noqa: BLE001 - a config that does not compile is skipped
+                        print(f"    {proj} {cfg}: {type(e).__name__}", flush=True)
+                        continue
+                    if t is not None and (best_t is None or t < best_t):
+                        best, best_t = cfg, t
+                desc = f"s{best['SPLITS']} k{best['BLOCK_K']} st{best['num_stages']}" if best else "none"
+                out.append(f"| {model} | {proj} | {N} x {K} | {M} | {fmt(t_base, '.2f')} "
+                           f"(s{base['SPLITS']} k{base['BLOCK_K']} st{base['num_stages']}) | {desc} | "
+                           f"{fmt(best_t, '.2f')} |")
+                print("  " + out[-1], flush=True)
+            del ws
+            torch.cuda.empty_cache()
+    return "\n".join(out)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--md", default=None, help="also write the tables as markdown here")
+    ap.add_argument("--models", default=",".join(MODELS), help=f"comma list of {','.join(MODELS)}")
+    ap.add_argument("--parts", default="proj,attn,step", help="comma list of proj, attn, step, sweep")
+    ap.add_argument("--ms", default=",".join(map(str, PROJ_MS)), help="proj: comma list of row counts")
+    args = ap.parse_args()
+    torch.manual_seed(0)
+    bw = copy_bandwidth()
+    print(f"{torch.cuda.get_device_name()}: copy {bw / 1e12:.2f} TB/s (read+write)", flush=True)
+    models = args.models.split(",")
+    parts = args.parts.split(",")
+    md = [provenance() + f"Measured copy bandwidth: {bw / 1e12:.2f} TB/s (read+write). bf16, CUDA graphs.\n"]
+
+    def emit(title: str, table: str) -> None:  # written as each part ends: a run cut short keeps what it measured
+        md.extend([f"## {title}", "", table, ""])
+        if args.md:
+            with open(args.md, "w") as f:
+                f.write("\n".join(md) + "\n")
+
+    bad = []
+    if "proj" in parts:
+        rows, table = run_proj(models, bw, [int(m) for m in args.ms.split(",")])
+        emit("Projections", table)
+        bad = [r for r in rows if not r["err"] < 1e-2]
+    if "attn" in parts:
+        emit("Tree attention", run_attn(models, bw))
+    if "step" in parts:
+        emit("Whole forward (random weights, 1k-token prefix)", run_step(models))
+    if "sweep" in parts:
+        emit("Launch-config sweep (invariant projections)", run_sweep(models))
+    print("\n".join(md))
+    if bad:
+        raise SystemExit(f"the invariant kernels disagree with their references in {len(bad)} rows")
+
+
+if __name__ == "__main__":
+    main()
