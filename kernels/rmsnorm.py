@@ -134,13 +134,15 @@ def _launch_meta(H: int) -> dict:
 
 
 def compile_cases(hip: bool) -> list[CompileCase]:
-    """kernels/_compile_cases.py: the model's hidden size with and without the fused residual, bf16 (the same on
-    both vendors)."""
+    """kernels/_compile_cases.py: the model's hidden size with and without the fused residual, for one row (a decode
+    at B=1: Triton makes M == 1 a constant) and for several; bf16, the same on both vendors."""
     p = Ptr(torch.bfloat16)
     cases = []
     for s in model_shapes():
-        for res in (False, True):
-            cases.append(CompileCase.of(
-                _rmsnorm_kernel, (s.name,), x_ptr=p, res_ptr=p, w_ptr=p, out_ptr=p, new_res_ptr=p, M=8, H=s.hidden,
-                stride_x=s.hidden, stride_res=s.hidden, eps=1e-5, HAS_RESIDUAL=res, **_launch_meta(s.hidden)))
+        for M in (1, 8):
+            for res in (False, True):
+                cases.append(CompileCase.of(
+                    _rmsnorm_kernel, (f"{s.name} M={M}",), x_ptr=p, res_ptr=p, w_ptr=p, out_ptr=p, new_res_ptr=p, M=M,
+                    H=s.hidden, stride_x=s.hidden, stride_res=s.hidden, eps=1e-5, HAS_RESIDUAL=res,
+                    **_launch_meta(s.hidden)))
     return cases
