@@ -12,6 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
+from eaglet.kernels._compile_cases import CompileCase, Ptr, model_shapes
 from eaglet.kernels._utils import use_triton
 from eaglet.kernels.rmsnorm import MAX_HIDDEN, row_rstd, row_rstd_ref
 
@@ -75,8 +76,26 @@ def silu_and_mul(x: torch.Tensor, row_norm_of: torch.Tensor | None = None, eps: 
     r = row_norm_of.reshape(M, -1) if scale else x2  # [M, H] rows of the row scale, else a dummy pointer
     if r.stride(1) != 1:
         r = r.contiguous()
-    block = min(_BLOCK, triton.next_power_of_2(I))
-    _silu_and_mul_kernel[(M, triton.cdiv(I, block))](
-        x2, out, r, I, x2.stride(0), r.stride(0), r.shape[1], float(eps), BLOCK=block, SCALE=scale,
-        BLOCK_R=triton.next_power_of_2(r.shape[1]) if scale else 1, num_warps=4)
+    meta = _launch_meta(I, r.shape[1] if scale else None)
+    _silu_and_mul_kernel[(M, triton.cdiv(I, meta["BLOCK"]))](
+        x2, out, r, I, x2.stride(0), r.stride(0), r.shape[1], float(eps), **meta)
     return out
+
+
+def _launch_meta(I: int, H: int | None) -> dict:
+    """Block and warps for I output columns; H: the width of the rows whose 1/rms scales x (None: no scale)."""
+    return dict(BLOCK=min(_BLOCK, triton.next_power_of_2(I)), SCALE=H is not None,
+                BLOCK_R=1 if H is None else triton.next_power_of_2(H), num_warps=4)
+
+
+def compile_cases(hip: bool) -> list[CompileCase]:
+    """kernels/_compile_cases.py: the model's FFN width, plain and with the folded post-attention norm's scale;
+    bf16 (the same on both vendors)."""
+    p = Ptr(torch.bfloat16)
+    cases = []
+    for s in model_shapes():
+        for H in (None, s.hidden):
+            cases.append(CompileCase.of(
+                _silu_and_mul_kernel, (s.name,), x_ptr=p, out_ptr=p, r_ptr=p, I=s.ffn, stride_x=2 * s.ffn,
+                stride_r=H or 2 * s.ffn, H=H or 2 * s.ffn, eps=1e-5, **_launch_meta(s.ffn, H)))
+    return cases

@@ -25,8 +25,10 @@ import torch
 import triton
 import triton.language as tl
 
+from eaglet.kernels._compile_cases import TREES, CompileCase, Ptr, model_shapes
 from eaglet.kernels._utils import use_triton
 from eaglet.kernels.topk import _decode_keys, _keys, _top_keys, top_ids_ref
+from eaglet.kernels.tree_mask import num_candidates
 
 
 def expand_step_ref(cur_lp, lp, ids, cur_flat, mask, h, scores, tokens, parents, base, d2t=None,
@@ -150,8 +152,38 @@ def expand_step(cur_lp, lp, ids, cur_flat, mask, h, scores, tokens, parents, bas
         cur_lp, lp, ids, d2t if d2t is not None else ids, cur_flat, mask.view(torch.uint8), h, scores, tokens,
         parents, out_lp, out_tok, out_flat, h_next, mask_next.view(torch.uint8), base, C, W, HD,
         cur_lp.stride(0), cur_flat.stride(0), mask.stride(0), mask.stride(1), h.stride(0), h.stride(1),
-        K=K, KP=triton.next_power_of_2(K), KK_P=triton.next_power_of_2(K * K), HAS_D2T=d2t is not None,
-        KEEP=keep_ancestors, BLOCK_W=min(1024, triton.next_power_of_2(W + K)),
-        BLOCK_H=min(1024, triton.next_power_of_2(HD)), num_warps=4,
+        **_launch_meta(K, W, HD, d2t is not None, keep_ancestors),
     )  # fmt: skip
     return out_lp, out_tok, out_flat, h_next, mask_next
+
+
+def _launch_meta(K: int, W: int, HD: int, has_d2t: bool, keep_ancestors: bool) -> dict:
+    """Blocks and warps for K nodes with W mask columns and hidden size HD."""
+    return dict(K=K, KP=triton.next_power_of_2(K), KK_P=triton.next_power_of_2(K * K), HAS_D2T=has_d2t,
+                KEEP=keep_ancestors, BLOCK_W=min(1024, triton.next_power_of_2(W + K)),
+                BLOCK_H=min(1024, triton.next_power_of_2(HD)), num_warps=4)
+
+
+def compile_cases(hip: bool) -> list[CompileCase]:
+    """kernels/_compile_cases.py: every draft step of every tree, for EAGLE-1 (target ids, ancestors cached),
+    EAGLE-3 (d2t) and multi-layer heads (no ancestors), at the model's hidden size, with the strides the engine's
+    draft passes (spec/eagle.py: step 1 expands the root's broadcast node ids and identity mask); bf16 hidden states,
+    the same on both vendors."""
+    f32, i64, u8, bf16 = Ptr(torch.float32), Ptr(torch.int64), Ptr(torch.uint8), Ptr(torch.bfloat16)
+    heads = (("eagle1", False, True), ("eagle3", True, True), ("multi_layer", False, False))
+    cases = []
+    for s in model_shapes():
+        H = s.hidden
+        for t in TREES:
+            K = t.topk
+            for i in range(1, t.steps):
+                W = i * K  # the draft KV that step i's nodes see
+                strides = dict(stride_lpb=K, stride_fb=0 if i == 1 else K, stride_mb=0 if i == 1 else K * W,
+                               stride_mk=W, stride_hb=K * H, stride_hk=H)
+                for head, has_d2t, keep in heads:
+                    cases.append(CompileCase.of(
+                        _expand_kernel, (f"{s.name} {t.name} {head}",), CUR_LP=f32, LP=f32, IDS=i64, D2T=i64,
+                        CUR_FLAT=i64, MASK=u8, H=bf16, SCORES=f32, TOKENS=i64, PARENTS=i64, OUT_LP=f32, OUT_TOK=i64,
+                        OUT_FLAT=i64, H_OUT=bf16, MASK_OUT=u8, base=K + (i - 1) * K * K, C=num_candidates(K, t.steps),
+                        W=W, HD=H, **strides, **_launch_meta(K, W, H, has_d2t, keep)))
+    return cases

@@ -17,6 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
+from eaglet.kernels._compile_cases import TREES, CompileCase, Ptr, model_shapes
 from eaglet.kernels._utils import use_triton
 
 
@@ -125,11 +126,29 @@ def commit_kv(
     HD = kv_cache.shape[4] * kv_cache.shape[5]
     if B > 0 and kv_cache.numel() > 0:
         bits = kv_cache.view(_SAME_SIZE_INT[kv_cache.element_size()])  # a move is a bit copy (fp8/bf16 too)
-        block = min(triton.next_power_of_2(HD), 1024)
-        _commit_kv_kernel[(B, L2, triton.cdiv(HD, block))](
+        meta = _launch_meta(HD, accept_index.shape[1])
+        _commit_kv_kernel[(B, L2, triton.cdiv(HD, meta["BLOCK"]))](
             bits, page_table.contiguous(), seq_lens, accept_index.contiguous(), accept_len.contiguous(),
-            page_table.shape[1], page_size, kv_cache.stride(1), HD,
-            S1=accept_index.shape[1], BLOCK=block, num_warps=4,
+            page_table.shape[1], page_size, kv_cache.stride(1), HD, **meta,
         )
     # After the moves, in stream order: every program above read the old seq_lens.
     seq_lens += accept_len
+
+
+def _launch_meta(HD: int, S1: int) -> dict:
+    """Block and warps for moving rows of HD = Hkv * D values along an accepted path of up to S1 nodes."""
+    return dict(S1=S1, BLOCK=min(triton.next_power_of_2(HD), 1024), num_warps=4)
+
+
+def compile_cases(hip: bool) -> list[CompileCase]:
+    """kernels/_compile_cases.py: the model's KV heads (a bf16 pool moved as int16), every tree's path length; the
+    same on both vendors. The pool: 16-token pages (the engine's default), 4,096-token requests."""
+    cases = []
+    for s in model_shapes():
+        HD = s.n_kv_heads * s.head_dim
+        for t in TREES:
+            cases.append(CompileCase.of(
+                _commit_kv_kernel, (f"{s.name} {t.name}",), kv_ptr=Ptr(torch.int16), page_table_ptr=Ptr(torch.int32),
+                seq_lens_ptr=Ptr(torch.int32), accept_index_ptr=Ptr(torch.int64), accept_len_ptr=Ptr(torch.int32),
+                P=256, page_size=16, stride_lkv=4096 * 16 * HD, HD=HD, **_launch_meta(HD, t.steps + 1)))
+    return cases

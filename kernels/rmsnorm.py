@@ -15,6 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
+from eaglet.kernels._compile_cases import CompileCase, Ptr, model_shapes
 from eaglet.kernels._utils import use_triton
 
 _FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -117,12 +118,31 @@ def rmsnorm(
     r2 = _as_rows(residual, H) if has_res else x2  # [M, H]; a dummy pointer when there is no residual
     new_res = torch.empty_like(out) if has_res else out  # [..., H]
     if M > 0:
-        block = triton.next_power_of_2(H)
-        rows = max(1, min(16, 1024 // block))  # small H: several rows a program, so programs are not tiny
-        num_warps = 4 if block * rows <= 2048 else 8 if block <= 8192 else 16
-        _rmsnorm_kernel[(triton.cdiv(M, rows),)](
+        meta = _launch_meta(H)
+        _rmsnorm_kernel[(triton.cdiv(M, meta["ROWS"]),)](
             x2, r2, weight.contiguous(), out, new_res,
-            M, H, x2.stride(0), r2.stride(0), float(eps),
-            HAS_RESIDUAL=has_res, ROWS=rows, BLOCK=block, num_warps=num_warps,
+            M, H, x2.stride(0), r2.stride(0), float(eps), HAS_RESIDUAL=has_res, **meta,
         )
     return (out, new_res) if has_res else out
+
+
+def _launch_meta(H: int) -> dict:
+    """The kernel's block, rows a program and warps for rows of H values."""
+    block = triton.next_power_of_2(H)
+    rows = max(1, min(16, 1024 // block))  # small H: several rows a program, so programs are not tiny
+    return dict(ROWS=rows, BLOCK=block, num_warps=4 if block * rows <= 2048 else 8 if block <= 8192 else 16)
+
+
+def compile_cases(hip: bool) -> list[CompileCase]:
+    """kernels/_compile_cases.py: the model's hidden size with and without the fused residual, for one row (a decode
+    at B=1: Triton makes M == 1 a constant) and for several; bf16, the same on both vendors."""
+    p = Ptr(torch.bfloat16)
+    cases = []
+    for s in model_shapes():
+        for M in (1, 8):
+            for res in (False, True):
+                cases.append(CompileCase.of(
+                    _rmsnorm_kernel, (f"{s.name} M={M}",), x_ptr=p, res_ptr=p, w_ptr=p, out_ptr=p, new_res_ptr=p, M=M,
+                    H=s.hidden, stride_x=s.hidden, stride_res=s.hidden, eps=1e-5, HAS_RESIDUAL=res,
+                    **_launch_meta(s.hidden)))
+    return cases

@@ -25,6 +25,7 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
+from eaglet.kernels._compile_cases import CompileCase, Ptr, model_shapes
 from eaglet.kernels._utils import is_interpret, use_triton
 from eaglet.kernels.rmsnorm import MAX_HIDDEN, rmsnorm_ref, row_rstd, row_rstd_ref
 
@@ -257,16 +258,35 @@ def rope_qkv_store(
     x = q  # [M, H] rows of the row scale, else a dummy pointer
     if scale:
         x = row_norm_of if row_norm_of.stride(1) == 1 else row_norm_of.contiguous()
-    block_hq = triton.next_power_of_2(n_heads)
-    block_half = triton.next_power_of_2(D // 2)
     _rope_qkv_store_kernel[(M, 3)](
         qkv, positions.contiguous(), inv_freq.contiguous(), k_cache, v_cache, out_slots.contiguous(), q,
         q_norm_weight.contiguous() if has_norm else q, k_norm_weight.contiguous() if has_norm else q, x,
         qkv.stride(0), x.stride(0) if scale else 0, x.shape[1] if scale else 1, float(norm_eps),
-        HQ=n_heads, HKV=n_kv_heads, D=D,
-        BLOCK_HQ=block_hq, BLOCK_HKV=triton.next_power_of_2(n_kv_heads), BLOCK_HALF=block_half,
-        HAS_NORM=has_norm, PRECISE_TRIG=not is_interpret(), SCALE=scale,
-        BLOCK_X=triton.next_power_of_2(x.shape[1]) if scale else 1,
-        num_warps=4 if block_hq * block_half <= 1024 else 8,
+        **_launch_meta(n_heads, n_kv_heads, D, has_norm, x.shape[1] if scale else None),
+        PRECISE_TRIG=not is_interpret(),
     )
     return q
+
+
+def _launch_meta(n_heads: int, n_kv_heads: int, D: int, has_norm: bool, H: int | None) -> dict:
+    """Blocks and warps for one row's heads; H: the width of the rows whose 1/rms scales qkv (None: no scale)."""
+    block_hq, block_half = triton.next_power_of_2(n_heads), triton.next_power_of_2(D // 2)
+    return dict(HQ=n_heads, HKV=n_kv_heads, D=D, BLOCK_HQ=block_hq, BLOCK_HKV=triton.next_power_of_2(n_kv_heads),
+                BLOCK_HALF=block_half, HAS_NORM=has_norm, SCALE=H is not None,
+                BLOCK_X=1 if H is None else triton.next_power_of_2(H),
+                num_warps=4 if block_hq * block_half <= 1024 else 8)
+
+
+def compile_cases(hip: bool) -> list[CompileCase]:
+    """kernels/_compile_cases.py: the model's heads, plain and with the folded input norm's scale; bf16, the
+    libdevice (CUDA) / OCML (HIP) sine and cosine (the same on both vendors)."""
+    p, i64 = Ptr(torch.bfloat16), Ptr(torch.int64)
+    cases = []
+    for s in model_shapes():
+        for H in (None, s.hidden):
+            cases.append(CompileCase.of(
+                _rope_qkv_store_kernel, (s.name,), qkv_ptr=p, pos_ptr=i64, inv_freq_ptr=Ptr(torch.float32),
+                k_cache_ptr=p, v_cache_ptr=p, slots_ptr=i64, q_ptr=p, qw_ptr=p, kw_ptr=p, x_ptr=p,
+                stride_qkv=(s.n_heads + 2 * s.n_kv_heads) * s.head_dim, stride_x=H or 0, H=H or 1, eps=1e-5,
+                PRECISE_TRIG=True, **_launch_meta(s.n_heads, s.n_kv_heads, s.head_dim, False, H)))
+    return cases

@@ -26,6 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
+from eaglet.kernels._compile_cases import TREES, CompileCase, Ptr, model_shapes
 from eaglet.kernels._utils import use_triton
 from eaglet.kernels.tree_mask import _score_key
 
@@ -169,18 +170,45 @@ def topk_logprobs(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Ten
     ids = torch.empty(*lead, k, dtype=torch.int64, device=logits.device)  # [..., k]
     if R == 0:
         return lp, ids
-    KP = triton.next_power_of_2(k)
-    single = V <= _SINGLE_CHUNK
-    block_v = triton.next_power_of_2(V) if single else _block_v(V)
-    C = triton.cdiv(V, block_v)
-    if single:
-        _chunk_kernel[(R, 1)](x, x.stride(0), V, lp, lp, ids, lp, ids, K=k, KP=KP, BLOCK_V=block_v, SINGLE=True,
-                              num_warps=4)
+    chunk_meta, rows_meta = _launch_meta(V, k)
+    C = triton.cdiv(V, chunk_meta["BLOCK_V"])
+    if rows_meta is None:
+        _chunk_kernel[(R, 1)](x, x.stride(0), V, lp, lp, ids, lp, ids, **chunk_meta)
         return lp, ids
     stats = torch.empty(2, R, C, dtype=torch.float32, device=logits.device)  # [max, sum] x [R, C]
     keys = torch.empty(R, C, k, dtype=torch.int64, device=logits.device)  # [R, C, k]
-    _chunk_kernel[(R, C)](x, x.stride(0), V, stats[0], stats[1], keys, lp, ids, K=k, KP=KP, BLOCK_V=block_v,
-                          SINGLE=False, num_warps=4)
-    _rows_kernel[(R,)](stats[0], stats[1], keys, lp, ids, C, K=k, KP=KP, BLOCK_C=triton.next_power_of_2(C),
-                       BLOCK_KC=triton.next_power_of_2(C * k), num_warps=4)
+    _chunk_kernel[(R, C)](x, x.stride(0), V, stats[0], stats[1], keys, lp, ids, **chunk_meta)
+    _rows_kernel[(R,)](stats[0], stats[1], keys, lp, ids, C, **rows_meta)
     return lp, ids
+
+
+def _launch_meta(V: int, k: int) -> tuple[dict, dict | None]:
+    """The chunk kernel's meta-parameters for rows of V ids and the top k, and the rows kernel's (None: a row is one
+    chunk, the chunk kernel finishes it)."""
+    KP = triton.next_power_of_2(k)
+    single = V <= _SINGLE_CHUNK
+    block_v = triton.next_power_of_2(V) if single else _block_v(V)
+    chunk = dict(K=k, KP=KP, BLOCK_V=block_v, SINGLE=single, num_warps=4)
+    if single:
+        return chunk, None
+    C = triton.cdiv(V, block_v)
+    return chunk, dict(K=k, KP=KP, BLOCK_C=triton.next_power_of_2(C), BLOCK_KC=triton.next_power_of_2(C * k),
+                       num_warps=4)
+
+
+def compile_cases(hip: bool) -> list[CompileCase]:
+    """kernels/_compile_cases.py: fp32 logits over the target's vocabulary (EAGLE-1 and multi-layer heads, the
+    prefill) and the EAGLE-3 draft vocabulary, top-k of every tree; the same on both vendors."""
+    f32, i64 = Ptr(torch.float32), Ptr(torch.int64)
+    cases = []
+    for s in model_shapes():
+        for V in (s.vocab, s.draft_vocab):
+            for k in sorted({t.topk for t in TREES}):
+                used = (f"{s.name} V={V} k={k}",)
+                chunk_meta, rows_meta = _launch_meta(V, k)
+                cases.append(CompileCase.of(_chunk_kernel, used, X=f32, stride_x=V, V=V, MAXS=f32, SUMS=f32,
+                                            KEYS=i64, LP=f32, IDS=i64, **chunk_meta))
+                if rows_meta is not None:
+                    cases.append(CompileCase.of(_rows_kernel, used, MAXS=f32, SUMS=f32, KEYS=i64, LP=f32, IDS=i64,
+                                                C=triton.cdiv(V, chunk_meta["BLOCK_V"]), **rows_meta))
+    return cases

@@ -29,6 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
+from eaglet.kernels._compile_cases import TREES, CompileCase, Ptr
 from eaglet.kernels._utils import use_triton
 
 
@@ -358,15 +359,39 @@ def build_tree(
     if B == 0:
         return DraftTree(tokens, parents, positions, mask, next_token, next_sibling)
     mask_arg = mask.view(torch.int8) if mask.dtype == torch.bool else mask
-    n_pad = max(triton.next_power_of_2(N), 2)
-    block_c = max(triton.next_power_of_2(C), 16)  # all candidates of a request in registers
     _build_tree_kernel[(B,)](
         cand_scores.contiguous(), cand_tokens.contiguous(), cand_parents.contiguous(),
         root_tokens.contiguous(), seq_lens.contiguous(),
         tokens, parents, positions, next_token, next_sibling, mask_arg,
-        C,
-        N=N, K=topk, S=steps, FORMAT=_FORMAT_CODE[fmt],
-        N_PAD=n_pad, BLOCK_C=block_c, BLOCK_L=128,
-        num_warps=8 if block_c >= 512 or n_pad >= 64 else 4,
+        C, **_launch_meta(N, topk, steps, fmt),
     )
     return DraftTree(tokens, parents, positions, mask, next_token, next_sibling)
+
+
+def _launch_meta(N: int, topk: int, steps: int, fmt: MaskFormat) -> dict:
+    """Blocks and warps for a tree of N tokens from topk / steps candidates in mask format fmt."""
+    n_pad = max(triton.next_power_of_2(N), 2)
+    block_c = max(triton.next_power_of_2(num_candidates(topk, steps)), 16)  # all candidates of a request in registers
+    # FULL's prefix rows are stored as [N_PAD, BLOCK_L] tiles of ones: at N_PAD = 64 (6/10/60) a [64, 128] tile
+    # spills 24 B a thread on sm_90 (ptxas: 128 registers), a [64, 64] tile takes 80 registers and does not
+    block_l = min(128, 4096 // n_pad)
+    return dict(N=N, K=topk, S=steps, FORMAT=_FORMAT_CODE[fmt], N_PAD=n_pad, BLOCK_C=block_c, BLOCK_L=block_l,
+                num_warps=8 if block_c >= 512 or n_pad >= 64 else 4)
+
+
+def compile_cases(hip: bool) -> list[CompileCase]:
+    """kernels/_compile_cases.py: every tree in every mask format it allows (BITPACKED: N <= 32); the same on both
+    vendors and models (the tree is all the kernel sees)."""
+    i64 = Ptr(torch.int64)
+    cases = []
+    for t in TREES:
+        for fmt in MaskFormat:
+            if fmt == MaskFormat.BITPACKED and t.num_draft_tokens > 32:
+                continue
+            mask = Ptr(torch.int32 if fmt == MaskFormat.BITPACKED else torch.int8)
+            cases.append(CompileCase.of(
+                _build_tree_kernel, (f"{t.name} {fmt.value}",), scores_ptr=Ptr(torch.float32), cand_tokens_ptr=i64,
+                cand_parents_ptr=i64, root_ptr=i64, seq_lens_ptr=Ptr(torch.int32), tokens_ptr=i64, parents_ptr=i64,
+                positions_ptr=i64, next_token_ptr=i64, next_sibling_ptr=i64, mask_ptr=mask,
+                C=num_candidates(t.topk, t.steps), **_launch_meta(t.num_draft_tokens, t.topk, t.steps, fmt)))
+    return cases

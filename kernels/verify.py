@@ -30,6 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
+from eaglet.kernels._compile_cases import TREES, CompileCase, Ptr, model_shapes
 from eaglet.kernels._utils import use_triton
 
 
@@ -154,7 +155,7 @@ def verify_greedy(
         _verify_greedy_kernel[(B,)](
             draft_tokens.contiguous(), target_predict.contiguous(),
             retrieve_next_token.contiguous(), retrieve_next_sibling.contiguous(),
-            *res, N, S=steps, num_warps=1,
+            *res, N, **_greedy_meta(steps),
         )
     return res
 
@@ -328,8 +329,35 @@ def verify_sampling(
         _verify_sampling_kernel[(B,)](
             draft_tokens.contiguous(), retrieve_next_token.contiguous(), retrieve_next_sibling.contiguous(),
             target_probs.contiguous(), uniforms.contiguous(), uniforms_final.contiguous(),
-            *res, N, V,
-            S=steps, R_PAD=max(triton.next_power_of_2(N), 2),
-            BLOCK_V=min(max(triton.next_power_of_2(V), 16), 4096), num_warps=8,
+            *res, N, V, **_sampling_meta(steps, N, V),
         )
     return res
+
+
+def _greedy_meta(steps: int) -> dict:
+    """The greedy kernel's depth and warps: one warp walks a request's tree (a scalar walk)."""
+    return dict(S=steps, num_warps=1)
+
+
+def _sampling_meta(steps: int, N: int, V: int) -> dict:
+    """Blocks and warps of the sampling kernel for trees of N tokens and `steps` steps over V target tokens."""
+    return dict(S=steps, R_PAD=max(triton.next_power_of_2(N), 2), BLOCK_V=min(max(triton.next_power_of_2(V), 16), 4096),
+                num_warps=8)
+
+
+def compile_cases(hip: bool) -> list[CompileCase]:
+    """kernels/_compile_cases.py: greedy for every tree's depth; sampling for every tree over each model's
+    vocabulary; the same on both vendors."""
+    i64, i32, f32 = Ptr(torch.int64), Ptr(torch.int32), Ptr(torch.float32)
+    cases = []
+    for t in TREES:
+        N = t.num_draft_tokens
+        cases.append(CompileCase.of(
+            _verify_greedy_kernel, (t.name,), draft_ptr=i64, target_ptr=i64, next_token_ptr=i64, next_sibling_ptr=i64,
+            accept_index_ptr=i64, accept_len_ptr=i32, bonus_ptr=i64, N=N, **_greedy_meta(t.steps)))
+        for s in model_shapes():
+            cases.append(CompileCase.of(
+                _verify_sampling_kernel, (f"{s.name} {t.name}",), draft_ptr=i64, next_token_ptr=i64,
+                next_sibling_ptr=i64, probs_ptr=f32, uniforms_ptr=f32, uniforms_final_ptr=f32, accept_index_ptr=i64,
+                accept_len_ptr=i32, bonus_ptr=i64, N=N, V=s.vocab, **_sampling_meta(t.steps, N, s.vocab)))
+    return cases
