@@ -72,11 +72,19 @@ def assistant_spans(tokenizer, messages: list[dict]) -> tuple[str, list[tuple[in
     return full, spans
 
 
-def render_conversation(tokenizer, messages: list[tuple[str, str]], max_len: int) -> Sample | None:
+def render_conversation(tokenizer, messages: list[tuple[str, str]], max_len: int, cut: bool = False) -> Sample | None:
     """(role, text) messages -> Sample with the chat template applied, truncated to `max_len` tokens;
-    None when no assistant token survives the truncation."""
+    None when no assistant token survives the truncation. `cut`: the last message is an answer its token budget cut
+    off, so the sequence ends with its text: the end-of-turn token the template would add is one the target never
+    produced there, and a head trained on it would learn to end answers mid-sentence."""
     msgs = [{"role": r, "content": t} for r, t in messages]
     text, spans = assistant_spans(tokenizer, msgs)
+    if cut:
+        if not msgs or msgs[-1]["role"] != "assistant":
+            raise ValueError("cut=True needs an assistant message last (the answer that was cut)")
+        head = tokenizer.apply_chat_template(msgs[:-1], tokenize=False, add_generation_prompt=True)
+        text = head + msgs[-1]["content"]
+        spans = spans[:-1] + [(len(head), len(text))]
     enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
     if "offset_mapping" not in enc:
         raise ValueError("the tokenizer gives no offset mapping (a slow tokenizer?): load a fast tokenizer")

@@ -15,12 +15,13 @@ Stages, each resumable (a file per finished piece, written atomically, skipped w
    duplicates a prompt of MT-bench, HumanEval or ShareGPT's held-out split is dropped (by content: ShareGPT holds
    the same question under different ids); one whose first turn duplicates an accepted one, too. The pool is
    shuffled with the seed, so every chunk mixes both sources and a partial run is a sample of the whole.
-3. Conversations (`chunks/chunk-<c>.safetensors`, `chunk` records each; training/synth_store.py): each record's
-   user turns answered by the target at temperature 0 through eaglet's batched AREngine (training/data.py's
-   AnswerGenerator, the regeneration path of the ShareGPT source), turn by turn, each answer conditioning the next
-   turn. A Magpie conversation goes on for up to `magpie.turns` user turns: after each answer the target writes the
-   next user turn the same way, kept while it stays a coherent new request (ended by the end-of-turn token, through
-   the filters, no evaluation prompt, not a near-duplicate of an earlier turn or an echo of the answer before it).
+3. Conversations (`chunks/chunk-<c>.safetensors`, `chunk` records each, stored by training/synth_store.py; held by
+   training/conversation.py): each record's user turns answered by the target at temperature 0 through eaglet's
+   batched AREngine (training/data.py's AnswerGenerator, the regeneration path of the ShareGPT source), turn by
+   turn, each answer conditioning the next turn. A Magpie conversation goes on for up to `magpie.turns` user turns:
+   after each answer the target writes the next user turn the same way, kept while it stays a coherent new request
+   (ended by the end-of-turn token, through the filters, no evaluation prompt, not a near-duplicate of an earlier
+   turn or an echo of the answer before it).
    A conversation ends at an answer cut by `answers.max_new_tokens` or when the context is full. With
    `answers.sampled` = k, every conversation's user turns are also answered k more times at
    `answers.temperature`, each a training sequence. Stored as token ids (uint16) with the assistant-only mask.
@@ -47,14 +48,14 @@ import json
 import os
 import random
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
-from eaglet.spec.run import encode_turns
+from eaglet.training.conversation import (Checker, Generators, Record, converse, derived_seed, user_turn_prefix,
+                                          written_turn)
 from eaglet.training.data import (AnswerGenerator, RegenConfig, config_hash, file_digest, render_conversation,
                                   train_conversations)
 from eaglet.training.dedup import EVAL_SETS, DedupConfig, PromptIndex, eval_prompts, is_eval
@@ -63,14 +64,6 @@ from eaglet.training.synth_store import chunk_meta, chunk_path, write_chunk, wri
 
 # keys of conf/synthesize.yaml that do not change the data (the rest is the recipe)
 RUN_KEYS = ("out_dir", "time_limit_s", "progress")
-_SENTINEL = "\x00user-turn\x00"
-
-
-@dataclass
-class Record:
-    id: str  # "sharegpt:<conversation id>" | "magpie:<chunk>:<i>"
-    source: str  # "sharegpt" | "magpie"
-    turns: list[str]  # user turns (a Magpie record: its first; the others are written while conversing)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -116,11 +109,6 @@ def check_config(cfg: DictConfig) -> None:
         raise ValueError("\n".join(errors))
 
 
-def derived_seed(seed: int, *parts) -> int:
-    """A seed per piece of work (a chunk, a turn), independent of the order pieces are made in."""
-    return int(hashlib.sha256(":".join(map(str, (seed, *parts))).encode()).hexdigest()[:8], 16)
-
-
 def make_recipe(cfg: DictConfig, target_key: dict, tokenizer, sharegpt_file: Path, device, dtype) -> dict:
     """What determines the data: the config less RUN_KEYS, the model, the tokenizer, the ShareGPT file by its bytes
     (not its path, so a copy elsewhere resumes), and the device type and dtype."""
@@ -150,24 +138,6 @@ def claim_dir(out_dir: Path, recipe: dict) -> str:
 
 # ---------------------------------------------------------------------------------------------------
 # Prompts the target writes
-
-
-def user_turn_prefix(tokenizer, history: list[tuple[str, str]]) -> list[int]:
-    """Token ids of the chat template through `history` and the opening of the next user turn, up to where its
-    text begins (SmolLM2: `...<|im_start|>user\\n`)."""
-    msgs = [{"role": r, "content": t} for r, t in history] + [{"role": "user", "content": _SENTINEL}]
-    text = tokenizer.apply_chat_template(msgs, tokenize=False)
-    if _SENTINEL not in text:
-        raise ValueError("the chat template does not render a user turn's text verbatim, so the opening of a user "
-                         "turn cannot be found")
-    return tokenizer(text[: text.index(_SENTINEL)], add_special_tokens=False)["input_ids"]
-
-
-def written_turn(out: list[int], writer: AnswerGenerator, tokenizer) -> tuple[str, bool]:
-    """A sampled user turn's text, and whether the target ended it itself (its end-of-turn token)."""
-    eos = set(writer.eos_ids)
-    text = tokenizer.decode([t for t in out if t not in eos], skip_special_tokens=True).strip()
-    return text, bool(out) and out[-1] in eos
 
 
 def magpie_candidates(c: int, n: int, writer: AnswerGenerator, tokenizer, seed: int) -> dict:
@@ -277,108 +247,26 @@ def n_magpie_chunks(m) -> int:
 # Conversations
 
 
-class Checker:
-    """Whether a user turn the target wrote goes on its conversation: "unfinished" | a filter's reason | "eval" |
-    "echo" | None (keep it)."""
-
-    def __init__(self, index: PromptIndex, fc: FilterConfig, tokenizer):
-        self.index, self.fc, self.tokenizer = index, fc, tokenizer
-
-    def __call__(self, text: str, finished: bool, history: list[tuple[str, str]]) -> str | None:
-        if not finished:
-            return "unfinished"
-        n = len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
-        if (why := reject_reason(text, n, self.fc)) is not None:
-            return why
-        sig = self.index.signature(text)
-        if is_eval(self.index.match(text, sig)):
-            return "eval"
-        # a model that lost the thread asks an earlier question again or echoes the answer it just gave
-        for t in [t for r, t in history if r == "user"] + [history[-1][1]]:
-            if self.index.signature(t).jaccard(sig) >= self.index.dc.threshold:
-                return "echo"
-        return None
-
-
-@dataclass
-class Generators:
-    """The batched engines of a synthesis run (each its own KV pool and CUDA graphs: sampling settings are part of
-    a captured graph)."""
-
-    writer: AnswerGenerator  # user turns, sampled (magpie.*)
-    answer: AnswerGenerator  # answers at temperature 0
-    sampler: AnswerGenerator | None  # extra sampled answers (answers.sampled > 0)
-
-    def all(self) -> list[AnswerGenerator]:
-        return [g for g in (self.writer, self.answer, self.sampler) if g is not None]
-
-
-def converse(records: list[Record], answer: AnswerGenerator, tokenizer, seed: int, stats: collections.Counter,
-             writer: AnswerGenerator | None = None, check: Checker | None = None,
-             magpie_turns: int = 1) -> list[list[tuple[str, str]]]:
-    """Each record's conversation [(role, text)]: its user turns answered by `answer`, turn by turn; with a
-    `writer`, a Magpie record's next user turn is written by the target after each answer (up to `magpie_turns`
-    user turns, while `check` keeps them)."""
-    eos, context = set(answer.eos_ids), answer.rc.max_context
-    msgs: list[list[tuple[str, str]]] = [[] for _ in records]
-    todo = [list(r.turns) for r in records]  # user turns still to answer
-    alive = [True] * len(records)
-    turn = 0
-    while any(a and t for a, t in zip(alive, todo)):
-        rows, prompts = [], []
-        for i in range(len(records)):
-            if alive[i] and todo[i]:
-                hist = [{"role": r, "content": t} for r, t in msgs[i]] + [{"role": "user", "content": todo[i][0]}]
-                ids = encode_turns(tokenizer, hist, True)
-                if len(ids) >= context - 1:  # no room left to answer: the conversation ends here
-                    alive[i] = False
-                    stats["turns/no_room"] += 1
-                    continue
-                rows.append(i)
-                prompts.append(ids)
-        for i, out in zip(rows, answer(prompts, derived_seed(seed, "answer", turn)) if rows else []):
-            text = tokenizer.decode([t for t in out if t not in eos], skip_special_tokens=True)
-            msgs[i] += [("user", todo[i].pop(0)), ("assistant", text)]
-            stats["turns/answered"] += 1
-            if not out or out[-1] not in eos:  # cut by the token budget: no user turn follows a cut answer
-                alive[i] = False
-                stats["turns/answer_cut"] += 1
-        if writer is not None:
-            more = [i for i in rows if alive[i] and not todo[i] and records[i].source == "magpie"
-                    and len(msgs[i]) // 2 < magpie_turns]
-            prefixes = [user_turn_prefix(tokenizer, msgs[i]) for i in more]
-            fits = [j for j, p in enumerate(prefixes) if len(p) < context - 1]
-            stats["turns/no_room"] += len(more) - len(fits)
-            more, prefixes = [more[j] for j in fits], [prefixes[j] for j in fits]
-            for i, out in zip(more, writer(prefixes, derived_seed(seed, "write", turn)) if more else []):
-                text, finished = written_turn(out, writer, tokenizer)
-                why = check(text, finished, msgs[i])
-                stats[f"followups/{why or 'kept'}"] += 1
-                if why is None:
-                    todo[i].append(text)
-        turn += 1
-    return msgs
-
-
 def make_chunk(c: int, records: list[Record], gens: Generators, tokenizer, cfg: DictConfig, check: Checker) \
         -> tuple[list, dict]:
     """Chunk c's training sequences (greedy conversations, then the sampled replays) and its metadata."""
     stats = collections.Counter()
     t0 = time.perf_counter()
     before = {g: (g.new_tokens, g.seconds) for g in gens.all()}
-    convs = converse(records, gens.answer, tokenizer, derived_seed(cfg.seed, "chunk", c), stats, gens.writer, check,
-                     cfg.magpie.turns)
-    seqs = [(r.id, m) for r, m in zip(records, convs) if m]
-    for k in range(cfg.answers.sampled):
-        replay = [Record(rid, "replay", [t for role, t in m if role == "user"]) for rid, m in seqs]
-        again = converse(replay, gens.sampler, tokenizer, derived_seed(cfg.seed, "sampled", c, k), stats)
-        seqs += [(f"{r.id}#{k + 1}", m) for r, m in zip(replay, again) if m]
+    convs, cut = converse(records, gens.answer, tokenizer, derived_seed(cfg.seed, "chunk", c), stats, gens.writer,
+                          check, cfg.magpie.turns)
+    seqs = [(r.id, m, x) for r, m, x in zip(records, convs, cut) if m]  # (sequence id, messages, last answer cut)
+    greedy = list(seqs)
+    for k in range(cfg.answers.sampled):  # the greedy conversations' user turns, answered again by sampling
+        replay = [Record(rid, "replay", [t for role, t in m if role == "user"]) for rid, m, _ in greedy]
+        again, cut = converse(replay, gens.sampler, tokenizer, derived_seed(cfg.seed, "sampled", c, k), stats)
+        seqs += [(f"{r.id}#{k + 1}", m, x) for r, m, x in zip(replay, again, cut) if m]
     # loops are counted, not dropped: the head must predict the target as it is, and it loops at temperature 0 too
     stats["turns/degenerate_answer"] = sum(repeat_fraction(t.lower().split()) > check.fc.max_repeat
-                                           for _, m in seqs for r, t in m if r == "assistant")
+                                           for _, m, _ in seqs for r, t in m if r == "assistant")
     samples, ids = [], []
-    for rid, m in seqs:
-        s = render_conversation(tokenizer, m, cfg.answers.max_context)
+    for rid, m, x in seqs:
+        s = render_conversation(tokenizer, m, cfg.answers.max_context, cut=x)
         if s is not None:
             samples.append(s)
             ids.append(rid)
@@ -462,7 +350,8 @@ def synthesize(cfg: DictConfig, target=None, tokenizer=None, log=print) -> dict:
 
         target, tokenizer, target_key = load_target(cfg.target, dtype, device, cfg.seed)
     else:
-        target_key = {"object": f"{target.args}", "weights": float(sum(p.detach().double().sum() for p in target.parameters()))}
+        weights = float(sum(p.detach().double().sum() for p in target.parameters()))  # tells two tiny targets apart
+        target_key = {"object": f"{target.args}", "weights": weights}
     if len(tokenizer) > target.args.vocab_size:
         raise ValueError(f"the tokenizer has {len(tokenizer)} tokens, the target's vocabulary {target.args.vocab_size}")
     sharegpt_file = Path(cfg.sharegpt.path).expanduser() if cfg.sharegpt.path else asset_path("sharegpt")

@@ -1,5 +1,6 @@
 """training/filters.py and training/dedup.py: what each filter drops and keeps, exact and near-duplicates, and the
-evaluation-set exclusion of the pool (training/synthesis.py's select_pool) and of the turns the target writes."""
+evaluation-set exclusion of the pool (training/synthesis.py's select_pool) and of the turns the target writes
+(training/conversation.py's Checker)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ from hydra import compose, initialize_config_dir
 from eaglet.data.prompts import load_humaneval, load_mt_bench
 from eaglet.training.dedup import DedupConfig, PromptIndex, bands, eval_prompts, is_eval, normalise
 from eaglet.training.filters import FilterConfig, reject_reason, repeat_fraction
-from eaglet.training.synthesis import Checker, Record, select_pool
+from eaglet.training.conversation import Checker, Record
+from eaglet.training.synthesis import select_pool
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
 HAWAII = ("Compose an engaging travel blog post about a recent trip to Hawaii, highlighting cultural experiences and "

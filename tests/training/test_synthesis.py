@@ -113,7 +113,7 @@ def share(tmp_path):
 
 def synth_cfg(out_dir, share_path, *overrides):
     base = [f"out_dir={out_dir}", f"sharegpt.path={share_path}", "hardware=cpu", "progress=false", "chunk=5",
-            "magpie.num=24", "magpie.chunk=10", "magpie.max_tokens=24", "answers.max_new_tokens=12",
+            "magpie.num=24", "magpie.chunk=10", "magpie.max_tokens=24", "answers.max_new_tokens=24",
             "answers.max_context=192", "answers.batch_size=8", "sharegpt.max_turns=2", "filters.max_tokens=64"]
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         return compose("synthesize", overrides=[*base, *overrides])
@@ -135,8 +135,8 @@ def run(cfg, tiny, tok):
 
 def test_synthesis_is_deterministic_for_a_seed(tiny, tok, share, tmp_path):
     a = run(synth_cfg(tmp_path / "a", share), tiny, tok)
-    b = run(synth_cfg(tmp_path / "b", share), tiny, tok)
-    c = run(synth_cfg(tmp_path / "c", share, "seed=1"), tiny, tok)
+    run(synth_cfg(tmp_path / "b", share), tiny, tok)
+    run(synth_cfg(tmp_path / "c", share, "seed=1"), tiny, tok)
     assert a["complete"] and a["num_chunks"] >= 2
     pool = json.loads((tmp_path / "a" / "pool.json").read_text())
     assert pool["stats"]["magpie/kept"] >= 3 and pool["stats"]["sharegpt/kept"] == 12  # and 1 duplicate dropped
@@ -151,9 +151,38 @@ def test_synthesis_is_deterministic_for_a_seed(tiny, tok, share, tmp_path):
     recipe = json.loads((tmp_path / "a" / "recipe.json").read_text())
     assert recipe["magpie"]["temperature"] == 1.0 and recipe["seed"] == 0 and "sharegpt_sha256" in recipe
     # every sequence is a rendered chat: assistant tokens are learned, the template's and user's are not
-    for s in chunks_of(tmp_path / "a")[0]:
-        text = tok.decode(s.ids[~s.mask].tolist())
-        assert text.startswith("<|im_start|> user") and s.mask.any()
+    seqs = [s for ss in chunks_of(tmp_path / "a").values() for s in ss]
+    for s in seqs:
+        assert tok.decode(s.ids[~s.mask].tolist()).startswith("<|im_start|> user") and s.mask.any()
+    # an answer cut by the token budget ends its sequence without the end-of-turn token it never produced
+    open_ended = sum(int(s.ids[s.mask][-1]) != tok.eos_token_id for s in seqs)
+    assert open_ended == t["turns/answer_cut"] > 0 and open_ended < len(seqs)
+
+
+def test_a_cut_answer_is_rendered_without_an_end_of_turn(tok):
+    from eaglet.training.data import render_conversation
+
+    msgs = [("user", "how do i make water"), ("assistant", "the water is good")]
+    whole, cut = render_conversation(tok, msgs, 100), render_conversation(tok, msgs, 100, cut=True)
+    assert tok.convert_ids_to_tokens(whole.ids[whole.mask].tolist()) == ["the", "water", "is", "good", "<|im_end|>"]
+    assert tok.convert_ids_to_tokens(cut.ids[cut.mask].tolist()) == ["the", "water", "is", "good"]
+    assert torch.equal(cut.ids, whole.ids[:-1]) and not cut.mask[:-4].any()
+
+
+def test_sampled_answers_replay_the_greedy_conversations(tiny, tok, share, tmp_path):
+    """answers.sampled=2: each conversation's user turns answered twice more at temperature 1, each a sequence
+    ("<record>#1", "#2"); a replay starts with the same user turn as its greedy conversation."""
+    run(synth_cfg(tmp_path / "a", share, "answers.sampled=2"), tiny, tok)
+    for p in sorted((tmp_path / "a" / "chunks").glob("chunk-*")):
+        meta, seqs = synth_store.chunk_meta(p), read_chunk(p)
+        ids = meta["sequences"]
+        greedy = [i for i in ids if "#" not in i]
+        assert sorted(ids) == sorted(greedy + [f"{g}#{k}" for g in greedy for k in (1, 2)])
+        by_id = dict(zip(ids, seqs))
+        first_user = lambda s: s.ids[: int(s.mask.int().argmax())].tolist()  # noqa: E731
+        for g in greedy:
+            assert first_user(by_id[f"{g}#1"]) == first_user(by_id[g]) == first_user(by_id[f"{g}#2"])
+        assert any(not torch.equal(by_id[g].ids, by_id[f"{g}#1"].ids) for g in greedy)  # sampled: other answers
 
 
 def test_a_directory_of_another_recipe_is_refused(tiny, tok, share, tmp_path):
