@@ -16,6 +16,9 @@ training sequence: more, and more varied, answers from the same prompts.
 
 The held-out ShareGPT split never enters training: only `split="train"` conversations are loaded, and
 every one is checked again against `sharegpt_split` of its id.
+
+`data.source=selfgen` reads what synthesize.py made instead (training/synthesis.py: prompts the target wrote itself
+and ShareGPT's, answered by the target, stored tokenized by training/synth_store.py).
 """
 
 from __future__ import annotations
