@@ -16,6 +16,10 @@
 #   regen      only the regeneration of `train`'s data, on every GPU, for BUDGET_S seconds (it resumes by chunk), packed
 #              into OUT/regen.txz.* parts: carry them to a later session's `train` as REGEN_CACHE (a call cannot
 #              regenerate all ShareGPT user turns, ~3.4x the first exchanges, and train in its 10 minutes)
+#   synth      self-generated training data (synthesize.py: SmolLM2's Magpie prompts + ShareGPT's train split, deduplicated,
+#              clear of the evaluation sets, answered greedily) on every GPU for BUDGET_S seconds (it resumes by chunk:
+#              SYNTH_CACHE continues an earlier session's), packed into OUT/synth.txz.* parts; train on it with
+#              data.source=selfgen data.selfgen.dir=<the unpacked folder>
 #   experiments after train: EAGLE-1 and multi-layer heads, then compare_heads, datasets and sweep_tree
 #   scaling    training tokens/s on one GPU and on all (DDP), the throughput probes of `train` alone
 #   lossless   bf16 greedy speculative vs plain decoding on the 80 MT-bench first turns (invariant numerics):
@@ -24,7 +28,7 @@
 # Results go to OUT (default $OUT, else ./gpu_out); tables are printed last.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-stage=${1:?stage: tests | invariant | ar | kernels | ablation | regen | train | experiments | scaling | lossless}
+stage=${1:?stage: tests | invariant | e2e | ar | kernels | ablation | regen | synth | train | experiments | scaling | lossless}
 out=${2:-${OUT:-gpu_out}}
 mkdir -p "$out"
 source benchmarks/offline_gpu_env.sh
@@ -161,6 +165,27 @@ case $stage in
     # the records only: their rendering (samples-*.safetensors) is remade on load (~20 s for 10k multi-turn chats)
     tar cJ -C $T/regen --exclude='samples-*' . | split -b 15M - "$out/regen.txz."
     grep -h "regenerating chunk" $T/regen_run.log | tail -2; ls -la "$out" ;;
+  synth)
+    # SYNTH_ARGS: more overrides (magpie.num=..., answers.sampled=..., see conf/synthesize.yaml); a changed recipe
+    # needs its own folder (SYNTH_DIR). PACK_S: seconds kept for packing. The Magpie files, the chunks, recipe.json
+    # and index.json are packed (cat synth.txz.* | tar xJ -C DIR; DIR is then data.selfgen.dir and SYNTH_CACHE);
+    # pool.json is not: it is remade from them in about a minute. Training on it, on the same machine:
+    #   TRAIN_ARGS="data.source=selfgen data.selfgen.dir=/tmp/synth" bash benchmarks/gpu_session.sh train
+    train_setup
+    S=${SYNTH_DIR:-/tmp/synth}; mkdir -p "$S"
+    [[ -n ${SYNTH_CACHE:-} ]] && cp -r "$SYNTH_CACHE"/. "$S"/
+    # no new piece of work starts past time_limit_s (30 s are kept for loading); the timeout is the backstop (every
+    # file is written atomically, so a killed run loses only the pieces in flight)
+    run_s=$(( $(left) - ${PACK_S:-45} )); (( run_s > 90 )) || run_s=90
+    timeout "$run_s" torchrun --standalone --nproc-per-node "$ngpu" synthesize.py hydra.run.dir="$S.hydra" \
+      target.path="$smol" sharegpt.path="$SHAREGPT" out_dir="$S" progress=false time_limit_s=$((run_s - 30)) \
+      ${SYNTH_ARGS:-} 2>&1 | tee "$S.log" | grep -E "^\[eaglet\]|Error|error" | tail -12
+    XZ_OPT="-T0 -2" tar cJ -C "$S" --exclude=pool.json . | split -b 15M - "$out/synth.txz."
+    cp "$S/index.json" "$S/recipe.json" "$S.log" "$out/" 2>/dev/null
+    python -c "import json; i = json.load(open('$S/index.json')); t = i['totals']
+print(f\"[gpu_session] synth: {i['chunks_done']} of {i['num_chunks']} chunks, {t.get('sequences', 0)} sequences, \"
+      f\"{t.get('tokens', 0)} tokens; answers at {i['answer_tokens_per_s'] or 0:.0f} tokens/s per process\")"
+    ls -la "$out" ;;
   train)
     # regeneration on every GPU (REGEN_CACHE: a folder of an earlier run's data.cache_dir files, which skips it), a
     # one-GPU and a DDP throughput probe (60 steps each), the EAGLE-3 head trained on every GPU for what is left of
