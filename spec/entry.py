@@ -71,9 +71,13 @@ def run_task(fn, cfg: DictConfig):
     """fn(cfg, Hydra's output dir) -> metrics, as the task of @hydra.main; see the module docstring."""
     from hydra.core.hydra_config import HydraConfig
 
-    from eaglet.spec.signals import exit_code
+    from eaglet.spec.signals import Interrupted, exit_code
 
-    metrics = report_config_errors(lambda: fn(cfg, HydraConfig.get().runtime.output_dir))
+    try:
+        metrics = report_config_errors(lambda: fn(cfg, HydraConfig.get().runtime.output_dir))
+    except Interrupted as e:  # before the run had anything of its own to write (loading, data preparation)
+        log.warning(f"interrupted by {e.signame} while setting up: no results (what was cached stays)")
+        sys.exit(exit_code(e.signame))
     if isinstance(metrics, dict) and metrics.get("interrupted"):
         sys.stdout.flush()
         sys.exit(exit_code(metrics["interrupted"]))

@@ -29,7 +29,7 @@ from eaglet.spec.config import (ConfigError, head_dir, no_head, resolve_hardware
 from eaglet.spec.eagle import EagleEngine, SimulatedAcceptance, StepStats, TreeSpec
 from eaglet.spec.entry import console_logging
 from eaglet.spec.sampling import SamplingParams
-from eaglet.spec.signals import Interrupted, raise_on_signals
+from eaglet.spec.signals import Interrupted, Interrupts
 from eaglet.spec.stream_plan import StreamPlan, resolve_plan
 from eaglet.spec.tracking import Tracker, environment
 
@@ -126,12 +126,16 @@ class DecodePass:
 
 
 def run(cfg: DictConfig, output_dir: str | Path) -> dict:
+    with Interrupts() as interrupts:  # SIGINT / SIGTERM: decoding stops at once, the results are written whole
+        return _run(cfg, Path(output_dir), interrupts)
+
+
+def _run(cfg: DictConfig, out_dir: Path, interrupts: Interrupts) -> dict:
     from eaglet.data.prompts import Prompt, load_prompts
     from eaglet.models.checkpoint import load_tokenizer
 
     console_logging()
     validate_run_spec(cfg)
-    out_dir = Path(output_dir)
     clear_stale(out_dir)
     torch.manual_seed(cfg.seed)
     device, dtype = resolve_hardware(cfg.hardware)
@@ -207,7 +211,7 @@ def run(cfg: DictConfig, output_dir: str | Path) -> dict:
     speculative = engine is not ar_engine
     main = DecodePass("speculative" if speculative else "plain decoding", total, on_answer=answers.write)
     plain, stopped = None, None
-    with logging_redirect_tqdm(), raise_on_signals():
+    with logging_redirect_tqdm():
         try:
             turns_ids = decode_turns(engine, main, prompts, tokenizer, answers, cfg, tracker, out_dir)
             main.close()
@@ -223,6 +227,7 @@ def run(cfg: DictConfig, output_dir: str | Path) -> dict:
             main.close()
             if plain is not None:
                 plain.close()
+    interrupts.defer("writing the results of what ran first (Ctrl-C again stops at once, without them)")
 
     metrics = pass_metrics(main)
     if speculative:

@@ -1,10 +1,16 @@
-"""SIGINT (Ctrl-C) and SIGTERM (what SLURM and Kubernetes send before they kill a job) during a run's long part.
+"""SIGINT (Ctrl-C) and SIGTERM (what SLURM and Kubernetes send before they kill a job) for the life of a run.
 
-Decoding stops at once: `raise_on_signals` turns either signal into `Interrupted`, and the run keeps what it
-finished (its answers are on disk as they finish, its metrics are written with `finished: false`). Training
-stops at the next step boundary: `StopRequest` only records the signal, the loop sees it between steps (every
-process of a torchrun job at the same step, see training/loop.py) and checkpoints. Python runs signal handlers
-in the main thread between bytecodes, so a handler never interrupts a tensor operation half-way.
+`with Interrupts() as sig:` installs one handler for both; what a signal does depends on the run's phase:
+
+- "raise" (loading, decoding): Interrupted(name) at once, wherever the main thread is. Decoding catches it and
+  keeps what finished (its answers are on disk as they finish; its metrics are written with `finished: false`).
+- "defer" (a training loop, the final writes of any run): only `signame` is set and a line says what happens
+  next; the code looks at it at its next safe point (the training loop between steps, every process of a
+  torchrun job at the same one). A second SIGINT then raises KeyboardInterrupt at once, the way out of a stuck
+  step; a second SIGTERM is ignored (SIGKILL follows it anyway).
+
+Python runs signal handlers in the main thread between bytecodes, so a handler never interrupts a tensor
+operation half-way. Outside the main thread (where signal.signal is refused) nothing is installed.
 """
 
 from __future__ import annotations
@@ -31,45 +37,27 @@ def exit_code(signame: str) -> int:
     return 128 + signal.Signals[signame].value
 
 
-def _installable() -> bool:
-    return threading.current_thread() is threading.main_thread()  # signal.signal works only there
-
-
-@contextlib.contextmanager
-def raise_on_signals():
-    """Inside: SIGINT and SIGTERM raise Interrupted(name) wherever the main thread is."""
-    if not _installable():
-        yield
-        return
-
-    def handler(signum, frame):
-        raise Interrupted(signal.Signals(signum).name)
-
-    before = {s: signal.signal(s, handler) for s in SIGNALS}
-    try:
-        yield
-    finally:
-        for s, h in before.items():
-            signal.signal(s, h)
-
-
-class StopRequest(contextlib.AbstractContextManager):
-    """Inside `with StopRequest() as stop:`, SIGINT and SIGTERM set `stop.signame` and nothing else; the loop
-    stops at its next check. A second SIGINT raises KeyboardInterrupt at once (no checkpoint)."""
+class Interrupts(contextlib.AbstractContextManager):
+    """The run's SIGINT/SIGTERM handler (see the module docstring); it starts in the "raise" phase."""
 
     def __init__(self):
-        self.signame: str | None = None
+        self.signame: str | None = None  # the first signal that came
+        self.deferring, self.note = False, ""
         self._before: dict = {}
-
-    def __enter__(self) -> "StopRequest":
-        if _installable():
-            self._before = {s: signal.signal(s, self._handle) for s in SIGNALS}
-        return self
 
     @property
     def signum(self) -> int:
-        """The signal's number, 0 while none came."""
+        """The first signal's number, 0 while none came."""
         return signal.Signals[self.signame].value if self.signame else 0
+
+    def defer(self, note: str) -> None:
+        """From now on a signal is only recorded, and `note` (what happens next) logged."""
+        self.deferring, self.note = True, note
+
+    def __enter__(self) -> "Interrupts":
+        if threading.current_thread() is threading.main_thread():
+            self._before = {s: signal.signal(s, self._handle) for s in SIGNALS}
+        return self
 
     def __exit__(self, *exc) -> None:
         for s, h in self._before.items():
@@ -78,9 +66,13 @@ class StopRequest(contextlib.AbstractContextManager):
 
     def _handle(self, signum, frame) -> None:
         name = signal.Signals(signum).name
+        if not self.deferring:
+            # once: what runs after this (the results being written) is not cut short by a second signal
+            self.signame, self.deferring, self.note = name, True, "already stopping"
+            raise Interrupted(name)
         if self.signame is not None:
             if signum == signal.SIGINT:
                 raise KeyboardInterrupt
             return
         self.signame = name
-        log.warning(f"{name}: stopping after this step, with a checkpoint (Ctrl-C again stops at once, without one)")
+        log.warning(f"{name}: {self.note}")

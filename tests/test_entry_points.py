@@ -368,3 +368,53 @@ def test_the_checks_know_the_engines_names():
     from eaglet.spec.stream_plan import PLANS
 
     assert HEAD_KINDS == KINDS and STREAM_PLANS == PLANS
+
+
+def test_run_task_turns_interrupts_and_config_errors_into_exit_statuses(tmp_path, capsys, caplog):
+    """The body of both @hydra.main functions: an interrupted run's metrics -> 128 + the signal; an interrupt
+    while setting up -> the same, with a line; a ConfigError raised inside the run -> its lines and 2."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import open_dict
+
+    from eaglet.spec.config import ConfigError
+    from eaglet.spec.entry import run_task
+    from eaglet.spec.signals import Interrupted
+
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        full = compose("run_spec", overrides=["logger=none"], return_hydra_config=True)
+    with open_dict(full):
+        full.hydra.runtime.output_dir = str(tmp_path)
+    HydraConfig.instance().set_config(full)
+
+    def interrupted_while_loading(cfg, out):
+        raise Interrupted("SIGTERM")
+
+    def config_error(cfg, out):
+        raise ConfigError(["data.skip_too_long=true: no prompt's first turn fits"])
+
+    cases = [(lambda cfg, out: {"finished": False, "interrupted": "SIGINT", "out": out}, 130),
+             (interrupted_while_loading, 143), (config_error, 2)]
+    for fn, status in cases:
+        with pytest.raises(SystemExit) as e:
+            run_task(fn, full)
+        assert e.value.code == status
+    assert "interrupted by SIGTERM while setting up" in caplog.text
+    assert capsys.readouterr().err == "error: data.skip_too_long=true: no prompt's first turn fits\n"
+    assert run_task(lambda cfg, out: {"finished": True, "out": out}, full) == {"finished": True, "out": str(tmp_path)}
+
+
+def test_an_interrupt_while_loading_leaves_no_results_and_the_handlers_as_they_were(monkeypatch, tmp_path):
+    from hydra import compose, initialize_config_dir
+
+    import eaglet.spec.run as run_module
+    from eaglet.spec.signals import Interrupted
+
+    monkeypatch.setattr(run_module, "random_target", lambda *a: os.kill(os.getpid(), signal.SIGTERM))
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        cfg = compose("run_spec", overrides=[*TINY_RUN, "logger=none"])
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(Interrupted, match="SIGTERM"):
+        run_module.run(cfg, tmp_path / "run")
+    assert signal.getsignal(signal.SIGTERM) is before and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert not (tmp_path / "run" / "metrics.json").exists()

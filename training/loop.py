@@ -44,7 +44,7 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 from eaglet.models.eagle import KINDS, DraftHead, load_draft_head, new_draft_head
 from eaglet.models.llama import Transformer
 from eaglet.spec.entry import console_logging, rerun_hint
-from eaglet.spec.signals import StopRequest
+from eaglet.spec.signals import Interrupts
 from eaglet.spec.tracking import Tracker, environment
 from eaglet.training.chain_replay import step_hits
 from eaglet.training.checkpoints import (load_checkpoint, pick_checkpoint, restore_training_state, rng_state,
@@ -355,6 +355,11 @@ def evaluate_tau(target: Transformer, head: DraftHead, tree_cfg, prompts: list[l
 def train(cfg: DictConfig, output_dir: str | Path, target: Transformer | None = None, tokenizer=None) -> dict:
     """Train a draft head as `cfg` (conf/train_draft.yaml) says; returns the metrics written to metrics.json.
     `target`/`tokenizer` replace cfg.target (an already loaded model; tests pass tiny ones)."""
+    with Interrupts() as interrupts:  # SIGINT / SIGTERM: at once while setting up, then at a step boundary
+        return _train(cfg, output_dir, target, tokenizer, interrupts)
+
+
+def _train(cfg: DictConfig, output_dir, target: Transformer | None, tokenizer, interrupts: Interrupts) -> dict:
     from eaglet.spec.run import resolve_hardware, trace_steps
 
     console_logging()
@@ -477,8 +482,8 @@ def train(cfg: DictConfig, output_dir: str | Path, target: Transformer | None = 
     bar = tqdm(total=tc.steps, initial=start_step, disable=not (dd.main and tc.progress), dynamic_ncols=True)
     scope = contextlib.ExitStack()  # what the loop runs inside, closed after it
     on_step = scope.enter_context(trace_steps((tc.get("profile_steps") or 0) if dd.main else 0, run_dir))  # trace
-    stop = scope.enter_context(StopRequest())  # SIGTERM / SIGINT: stop at the next step boundary (spec/signals.py)
     scope.enter_context(logging_redirect_tqdm())  # log lines printed around the progress bar
+    interrupts.defer("stopping after this step, with a checkpoint (Ctrl-C again stops at once, without one)")
 
     def paused(fn):
         """Run fn with its time kept out of train/tokens_per_s (the device drained first)."""
@@ -517,7 +522,7 @@ def train(cfg: DictConfig, output_dir: str | Path, target: Transformer | None = 
                 f"{len(prompts)} held-out prompts")
         dd.barrier()
 
-    stopped = None  # the signal that stopped the run
+    stopped, signum = None, 0  # the signal that stopped the run; any signal, as every process agreed
     try:
         while step < min(tc.steps, stop_at):
             # ---- one optimiser step -------------------------------------------------------------------
@@ -560,7 +565,7 @@ def train(cfg: DictConfig, output_dir: str | Path, target: Transformer | None = 
             if tc.ckpt_every > 0 and step % tc.ckpt_every == 0:
                 checkpoint(step)
             # every process stops at the same step, whichever received the signal or ran out of time
-            signum, time_up = dd.any_stop(stop.signum, time_limit is not None and
+            signum, time_up = dd.any_stop(interrupts.signum, time_limit is not None and
                                           time.perf_counter() - t_start > time_limit, device)
             if signum:
                 stopped = signal.Signals(signum).name
@@ -573,6 +578,7 @@ def train(cfg: DictConfig, output_dir: str | Path, target: Transformer | None = 
     finally:  # a second Ctrl-C (KeyboardInterrupt) leaves from here: at once, without a checkpoint
         scope.close()
         bar.close()
+    interrupts.note = "writing the checkpoint and the head first (Ctrl-C again stops at once, without them)"
     if step != last_saved:
         checkpoint(step)
 
@@ -580,9 +586,10 @@ def train(cfg: DictConfig, output_dir: str | Path, target: Transformer | None = 
     # an unfinished run (stop_at_step, time_limit_s, a signal) exports too, so that its head can be evaluated;
     # metrics.json says finished=false, and a resumed run exports again at its end
     finished = step >= tc.steps
+    stopped = None if finished else stopped  # a signal during the last step: the run is whole all the same
     whole = gathered(model, head, fsdp, dd.main)
     head_dir = whole.save_pretrained(run_dir / "head", dtype=EXPORT_DTYPES[hc.export_dtype]) if dd.main else None
-    if ec.every > 0 and stopped is None:  # a stopped job has seconds left (SLURM, Kubernetes): no evaluation
+    if ec.every > 0 and not signum:  # a signalled job has seconds left (SLURM, Kubernetes): no evaluation
         run_eval(step)
     train_s = time.perf_counter() - t_start
     metrics = {
