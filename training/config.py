@@ -140,8 +140,8 @@ def check_run_dir(c: Checks, run_dir) -> None:
         return
     found = sorted(p.name for p in (Path(run_dir) / "checkpoints").glob("step_*"))
     if found:
-        c.bad("train.resume", None, f"but {run_dir} holds checkpoints of a run ({found[-1]}, ...): train.resume=auto "
-                                    f"continues it; for a fresh run choose another hydra.run.dir")
+        c.bad("train.resume", None, f"starts afresh, but {run_dir} holds another run's checkpoints ({found[-1]}, ...): "
+                                    f"train.resume=auto continues that run; or choose another hydra.run.dir")
 
 
 def check_train_draft_device(c: Checks, given_target: bool = False) -> None:
