@@ -5,6 +5,7 @@ script's own groups and keys; SIGINT and SIGTERM keep what finished; progress ba
 from __future__ import annotations
 
 import json
+import logging
 import os
 import runpy
 import signal
@@ -69,9 +70,15 @@ def cli(monkeypatch, capsys, tmp_path, warm):
         GlobalHydra.instance().clear()
         capsys.readouterr()
         checking.clear()
+        root = logging.getLogger()  # Hydra configures its own logging on the root logger while composing
+        handlers, level = root.handlers[:], root.level
         t0 = time.perf_counter()
-        with pytest.raises(SystemExit) as e:
-            runpy.run_path(str(REPO / f"{script}.py"), run_name="__main__")  # python <script>.py <overrides>
+        try:
+            with pytest.raises(SystemExit) as e:
+                runpy.run_path(str(REPO / f"{script}.py"), run_name="__main__")  # python <script>.py <overrides>
+        finally:
+            root.handlers[:] = handlers
+            root.setLevel(level)
         assert time.perf_counter() - t0 < 5.0
         out = capsys.readouterr()
         return e.value.code, out.out, out.err, sum(checking)
