@@ -32,7 +32,7 @@ log.setLevel(logging.INFO)  # the run's lines reach Hydra's job log (and the con
 
 def report_config_errors(fn):
     """fn(); a ConfigError ends the process with its lines on stderr ("error: key=value: ...") and status 2."""
-    from eaglet.spec.config import ConfigError
+    from eaglet.spec.checks import ConfigError
 
     try:
         return fn()
@@ -200,7 +200,7 @@ def _has(root: DictConfig, key: str) -> bool:
 
 def _raw(root: DictConfig, key: str) -> str:
     """The key's value as written (interpolations unresolved, ??? for a required one)."""
-    from eaglet.spec.config import show
+    from eaglet.spec.checks import show
 
     parent, _, leaf = key.rpartition(".")
     node = OmegaConf.select(root, parent, throw_on_missing=False) if parent else root

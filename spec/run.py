@@ -24,8 +24,8 @@ from eaglet.kernels._utils import copy_bandwidth
 from eaglet.models.kv_cache import KVCache
 from eaglet.models.llama import Transformer
 from eaglet.spec.autoregressive import AREngine, GenStats, Request
-from eaglet.spec.config import (ConfigError, head_dir, no_head, resolve_hardware, target_path,
-                                validate_run_spec)
+from eaglet.spec.checks import ConfigError
+from eaglet.spec.config import head_dir, no_head, resolve_hardware, target_path, validate_run_spec
 from eaglet.spec.eagle import EagleEngine, SimulatedAcceptance, StepStats, TreeSpec
 from eaglet.spec.entry import console_logging
 from eaglet.spec.sampling import SamplingParams

@@ -254,7 +254,7 @@ def test_validation_runs_before_any_loading(monkeypatch, tmp_path):
     from hydra import compose, initialize_config_dir
 
     import eaglet.models.llama as llama
-    from eaglet.spec.config import ConfigError
+    from eaglet.spec.checks import ConfigError
     from eaglet.spec.run import run
 
     monkeypatch.setattr(llama.Transformer, "from_pretrained", lambda *a, **k: pytest.fail("loaded"))
@@ -384,7 +384,7 @@ def test_run_task_turns_interrupts_and_config_errors_into_exit_statuses(tmp_path
     from hydra.core.hydra_config import HydraConfig
     from omegaconf import open_dict
 
-    from eaglet.spec.config import ConfigError
+    from eaglet.spec.checks import ConfigError
     from eaglet.spec.entry import run_task
     from eaglet.spec.signals import Interrupted
 

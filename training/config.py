@@ -8,9 +8,9 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from eaglet.spec.config import (DTYPE_NAMES, HEAD_KINDS, Checks, check_hardware, check_logger, check_memory,
-                                check_target, check_tree, kv_pool_bytes, parameter_count, resolve_hardware,
-                                target_args, target_key)
+from eaglet.spec.checks import Checks
+from eaglet.spec.config import (DTYPE_NAMES, HEAD_KINDS, check_hardware, check_logger, check_memory, check_target,
+                                check_tree, kv_pool_bytes, parameter_count, resolve_hardware, target_args, target_key)
 
 
 def check_head(c: Checks) -> None:

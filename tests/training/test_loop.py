@@ -361,7 +361,7 @@ def test_a_damaged_newest_checkpoint_falls_back_to_the_one_before(target, tmp_pa
 
 def test_a_damaged_checkpoint_named_by_train_resume_is_refused_naming_the_file(target, tmp_path, small_cfg):
     """Also a checkpoint without a manifest: its truncated training state is named, not `OSError: [Errno 22]`."""
-    from eaglet.spec.config import ConfigError
+    from eaglet.spec.checks import ConfigError
 
     train(small_cfg("eagle1", "train.steps=2"), tmp_path / "run", target=target)
     ck = tmp_path / "run" / "checkpoints" / "step_00000002"
