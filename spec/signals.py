@@ -10,7 +10,8 @@
   step; a second SIGTERM is ignored (SIGKILL follows it anyway).
 
 Python runs signal handlers in the main thread between bytecodes, so a handler never interrupts a tensor
-operation half-way. Outside the main thread (where signal.signal is refused) nothing is installed.
+operation half-way. Outside the main thread (where signal.signal is refused) nothing is installed, and a signal
+the process ignores stays ignored.
 """
 
 from __future__ import annotations
@@ -56,7 +57,10 @@ class Interrupts(contextlib.AbstractContextManager):
 
     def __enter__(self) -> "Interrupts":
         if threading.current_thread() is threading.main_thread():
-            self._before = {s: signal.signal(s, self._handle) for s in SIGNALS}
+            # a signal the process was started with ignored (a background job of a script: SIGINT) stays ignored,
+            # as Python's own default does
+            self._before = {s: signal.signal(s, self._handle) for s in SIGNALS
+                            if signal.getsignal(s) is not signal.SIG_IGN}
         return self
 
     def __exit__(self, *exc) -> None:

@@ -323,7 +323,13 @@ def test_help_shows_the_values_of_this_command():
 def _tiny_run(run_dir: Path, *extra: str, **popen) -> subprocess.Popen:
     cmd = [sys.executable, str(REPO / "run_spec.py"), *TINY_RUN, f"hydra.run.dir={run_dir}", *extra]
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=run_dir.parent,
-                            env=ENV, **popen)
+                            env=ENV, preexec_fn=_signals_delivered, **popen)
+
+
+def _signals_delivered() -> None:
+    """In the child: SIGINT and SIGTERM at their defaults, not ignored as a background job's may be."""
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_DFL)
 
 
 def test_a_run_shows_its_passes_and_ends_with_where_everything_went(tmp_path):
@@ -420,8 +426,8 @@ def test_an_interrupt_while_loading_leaves_no_results_and_the_handlers_as_they_w
     monkeypatch.setattr(run_module, "random_target", lambda *a: os.kill(os.getpid(), signal.SIGTERM))
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
         cfg = compose("run_spec", overrides=[*TINY_RUN, "logger=none"])
-    before = signal.getsignal(signal.SIGTERM)
+    before = [signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)]
     with pytest.raises(Interrupted, match="SIGTERM"):
         run_module.run(cfg, tmp_path / "run")
-    assert signal.getsignal(signal.SIGTERM) is before and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert [signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)] == before
     assert not (tmp_path / "run" / "metrics.json").exists()

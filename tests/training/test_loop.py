@@ -304,8 +304,10 @@ def _assert_same_checkpoint(a: Path, b: Path) -> None:
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_a_signal_stops_at_the_step_boundary_with_a_checkpoint_and_resumes_bitwise(target, tmp_path, small_cfg,
-                                                                                  monkeypatch, caplog, sig):
+                                                                                  monkeypatch, caplog, sig,
+                                                                                  sigint_default):
     over = ("train.steps=5", "train.grad_accum=2", "train.ckpt_every=0", "train.keep_last=0")
+    before = [signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)]
     train(small_cfg("eagle3", *over), tmp_path / "full", target=target)
     with monkeypatch.context() as m:
         _signal_during_step(m, 3, sig)
@@ -315,7 +317,7 @@ def test_a_signal_stops_at_the_step_boundary_with_a_checkpoint_and_resumes_bitwi
     assert [p.name for p in (tmp_path / "split" / "checkpoints").iterdir()] == ["step_00000003"]
     assert Path(stopped["head_dir"]).is_dir()  # exported, for a look at the head so far
     assert f"checkpoint at step 3 in {tmp_path / 'split'}: rerun the same command to resume" in caplog.text
-    assert signal.getsignal(sig) is not None and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert [signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)] == before  # the handlers as they were
     done = train(small_cfg("eagle3", *over), tmp_path / "split", target=target)  # the same command again
     assert done["finished"] and f"resumed from {tmp_path / 'split' / 'checkpoints' / 'step_00000003'} at step 3" in (
         caplog.text)
@@ -324,7 +326,7 @@ def test_a_signal_stops_at_the_step_boundary_with_a_checkpoint_and_resumes_bitwi
     assert [r["train/loss"] for r in log_of(tmp_path / "full")] == [r["train/loss"] for r in log_of(tmp_path / "split")]
 
 
-def test_a_second_ctrl_c_stops_at_once_without_a_checkpoint(target, tmp_path, small_cfg, monkeypatch):
+def test_a_second_ctrl_c_stops_at_once_without_a_checkpoint(target, tmp_path, small_cfg, monkeypatch, sigint_default):
     with monkeypatch.context() as m:
         _signal_during_step(m, 2, signal.SIGINT, signal.SIGINT)
         with pytest.raises(KeyboardInterrupt):
@@ -377,7 +379,13 @@ def _cli_train(run: Path, cache: Path, *extra: str) -> subprocess.Popen:
            "data.synthetic.num=8", "train.batch_size=2", "train.steps=40", "train.log_every=1", "train.ckpt_every=0",
            "eval.every=0", "logger=none", "hardware=cpu", f"data.cache_dir={cache}", f"hydra.run.dir={run}", *extra]
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=run.parent,
-                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+                            env={**os.environ, "OMP_NUM_THREADS": "1"}, preexec_fn=_signals_delivered)
+
+
+def _signals_delivered() -> None:
+    """In the child: SIGINT and SIGTERM at their defaults, not ignored as a background job's may be."""
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_DFL)
 
 
 def test_train_draft_cli_sigterm_checkpoints_and_the_rerun_ends_bitwise(tmp_path):
