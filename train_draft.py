@@ -3,15 +3,18 @@
 Multi-GPU: `torchrun --nproc-per-node N train_draft.py hydra.run.dir=DIR ...` (DDP, rank 0 logs and saves)."""
 
 import hydra
-from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
+
+from eaglet.spec.entry import register_help, run_task
+
+register_help()  # --help lists this script's groups and keys with conf/'s comments
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="train_draft")
 def main(cfg: DictConfig) -> dict:
     from eaglet.training.loop import train
 
-    return train(cfg, HydraConfig.get().runtime.output_dir)
+    return run_task(train, cfg)  # config errors: one line each, exit 2; interrupted: 130 / 143
 
 
 if __name__ == "__main__":

@@ -52,7 +52,9 @@ def main() -> None:
     hits = []
     for line in Path(args.outputs).open():
         r = json.loads(line)
-        prompt = encode_turns(tok, [{"role": "user", "content": r["turns"][0]}], True)
+        if r["turn"] != 0:  # a later turn's prompt holds the conversation before it: first answers only
+            continue
+        prompt = encode_turns(tok, [{"role": "user", "content": r["prompt"]}], True)
         hits.append(step_hits(target, head, feats, prompt + r["token_ids"], len(prompt), args.steps))
     h = torch.cat(hits)  # [rows, steps]
     acc = h.float().mean(0)  # [steps] unconditional, as train/acc_k

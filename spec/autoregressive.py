@@ -63,17 +63,18 @@ def default_min_admit(max_batch: int) -> int:
 
 
 def emit(r: Request, tokens: list[int], eos_ids: set[int], on_token) -> None:
-    """Append tokens to a request until it finishes (EOS or budget); later ones are dropped."""
+    """Append tokens to a request until it finishes (EOS or budget); later ones are dropped. on_token(r, t) runs
+    after r took t, so on its last token r.done is already true (callers record finished answers there)."""
     for t in tokens:
         if r.done:
             return
         r.output_ids.append(t)
-        if on_token is not None:
-            on_token(r, t)
         if t in eos_ids:
             r.finish_reason = "eos"
         elif len(r.output_ids) >= r.max_new_tokens:
             r.finish_reason = "length"
+        if on_token is not None:
+            on_token(r, t)
 
 
 def pad_prompts(reqs: list[Request], device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -197,13 +198,24 @@ class AREngine:
         return [active[i] for i in keep], tokens[idx], positions[idx]
 
     def generate(self, requests: list[Request], on_token: Callable[[Request, int], None] | None = None,
-                 on_step: Callable[[], None] | None = None) -> GenStats:
+                 on_step: Callable[[], None] | None = None, stats: GenStats | None = None) -> GenStats:
+        """Decode `requests` to the end -> their stats. `stats`: filled in place, its totals also when an
+        exception (an interrupt) stops the loop, so the caller keeps the numbers of the part that ran."""
         for r in requests:
             check_request(r, self.kv.max_context)
-        stats = GenStats()
+        stats = GenStats() if stats is None else stats
         sync = synchronizer(self.device)
         sync()
         t0 = time.perf_counter()
+        try:
+            self._loop(requests, stats, sync, on_token, on_step)
+        finally:
+            sync()
+            stats.total_s = time.perf_counter() - t0
+            stats.new_tokens = sum(len(r.output_ids) for r in requests)
+        return stats
+
+    def _loop(self, requests: list[Request], stats: GenStats, sync, on_token, on_step) -> None:
         waiting = deque(requests)
         active: list[Request] = []
         tokens = torch.empty(0, dtype=torch.long, device=self.device)  # [B] next input token
@@ -240,7 +252,3 @@ class AREngine:
             while len(inflight) > (1 if active else 0):
                 self._record(inflight.popleft(), on_token)
             active, tokens, positions = self._retire(active, tokens, positions)
-        sync()
-        stats.total_s = time.perf_counter() - t0
-        stats.new_tokens = sum(len(r.output_ids) for r in requests)
-        return stats

@@ -368,14 +368,28 @@ class EagleEngine:
 
     # ---- host loop ---------------------------------------------------------------------------
     def generate(self, requests: list[Request], on_token: Callable[[Request, int], None] | None = None,
-                 on_step: Callable[[], None] | None = None) -> StepStats:
+                 on_step: Callable[[], None] | None = None, stats: StepStats | None = None) -> StepStats:
+        """Decode `requests` to the end -> their stats. `stats`: filled in place, its totals also when an
+        exception (an interrupt) stops the loop, so the caller keeps the numbers of the part that ran."""
         for r in requests:
             check_request(r, self.max_context)
-        stats = StepStats()
+        stats = StepStats() if stats is None else stats
         sync = synchronizer(self.device)
         timer = _PhaseTimer(self.time_phases, self.device)
         sync()
         t0 = time.perf_counter()
+        try:
+            self._loop(requests, stats, sync, timer, on_token, on_step)
+        finally:
+            sync()
+            stats.total_s = time.perf_counter() - t0
+            stats.new_tokens = sum(len(r.output_ids) for r in requests)
+            for p, ms in timer.totals().items():
+                stats.phase_ms[p] += ms
+            stats.step_periods_ms = timer.periods("draft")
+        return stats
+
+    def _loop(self, requests: list[Request], stats: StepStats, sync, timer: "_PhaseTimer", on_token, on_step) -> None:
         waiting, active = deque(requests), []
         state: dict[str, torch.Tensor] = {}
         inflight: deque[tuple[_HostCopy, bool]] = deque()
@@ -420,13 +434,6 @@ class EagleEngine:
                     else:
                         emit(r, [row], self.eos_ids, on_token)
             active, state = self._retire(active, state)
-        sync()
-        stats.total_s = time.perf_counter() - t0
-        stats.new_tokens = sum(len(r.output_ids) for r in requests)
-        for p, ms in timer.totals().items():
-            stats.phase_ms[p] += ms
-        stats.step_periods_ms = timer.periods("draft")
-        return stats
 
     def _retire(self, active: list[Request], state: dict):
         """Drop finished requests (EOS or budget, as seen by the host) and free their KV rows."""

@@ -1,53 +1,41 @@
-"""`run(cfg, output_dir) -> metrics`: what `run_spec.py` does, as a plain function (tests call it too)."""
+"""`run(cfg, output_dir) -> metrics`: what `run_spec.py` does, as a plain function (tests call it too).
+
+The config is checked before anything loads (spec/config.py), and the results of an earlier run in a reused run
+directory are removed. Then, in the run directory: `outputs.jsonl` gets one line per answer as it finishes
+(flushed), and `metrics.json` is written at the end. SIGINT or SIGTERM stops decoding at once; the answers
+finished so far stay, and metrics.json holds the numbers of what ran, with `finished: false`.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import functools
 import json
+import logging
 import time
 from pathlib import Path
 
 import torch
 from omegaconf import DictConfig, OmegaConf
+from tqdm import tqdm
+from tqdm.contrib.logging import logging_redirect_tqdm
 
 from eaglet.kernels._utils import copy_bandwidth
 from eaglet.models.kv_cache import KVCache
 from eaglet.models.llama import Transformer
-from eaglet.spec.autoregressive import AREngine, Request
-from eaglet.spec.eagle import EagleEngine, SimulatedAcceptance, TreeSpec
+from eaglet.spec.autoregressive import AREngine, GenStats, Request
+from eaglet.spec.checks import ConfigError
+from eaglet.spec.config import head_dir, no_head, resolve_hardware, target_path, validate_run_spec
+from eaglet.spec.eagle import EagleEngine, SimulatedAcceptance, StepStats, TreeSpec
+from eaglet.spec.entry import console_logging
 from eaglet.spec.sampling import SamplingParams
+from eaglet.spec.signals import Interrupted, Interrupts
 from eaglet.spec.stream_plan import StreamPlan, resolve_plan
 from eaglet.spec.tracking import Tracker, environment
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-REPO = Path(__file__).resolve().parents[1]  # the checkout (eaglet installs editable): shipped heads live here
-
-
-def resolve_hardware(hw) -> tuple[torch.device, torch.dtype]:
-    dev = hw.device
-    if dev == "auto":
-        dev = "cuda" if torch.cuda.is_available() else "cpu"
-    device = torch.device(dev)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"hardware.device={dev} but no CUDA/ROCm device is visible; use hardware=cpu")
-    if hw.dtype == "auto":
-        return device, torch.bfloat16 if device.type == "cuda" else torch.float32
-    if hw.dtype not in DTYPES:
-        raise ValueError(f"hardware.dtype={hw.dtype!r}; choose auto or one of {sorted(DTYPES)}")
-    return device, DTYPES[hw.dtype]
-
-
-def target_path(target) -> Path:
-    if target.get("path"):
-        return Path(target.path).expanduser()
-    if not target.get("asset"):
-        raise ValueError(f"target.path is required for target={target.name}")
-    from eaglet.data.assets import asset_path
-
-    return asset_path(target.asset)
+log = logging.getLogger("eaglet")
+RESULTS = ("metrics.json", "outputs.jsonl", "trace.json")  # what a run writes in its directory (W&B runs aside)
+AR_PASS = "plain decoding, for speedup_vs_ar"
 
 
 def encode_turns(tokenizer, history: list[dict], chat_template: bool) -> list[int]:
@@ -57,10 +45,98 @@ def encode_turns(tokenizer, history: list[dict], chat_template: bool) -> list[in
     return tokenizer(history[-1]["content"])["input_ids"]
 
 
+def clear_stale(out_dir: Path) -> None:
+    """Remove an earlier run's results from a reused run directory, so that none sits beside this run's config."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stale = [name for name in RESULTS if (out_dir / name).is_file()]
+    for name in stale:
+        (out_dir / name).unlink()
+    if stale:
+        log.info(f"{out_dir} held an earlier run's {', '.join(stale)}: removed")
+
+
+class AnswerLog:
+    """outputs.jsonl: one line per answer, written and flushed as it finishes (so in finishing order):
+    prompt_id, turn (0-based), prompt (the user turn answered), text, token_ids, finish_reason."""
+
+    def __init__(self, path: Path, prompts: list, tokenizer, eos: set[int]):
+        self.path, self.prompts, self.tokenizer, self.eos = path, prompts, tokenizer, eos
+        self.records: dict[tuple[int, int], dict] = {}  # (prompt index, turn) -> its line
+        self.file = open(path, "a", encoding="utf-8")
+
+    def write(self, r: Request, turn: int) -> None:
+        ids = [t for t in r.output_ids if t not in self.eos]
+        text = "" if self.tokenizer is None else self.tokenizer.decode(ids, skip_special_tokens=True)
+        p = self.prompts[r.rid]
+        rec = {"prompt_id": p.id, "turn": turn, "prompt": p.turns[turn], "text": text, "token_ids": r.output_ids,
+               "finish_reason": r.finish_reason}
+        self.file.write(json.dumps(rec) + "\n")
+        self.file.flush()
+        self.records[(r.rid, turn)] = rec
+
+    def close(self) -> None:
+        self.file.close()
+
+
+class DecodePass:
+    """One decode pass over the prompts' turns: a tqdm bar named after it (answers done, tokens, tokens/s, ETA),
+    the stats of each generate call (an interrupted call's included), and the finished answers' tokens."""
+
+    def __init__(self, name: str, total: int, on_answer=None):
+        self.name, self.on_answer = name, on_answer
+        self.bar = tqdm(total=total, desc=name, unit="answer", dynamic_ncols=True)
+        self.runs: list = []  # GenStats or StepStats, one per generate call
+        self.outputs: dict[tuple[int, int], list[int]] = {}  # (prompt index, turn) -> output ids, finished answers
+        self.prompt_ids: dict[tuple[int, int], list[int]] = {}
+        self.tokens = self.started = 0  # tokens emitted; requests with a first token (each from its prefill)
+        self.t0 = self._shown = None
+
+    def generate(self, engine, reqs: list[Request], stats, turn: int, on_step=None):
+        self.runs.append(stats)
+        self.t0 = self.t0 or time.perf_counter()
+        self._shown = self._shown or self.t0
+        for r in reqs:
+            self.prompt_ids[(r.rid, turn)] = r.prompt_ids
+
+        def token(r: Request, t: int) -> None:
+            self.tokens += 1
+            self.started += len(r.output_ids) == 1
+            if r.done:
+                self.outputs[(r.rid, turn)] = r.output_ids
+                self.bar.update(1)
+                if self.on_answer is not None:
+                    self.on_answer(r, turn)
+
+        def step() -> None:
+            if on_step is not None:
+                on_step()
+            if time.perf_counter() - self._shown > 0.5:  # the bar moves per answer; its tokens/s twice a second
+                self._show()
+
+        return engine.generate(reqs, on_token=token, on_step=step, stats=stats)
+
+    def _show(self) -> None:
+        self._shown = now = time.perf_counter()
+        self.bar.set_postfix_str(f"{self.tokens} tokens, {self.tokens / max(now - self.t0, 1e-9):.1f} tokens/s")
+
+    def close(self) -> None:
+        if self.t0 is not None and not self.bar.disable:  # once: a closed bar is disabled
+            self._show()
+        self.bar.close()
+
+
 def run(cfg: DictConfig, output_dir: str | Path) -> dict:
+    with Interrupts() as interrupts:  # SIGINT / SIGTERM: decoding stops at once, the results are written whole
+        return _run(cfg, Path(output_dir), interrupts)
+
+
+def _run(cfg: DictConfig, out_dir: Path, interrupts: Interrupts) -> dict:
     from eaglet.data.prompts import Prompt, load_prompts
     from eaglet.models.checkpoint import load_tokenizer
 
+    console_logging()
+    validate_run_spec(cfg)
+    clear_stale(out_dir)
     torch.manual_seed(cfg.seed)
     device, dtype = resolve_hardware(cfg.hardware)
     t0 = time.perf_counter()
@@ -84,13 +160,11 @@ def run(cfg: DictConfig, output_dir: str | Path) -> dict:
     if tokenizer is not None and tokenizer.eos_token_id is not None:
         eos.add(tokenizer.eos_token_id)
     if tokenizer is None:
-        if cfg.data.name != "synthetic":
-            raise ValueError(f"target={cfg.target.name} has random weights and no tokenizer: use data=synthetic")
-        eos = set()  # random weights: every request decodes its whole budget
+        eos = set()  # random weights (data=synthetic, validated): every request decodes its whole budget
     sampling = SamplingParams(cfg.gen.temperature, cfg.gen.top_p)
     graphs = cfg.gen.cuda_graph and device.type == "cuda"
     plan = resolve_plan(cfg.stream, device)
-    print(f"[eaglet] {plan.describe()}", flush=True)
+    log.info(plan.describe())
     ar_engine = None  # built only when it runs: its KV pool is as large as the speculative one
     if cfg.draft.name == "none" or cfg.gen.compare_ar:
         kv = KVCache.for_model(model.args, max_reqs=batch_size, max_context=max_context,
@@ -118,65 +192,59 @@ def run(cfg: DictConfig, output_dir: str | Path) -> dict:
         prompts = load_prompts(cfg.data.name, limit=cfg.data.limit, path=cfg.data.path,
                                max_turns=cfg.data.max_turns, split=cfg.data.split)
         if cfg.data.get("skip_too_long"):
-            prompts = fitting_prompts(prompts, tokenizer, cfg.gen.chat_template, max_context - cfg.gen.max_new_tokens)
+            budget = max_context - cfg.gen.max_new_tokens
+            prompts = fitting_prompts(prompts, tokenizer, cfg.gen.chat_template, budget)
+            if not prompts:
+                raise ConfigError([f"data.skip_too_long=true: no prompt's first turn fits {budget} tokens "
+                                   f"(gen.max_context - gen.max_new_tokens); raise gen.max_context or lower "
+                                   f"gen.max_new_tokens"])
     config = OmegaConf.to_container(cfg, resolve=True)
     env = environment(device)
     resolved = {"stream_plan": plan.name, "stream_plan_reason": plan.reason}
-    tracker = Tracker(cfg.logger, {**config, "env": env, **resolved}, output_dir)
-    print(f"[eaglet] target={cfg.target.name} ({model.args.family}, {model.args.n_layers} layers) draft={cfg.draft.name} "
-          f"device={env['device_name']} dtype={str(dtype).removeprefix('torch.')} prompts={len(prompts)} "
-          f"batch={batch_size} loaded in {load_s:.1f}s", flush=True)
+    tracker = Tracker(cfg.logger, {**config, "env": env, **resolved}, out_dir)
+    log.info(f"target={cfg.target.name} ({model.args.family}, {model.args.n_layers} layers) draft={cfg.draft.name} "
+             f"device={env['device_name']} dtype={str(dtype).removeprefix('torch.')} prompts={len(prompts)} "
+             f"batch={batch_size} loaded in {load_s:.1f}s")
 
     engine.warmup()  # graph capture and autotuning stay out of the timings
     if engine is not ar_engine and ar_engine is not None:
         ar_engine.warmup()
-    histories = [[] for _ in prompts]
-    outputs = [[] for _ in prompts]
-    turns_ids: list[list[list[int]]] = []  # prompt ids of every turn, replayed by the AR comparison
-    runs = []
-    for turn in range(max(len(p.turns) for p in prompts)):
-        reqs = []
-        for i, p in enumerate(prompts):
-            if turn < len(p.turns):
-                histories[i].append({"role": "user", "content": p.turns[turn]})
-                ids = p.meta["token_ids"] if tokenizer is None else encode_turns(tokenizer, histories[i],
-                                                                                 cfg.gen.chat_template)
-                reqs.append(Request(ids, cfg.gen.max_new_tokens, rid=i))
-        turns_ids.append([r.prompt_ids for r in reqs])
-        with trace_steps(cfg.profile_steps if turn == 0 else 0, output_dir) as on_step:
-            stats = engine.generate(reqs, on_step=on_step)
-        runs.append(stats)
-        tracker.log({"gen/tokens_per_s": stats.new_tokens / stats.total_s, "gen/turn": turn}, step=turn)
-        for r in reqs:
-            ids = [t for t in r.output_ids if t not in eos]
-            text = "" if tokenizer is None else tokenizer.decode(ids, skip_special_tokens=True)
-            histories[r.rid].append({"role": "assistant", "content": text})
-            outputs[r.rid].append({"turn": turn, "text": text, "token_ids": r.output_ids,
-                                   "finish_reason": r.finish_reason})
-    new_tokens = sum(r.new_tokens for r in runs)
-    gen_s, prefill_s = sum(r.total_s for r in runs), sum(r.prefill_s for r in runs)
-    answers = sum(len(o) for o in outputs)  # each answer's first token comes from its prefill
-    metrics = {
-        "tokens_per_s": new_tokens / gen_s if gen_s else 0.0,
-        "decode_tokens_per_s": (new_tokens - answers) / max(gen_s - prefill_s, 1e-9),
-        "new_tokens": new_tokens,
-        "generate_s": gen_s,
-        "prefill_s": prefill_s,
-    }
-    if engine is not ar_engine:
-        metrics.update(combine_spec_stats(runs, tree.steps))
-        if ar_engine is not None:
-            metrics.update(compare_with_ar(ar_engine, turns_ids, outputs, cfg.gen.max_new_tokens, metrics,
-                                           sampling.greedy))
+    total = sum(len(p.turns) for p in prompts)
+    answers = AnswerLog(out_dir / "outputs.jsonl", prompts, tokenizer, eos)
+    speculative = engine is not ar_engine
+    main = DecodePass("speculative" if speculative else "plain decoding", total, on_answer=answers.write)
+    plain, stopped = None, None
+    with logging_redirect_tqdm():
+        try:
+            turns_ids = decode_turns(engine, main, prompts, tokenizer, answers, cfg, tracker, out_dir)
+            main.close()
+            if speculative and ar_engine is not None:
+                plain = DecodePass(AR_PASS, total)
+                for turn, ids in enumerate(turns_ids):
+                    plain.generate(ar_engine, [Request(p, cfg.gen.max_new_tokens, rid=i) for i, p in ids], GenStats(),
+                                   turn)
+        except Interrupted as e:
+            stopped = e.signame
+        finally:
+            answers.close()
+            main.close()
+            if plain is not None:
+                plain.close()
+    interrupts.defer("writing the results of what ran first (Ctrl-C again stops at once, without them)")
 
-    out_dir = Path(output_dir)
-    with open(out_dir / "outputs.jsonl", "w") as f:
-        for p, outs in zip(prompts, outputs):
-            f.write(json.dumps({"prompt_id": p.id, "turns": p.turns, "text": outs[0]["text"],
-                                "token_ids": outs[0]["token_ids"], "answers": outs}) + "\n")
-    for p, outs in list(zip(prompts, outputs))[: cfg.print_answers if tokenizer is not None else 0]:
-        print(f"--- [{p.id}] {p.turns[0][:200]!r}\n>>> {outs[0]['text'][:600]}", flush=True)
+    metrics = pass_metrics(main)
+    if speculative:
+        metrics.update(combine_spec_stats(main.runs, tree.steps))
+        if plain is not None and plain.runs:
+            metrics.update(compare_with_ar(main, plain, metrics, sampling.greedy, None if stopped else ar_engine.model))
+    for i, p in enumerate(prompts[: cfg.print_answers if tokenizer is not None else 0]):
+        if (i, 0) in answers.records:
+            log.info(f"--- [{p.id}] {p.turns[0][:200]!r}\n>>> {answers.records[(i, 0)]['text'][:600]}")
     metrics.update({
+        "finished": stopped is None,
+        **({"interrupted": stopped} if stopped else {}),
+        "answers": len(answers.records),
+        "answers_total": total,
         "num_prompts": len(prompts),
         "load_s": load_s,
         "target": cfg.target.name,
@@ -197,12 +265,68 @@ def run(cfg: DictConfig, output_dir: str | Path) -> dict:
         **env,
         "config": config,
     })
-    extra = (f", tau {metrics['tau']:.2f}" + (f", {metrics['speedup_vs_ar']:.2f}x over AR" if "speedup_vs_ar" in metrics
-             else "")) if "tau" in metrics else ""
-    print(f"[eaglet] {new_tokens} tokens in {gen_s:.2f}s: {metrics['tokens_per_s']:.1f} tokens/s "
-          f"(decode {metrics['decode_tokens_per_s']:.1f} tokens/s{extra})", flush=True)
-    tracker.finish(metrics)
+    where = tracker.location()
+    metrics_path = tracker.finish(metrics)
+    summarise(metrics, metrics_path, answers.path, where)
     return metrics
+
+
+def decode_turns(engine, dp: DecodePass, prompts: list, tokenizer, answers: AnswerLog, cfg, tracker,
+                 out_dir) -> list[list[tuple[int, list[int]]]]:
+    """Answer every prompt's user turns, turn by turn (each answer conditions the next turn) -> the (prompt
+    index, prompt ids) of every turn's requests, which the plain-decoding pass replays."""
+    histories: list[list[dict]] = [[] for _ in prompts]
+    turns_ids = []
+    for turn in range(max(len(p.turns) for p in prompts)):
+        reqs = []
+        for i, p in enumerate(prompts):
+            if turn < len(p.turns):
+                histories[i].append({"role": "user", "content": p.turns[turn]})
+                ids = p.meta["token_ids"] if tokenizer is None else encode_turns(tokenizer, histories[i],
+                                                                                 cfg.gen.chat_template)
+                reqs.append(Request(ids, cfg.gen.max_new_tokens, rid=i))
+        turns_ids.append([(r.rid, r.prompt_ids) for r in reqs])
+        stats = StepStats() if isinstance(engine, EagleEngine) else GenStats()
+        with trace_steps(cfg.profile_steps if turn == 0 else 0, out_dir) as on_step:
+            dp.generate(engine, reqs, stats, turn, on_step)
+        tracker.log({"gen/tokens_per_s": stats.new_tokens / stats.total_s, "gen/turn": turn}, step=turn)
+        for r in reqs:
+            histories[r.rid].append({"role": "assistant", "content": answers.records[(r.rid, turn)]["text"]})
+    return turns_ids
+
+
+def pass_metrics(dp: DecodePass) -> dict:
+    """Tokens and times of a pass (of the part that ran, when interrupted)."""
+    new_tokens = sum(r.new_tokens for r in dp.runs)
+    gen_s, prefill_s = sum(r.total_s for r in dp.runs), sum(r.prefill_s for r in dp.runs)
+    return {
+        "tokens_per_s": new_tokens / gen_s if gen_s else 0.0,
+        # each answer's first token comes from its prefill
+        "decode_tokens_per_s": (new_tokens - dp.started) / max(gen_s - prefill_s, 1e-9),
+        "new_tokens": new_tokens,
+        "generate_s": gen_s,
+        "prefill_s": prefill_s,
+    }
+
+
+def summarise(metrics: dict, metrics_path: Path, outputs_path: Path, wandb_where: str | None) -> None:
+    """The run's last lines: what it measured, and where everything went."""
+    m = metrics
+    head = (f"interrupted by {m['interrupted']}: the numbers of what ran (finished: false)" if not m["finished"]
+            else "done")
+    parts = [f"{m['answers']} of {m['answers_total']} answers", f"{m['new_tokens']} tokens in {m['generate_s']:.1f}s",
+             f"{m['tokens_per_s']:.1f} tokens/s (decode {m['decode_tokens_per_s']:.1f})"]
+    if "tau" in m:
+        parts.append(f"tau {m['tau']:.2f}")
+    if "speedup_vs_ar" in m:
+        parts.append(f"{m['speedup_vs_ar']:.2f}x plain decoding")
+    if m.get("ar_identical_fraction") is not None:
+        parts.append(f"{100 * m['ar_identical_fraction']:.0f}% of answers identical to plain decoding")
+    log.info(f"{head}: " + ", ".join(parts))
+    log.info(f"metrics: {metrics_path}")
+    log.info(f"outputs: {outputs_path}")
+    if wandb_where:
+        log.info(wandb_where)
 
 
 @contextlib.contextmanager
@@ -223,12 +347,12 @@ def trace_steps(n: int, output_dir):
         p.export_chrome_trace(str(path))
         # device time finds slow kernels; host time finds a GPU left idle (launch-bound or syncing steps)
         for key in ("self_device_time_total", "self_cpu_time_total") if gpu else ("self_cpu_time_total",):
-            print(p.key_averages().table(sort_by=key, row_limit=20), flush=True)
+            log.info("top ops by %s:\n%s", key, p.key_averages().table(sort_by=key, row_limit=20))
 
     with profile(activities=acts, schedule=schedule(wait=2, warmup=1, active=n, repeat=1),
                  on_trace_ready=ready) as prof:
         yield prof.step
-    print(f"[eaglet] profiler trace: {path}", flush=True)
+    log.info(f"profiler trace: {path}")
 
 
 def fitting_prompts(prompts: list, tokenizer, chat_template: bool, budget: int) -> list:
@@ -238,8 +362,8 @@ def fitting_prompts(prompts: list, tokenizer, chat_template: bool, budget: int) 
     kept = [p for p in prompts
             if len(encode_turns(tokenizer, [{"role": "user", "content": p.turns[0]}], chat_template)) <= budget]
     if len(kept) < len(prompts):
-        print(f"[eaglet] data.skip_too_long: skipped {len(prompts) - len(kept)} of {len(prompts)} prompts whose "
-              f"first turn exceeds {budget} tokens (gen.max_context - gen.max_new_tokens)", flush=True)
+        log.info(f"data.skip_too_long: skipped {len(prompts) - len(kept)} of {len(prompts)} prompts whose "
+                 f"first turn exceeds {budget} tokens (gen.max_context - gen.max_new_tokens)")
     return kept
 
 
@@ -259,19 +383,14 @@ def build_head(draft, target_cfg, target: Transformer, dtype, device):
     (target.heads, repo-relative paths)."""
     from eaglet.models.eagle import load_draft_head, new_draft_head
 
-    path = draft.get("path")
-    if not path and not draft.get("random_init"):
-        shipped = (target_cfg.get("heads") or {}).get(draft.name)
-        path = REPO / shipped if shipped else None
+    path = head_dir(OmegaConf.create({"draft": draft, "target": target_cfg}))
     if path:
-        head = load_draft_head(Path(path).expanduser(), target, dtype, device)
+        head = load_draft_head(path, target, dtype, device)
         if head.KIND != draft.name:
             raise ValueError(f"draft={draft.name} but {path} holds a {head.KIND} head; use draft={head.KIND}")
         return head
     if not draft.get("random_init"):
-        raise ValueError(f"draft={draft.name} needs draft.path=<head directory>, or draft.random_init=true for a "
-                         f"random head (losslessness and latency checks only: it accepts almost nothing); eaglet "
-                         f"ships no {draft.name} head for target={target_cfg.name}. draft=none decodes without one")
+        raise ValueError(no_head(draft.name, target_cfg.name))
     return new_draft_head(draft.name, target, num_layers=draft.num_layers if draft.name == "multi_layer" else None,
                           draft_vocab_size=draft.get("draft_vocab_size"), dtype=dtype, device=device)
 
@@ -291,28 +410,21 @@ def combine_spec_stats(runs, steps: int) -> dict:
     return total.summary(steps)
 
 
-def compare_with_ar(ar_engine: AREngine, turns_ids, outputs, max_new: int, metrics: dict, greedy: bool) -> dict:
-    """Plain decoding of the same prompts in the same run: the speedup's baseline, and (greedy) a
-    token-for-token losslessness check."""
-    new_tokens, total_s, prefill_s, same, n, margins = 0, 0.0, 0.0, 0, 0, []
-    for turn, ids in enumerate(turns_ids):
-        reqs = [Request(p, max_new, rid=i) for i, p in enumerate(ids)]
-        st = ar_engine.generate(reqs)
-        new_tokens, total_s, prefill_s = new_tokens + st.new_tokens, total_s + st.total_s, prefill_s + st.prefill_s
-        spec = [o[turn]["token_ids"] for o in outputs if len(o) > turn]
-        for r, s in zip(reqs, spec):
-            if r.output_ids == s:
-                same += 1
-            elif greedy and len(margins) < 20:
-                margins.append(divergence_margin(ar_engine.model, r.prompt_ids, r.output_ids, s))
-        n += len(reqs)
-    ar_tps = (new_tokens - n) / max(total_s - prefill_s, 1e-9)
-    out = {"ar_decode_tokens_per_s": ar_tps, "speedup_vs_ar": metrics["decode_tokens_per_s"] / ar_tps}
+def compare_with_ar(spec: DecodePass, plain: DecodePass, metrics: dict, greedy: bool, model: Transformer | None
+                    ) -> dict:
+    """Plain decoding of the same prompts in the same run: the speedup's baseline, and (greedy) a token-for-token
+    losslessness check over the answers both passes finished. `model`: the target, to measure where greedy
+    answers differ (None skips that: an interrupted run)."""
+    ar_tps = pass_metrics(plain)["decode_tokens_per_s"]
+    both = [k for k in plain.outputs if k in spec.outputs]
+    out = {"ar_decode_tokens_per_s": ar_tps, "speedup_vs_ar": metrics["decode_tokens_per_s"] / max(ar_tps, 1e-9)}
     if greedy:
-        out["ar_identical_fraction"] = same / n
+        differ = [k for k in both if plain.outputs[k] != spec.outputs[k]]
+        out["ar_identical_fraction"] = (len(both) - len(differ)) / len(both) if both else None
         # where greedy outputs differ: the target's own top-2 logit gap at the first differing token.
         # A gap at the level of the dtype's rounding says numerics (bf16 GEMMs of another shape), not a bug.
-        out["ar_divergence_top2_gaps"] = margins
+        out["ar_divergence_top2_gaps"] = [] if model is None else [
+            divergence_margin(model, plain.prompt_ids[k], plain.outputs[k], spec.outputs[k]) for k in differ[:20]]
     return out
 
 

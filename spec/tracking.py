@@ -43,6 +43,14 @@ class Tracker:
                                   tags=list(logger_cfg.tags or []), config=config, dir=str(self.output_dir),
                                   reinit="finish_previous")
 
+    def location(self) -> str | None:
+        """Where the W&B run is, in words: its offline folder and the command that uploads it, or its URL."""
+        if self.run is None or self.run.disabled:
+            return None
+        if self.run.offline:
+            return f"W&B run (offline): {self.run.settings.sync_dir}; upload it: wandb sync {self.run.settings.sync_dir}"
+        return f"W&B run: {self.run.url}"
+
     def log(self, metrics: dict, step: int | None = None) -> None:
         if self.run is not None:
             self.run.log({k: v for k, v in metrics.items() if isinstance(v, (int, float))}, step=step)

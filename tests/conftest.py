@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import signal
+
 import pytest
 import torch
 
@@ -25,3 +27,13 @@ def tokenizer(smollm2_path):
     from eaglet.models.checkpoint import load_tokenizer
 
     return load_tokenizer(smollm2_path)
+
+
+@pytest.fixture
+def sigint_default():
+    """SIGINT as an interactive shell leaves it (Python's KeyboardInterrupt handler), also when the test run was
+    started as a background job, which inherits SIGINT ignored; the tests that send it need it delivered."""
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, before)
+

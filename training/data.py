@@ -231,7 +231,7 @@ def cached_records(stem: Path, key: dict, ids: list[str], make: Callable[[list[i
         todo = [i for i in range(c * chunk, min(len(ids), (c + 1) * chunk)) if ids[i] not in done]
         if not todo:
             continue
-        log(f"[eaglet] regenerating chunk {c + 1}/{n_chunks} ({len(todo)} items) -> {part.name}")
+        log(f"regenerating chunk {c + 1}/{n_chunks} ({len(todo)} items) -> {part.name}")
         lines = "".join(json.dumps(r) + "\n" for r in make(todo, c))
         with open(part, "a", encoding="utf-8") as f:  # one write per chunk: a crash loses at most this chunk
             f.write(lines)

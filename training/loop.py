@@ -7,30 +7,30 @@ then give exactly the gradient of one large batch (tests/training/test_ddp.py ch
 
 Run directory (Hydra's, `hydra.run.dir`):
 
-    checkpoints/step_<n>/   config.json + model.safetensors (the head in the public layout, fp32) and
-                            train_state.pt (optimiser, scheduler, RNG states, data position; plain tensors and
-                            dicts read back with torch.load(weights_only=True))
+    checkpoints/step_<n>/   the head (fp32), the training state and a manifest (training/checkpoints.py)
     head/                   the final head in the public layout (train.head.export_dtype): load_draft_head reads it
     head_best/              with evaluations: the head of the evaluation with the best held-out eval/acc_0 so far
                             (its eval.json says which), the same layout: heads memorise their training answers
     train_log.jsonl         every logged step's metrics
     metrics.json            the run's summary (also mirrored to W&B, offline by default)
 
-Resume (`train.resume=auto`, the default) continues from the newest checkpoint of the run directory, so
-re-running the same command with the same `hydra.run.dir` continues an interrupted run; on CPU the result is
-bitwise that of an uninterrupted run. Multi-GPU: `torchrun --nproc-per-node N train_draft.py ...` (DDP; NCCL
-on GPU, gloo on CPU); rank 0 logs, evaluates and writes checkpoints.
+Resume (`train.resume=auto`, the default) continues from the newest checkpoint of the run directory that
+verifies, so re-running the same command with the same `hydra.run.dir` continues an interrupted run; on CPU the
+result is bitwise that of an uninterrupted run. SIGTERM or SIGINT stops the run at the next step boundary,
+every process at the same step: a checkpoint, the head exported, metrics.json with `finished: false`, exit
+status 143 / 130. Multi-GPU: `torchrun --nproc-per-node N train_draft.py ...` (DDP; NCCL on GPU, gloo on CPU);
+rank 0 logs, evaluates and writes checkpoints.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import math
 import os
-import random
-import re
 import shutil
+import signal
 import time
 from pathlib import Path
 
@@ -39,17 +39,23 @@ import torch.distributed as dist
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 from tqdm import tqdm
+from tqdm.contrib.logging import logging_redirect_tqdm
 
 from eaglet.models.eagle import KINDS, DraftHead, load_draft_head, new_draft_head
 from eaglet.models.llama import Transformer
+from eaglet.spec.entry import console_logging, rerun_hint
+from eaglet.spec.signals import Interrupts
 from eaglet.spec.tracking import Tracker, environment
 from eaglet.training.chain_replay import step_hits
+from eaglet.training.checkpoints import (load_checkpoint, pick_checkpoint, restore_training_state, rng_state,
+                                         save_checkpoint)
+from eaglet.training.config import validate_train_draft
 from eaglet.training.data import BatchSchedule, Sample, collate, draft_vocab, load_samples
 from eaglet.training.features import OfflineFeatures, OnlineFeatures, build_offline_cache, cache_bytes
 from eaglet.training.losses import STATS, draft_loss, step_counts
 
 EXPORT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-_CKPT = re.compile(r"step_(\d+)")
+log = logging.getLogger("eaglet")
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -90,6 +96,15 @@ class Dist:
         box = [obj]
         dist.broadcast_object_list(box, src=0)
         return box[0]
+
+    def any_stop(self, signum: int, time_up: bool, device) -> tuple[int, bool]:
+        """(the largest signal number any process received, whether any process is past its time limit): the
+        processes stop at the same step. One all-reduce of two numbers per step with several processes."""
+        if self.world == 1:
+            return signum, time_up
+        t = torch.tensor([signum, int(time_up)], device=device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return int(t[0]), bool(t[1])
 
     def close(self) -> None:
         """Ranks leave together: a gloo group torn down while a peer is still busy can abort the
@@ -193,79 +208,6 @@ def make_optimizer(head: nn.Module, oc: DictConfig, total_steps: int):
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: lr_factor(s, oc.warmup_steps, total_steps, oc.min_lr_ratio))
     return opt, sched
-
-
-def rng_state() -> dict:
-    state = {"torch": torch.get_rng_state(), "python": list(random.getstate())}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def set_rng_state(state: dict) -> None:
-    torch.set_rng_state(state["torch"])
-    version, internal, gauss = state["python"]
-    random.setstate((version, tuple(internal), gauss))
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
-def save_checkpoint(run_dir: Path, step: int, head: DraftHead, state: dict, keep_last: int) -> Path:
-    """checkpoints/step_<n>/ written under a temporary name and renamed, so a crash never leaves a half one."""
-    root = run_dir / "checkpoints"
-    final = root / f"step_{step:08d}"
-    tmp = root / f".tmp_step_{step:08d}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    head.save_pretrained(tmp, dtype=torch.float32, include_embedding=False)  # fp32: resume is exact
-    torch.save(state, tmp / "train_state.pt")
-    shutil.rmtree(final, ignore_errors=True)
-    os.replace(tmp, final)
-    for old in list_checkpoints(run_dir)[:-keep_last] if keep_last > 0 else []:
-        shutil.rmtree(old, ignore_errors=True)
-    return final
-
-
-def list_checkpoints(run_dir: Path) -> list[Path]:
-    root = run_dir / "checkpoints"
-    found = [p for p in root.glob("step_*") if _CKPT.fullmatch(p.name) and (p / "train_state.pt").is_file()]
-    return sorted(found, key=lambda p: int(_CKPT.fullmatch(p.name)[1]))
-
-
-def resolve_resume(resume, run_dir: Path) -> Path | None:
-    """train.resume: auto (newest checkpoint of this run directory, if any), null/false (fresh), or a path
-    (a checkpoint directory, or a run directory whose newest checkpoint is taken)."""
-    if resume in (None, False, "none", "null"):
-        return None
-    if resume == "auto":
-        found = list_checkpoints(run_dir)
-        return found[-1] if found else None
-    path = Path(str(resume)).expanduser()
-    if (path / "train_state.pt").is_file():
-        return path
-    found = list_checkpoints(path)
-    if not found:
-        raise FileNotFoundError(f"train.resume={resume}: neither a checkpoint (step_*/ with train_state.pt) nor a "
-                                f"run directory holding checkpoints/step_*")
-    return found[-1]
-
-
-def load_checkpoint(path: Path, head: DraftHead) -> dict:
-    """Load the head's weights (before any FSDP sharding) -> the saved training state (optimiser, scheduler,
-    RNG, data position), restored by `restore_training_state` once the optimiser exists."""
-    saved = load_draft_head(path, head.target, dtype=torch.float32, device=head.device)
-    head.load_state_dict(saved.state_dict())
-    return torch.load(path / "train_state.pt", map_location="cpu", weights_only=True)
-
-
-def restore_training_state(state: dict, model: nn.Module, opt, sched, fsdp: bool) -> None:
-    if fsdp:  # saved whole (FQN keys): every process loads it and keeps its shard
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
-
-        set_optimizer_state_dict(model, opt, state["optimizer"], options=StateDictOptions(full_state_dict=True))
-    else:
-        opt.load_state_dict(state["optimizer"])
-    sched.load_state_dict(state["scheduler"])
-    set_rng_state(state["rng"])
 
 
 def shard(objective: nn.Module, device: torch.device) -> nn.Module:
@@ -413,16 +355,18 @@ def evaluate_tau(target: Transformer, head: DraftHead, tree_cfg, prompts: list[l
 def train(cfg: DictConfig, output_dir: str | Path, target: Transformer | None = None, tokenizer=None) -> dict:
     """Train a draft head as `cfg` (conf/train_draft.yaml) says; returns the metrics written to metrics.json.
     `target`/`tokenizer` replace cfg.target (an already loaded model; tests pass tiny ones)."""
+    with Interrupts() as interrupts:  # SIGINT / SIGTERM: at once while setting up, then at a step boundary
+        return _train(cfg, output_dir, target, tokenizer, interrupts)
+
+
+def _train(cfg: DictConfig, output_dir, target: Transformer | None, tokenizer, interrupts: Interrupts) -> dict:
     from eaglet.spec.run import resolve_hardware, trace_steps
 
+    console_logging()
+    validate_train_draft(cfg, run_dir=output_dir, given_target=target is not None)
     tc, hc, oc, ec = cfg.train, cfg.train.head, cfg.train.optim, cfg.eval
     fsdp = bool(tc.get("fsdp"))
-    if hc.ttt_length < 1:
-        raise ValueError(f"train.head.ttt_length={hc.ttt_length} must be >= 1")
     dd = Dist()
-    if fsdp and dd.world == 1:
-        raise ValueError("train.fsdp=true shards the head across the processes of a torchrun job, and this is one "
-                         "process: start it with torchrun --nproc-per-node N (N >= 2), or set train.fsdp=false")
     device, dtype = resolve_hardware(cfg.hardware)
     if device.type == "cuda" and dd.world > 1:
         device = torch.device("cuda", dd.local_rank)
@@ -431,7 +375,7 @@ def train(cfg: DictConfig, output_dir: str | Path, target: Transformer | None = 
     # every process must write to one run directory: rank 0's (Hydra's ${now:...} may differ per process)
     run_dir = Path(dd.broadcast(str(output_dir)))
     best_file = run_dir / "head_best" / "eval.json"  # survives a resume, so a resumed run keeps the best so far
-    say = print if dd.main else (lambda *a, **k: None)
+    say = log.info if dd.main else (lambda *a, **k: None)
     t_start = time.perf_counter()
 
     # ---- target, data, head -------------------------------------------------------------------------
@@ -461,9 +405,12 @@ def train(cfg: DictConfig, output_dir: str | Path, target: Transformer | None = 
 
     # ---- resume (the weights before sharding, the optimiser's state once it exists) ---------------------
     start_step, position, state = 0, 0, None  # position: global micro-batches consumed (the data position)
-    ckpt = resolve_resume(tc.resume, run_dir)
-    if ckpt is None and dd.main:
-        shutil.rmtree(best_file.parent, ignore_errors=True)  # another run's best: this one starts afresh
+    ckpt = dd.broadcast(pick_checkpoint(tc.resume, run_dir) if dd.main else None)  # the newest that verifies
+    if ckpt is None and dd.main:  # a fresh start: what another run left in this directory goes
+        for leftover in ("train_log.jsonl", "metrics.json"):
+            (run_dir / leftover).unlink(missing_ok=True)
+        for leftover in (best_file.parent, run_dir / "head"):
+            shutil.rmtree(leftover, ignore_errors=True)
     if ckpt is not None:
         state = load_checkpoint(ckpt, head)
         if bool(state.get("fsdp", False)) != fsdp:
@@ -489,14 +436,14 @@ def train(cfg: DictConfig, output_dir: str | Path, target: Transformer | None = 
         if dd.main and log_path.is_file():  # drop what was logged after the checkpoint: those steps rerun
             kept = [line for line in log_path.read_text().splitlines() if json.loads(line)["step"] <= start_step]
             log_path.write_text("".join(line + "\n" for line in kept))
-        say(f"[eaglet] resumed from {ckpt} at step {start_step}")
+        say(f"resumed from {ckpt} at step {start_step}")
 
     # ---- features ---------------------------------------------------------------------------------------
     online = OnlineFeatures(target, head)
     if cfg.features.mode == "offline":
         fdir = Path(cfg.features.dir or run_dir / "features")
         size = cache_bytes([len(s.ids) for s in samples], head.feature_size, target.args.dim, target.dtype)
-        say(f"[eaglet] offline feature cache: {size / 2**30:.2f} GiB for {len(samples)} sequences -> {fdir}")
+        say(f"offline feature cache: {size / 2**30:.2f} GiB for {len(samples)} sequences -> {fdir}")
         build_offline_cache(fdir, [s.ids for s in samples], list(range(dd.rank, len(samples), dd.world)), online,
                             batch_size=cfg.features.batch_size, shard_mb=cfg.features.shard_mb, tag=f"r{dd.rank}")
         dd.barrier()
@@ -515,10 +462,10 @@ def train(cfg: DictConfig, output_dir: str | Path, target: Transformer | None = 
     tracker = Tracker(cfg.logger, {**config, "env": env}, run_dir) if dd.main else None
     n_tok = sum(len(s.ids) for s in samples)
     n_asst = sum(int(s.mask.sum()) for s in samples)
-    say(f"[eaglet] train {hc.kind} head ({sum(p.numel() for p in head.parameters()) / 1e6:.1f}M params, draft vocab "
+    say(f"train {hc.kind} head ({sum(p.numel() for p in head.parameters()) / 1e6:.1f}M params, draft vocab "
         f"{head.draft_vocab_size}) for {target_name} on {len(samples)} sequences ({n_tok} tokens, {n_asst} "
         f"assistant); {dd.world} process(es) x batch {tc.batch_size} x accumulation {tc.grad_accum}, "
-        f"{tc.steps} steps, TTT length {objective.steps}, device {env['device_name']}", flush=True)
+        f"{tc.steps} steps, TTT length {objective.steps}, device {env['device_name']}")
 
     autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" and tc.bf16
                 else contextlib.nullcontext())
@@ -533,8 +480,10 @@ def train(cfg: DictConfig, output_dir: str | Path, target: Transformer | None = 
     stop_at = tc.stop_at_step if tc.get("stop_at_step") is not None else tc.steps
     time_limit = tc.get("time_limit_s")
     bar = tqdm(total=tc.steps, initial=start_step, disable=not (dd.main and tc.progress), dynamic_ncols=True)
-    tracing = contextlib.ExitStack()  # train.profile_steps: a Chrome trace of a few steps (rank 0)
-    on_step = tracing.enter_context(trace_steps((tc.get("profile_steps") or 0) if dd.main else 0, run_dir))
+    scope = contextlib.ExitStack()  # what the loop runs inside, closed after it
+    on_step = scope.enter_context(trace_steps((tc.get("profile_steps") or 0) if dd.main else 0, run_dir))  # trace
+    scope.enter_context(logging_redirect_tqdm())  # log lines printed around the progress bar
+    interrupts.defer("stopping after this step, with a checkpoint (Ctrl-C again stops at once, without one)")
 
     def paused(fn):
         """Run fn with its time kept out of train/tokens_per_s (the device drained first)."""
@@ -548,7 +497,7 @@ def train(cfg: DictConfig, output_dir: str | Path, target: Transformer | None = 
         return run
 
     @paused
-    def checkpoint(at: int, sync: bool = True) -> None:
+    def checkpoint(at: int) -> None:
         nonlocal last_saved
         whole, opt_state = gathered(model, head, fsdp, dd.main), optimizer_state(model, opt, fsdp)
         if dd.main:
@@ -557,8 +506,7 @@ def train(cfg: DictConfig, output_dir: str | Path, target: Transformer | None = 
                 "scheduler": sched.state_dict(), "rng": rng_state(), "global_batch": tc.batch_size * dd.world,
                 "grad_accum": tc.grad_accum, "tokens_seen": tokens_total}, tc.keep_last)
         last_saved = at
-        if sync:
-            dd.barrier()
+        dd.barrier()
 
     @paused
     def run_eval(at: int) -> None:
@@ -570,10 +518,11 @@ def train(cfg: DictConfig, output_dir: str | Path, target: Transformer | None = 
                 whole.save_pretrained(best_file.parent, dtype=EXPORT_DTYPES[hc.export_dtype])
                 best_file.write_text(json.dumps({"step": at, **r}))
             tracker.log({"eval/tau": r["tau"], **{f"eval/acc_{k}": a for k, a in enumerate(r["acc"])}}, step=at)
-            bar.write(f"[eaglet] step {at}: eval/tau {r['tau']:.3f}, eval/acc_0 {r['acc'][0]:.3f} on "
-                      f"{len(prompts)} held-out prompts")
+            say(f"step {at}: eval/tau {r['tau']:.3f}, eval/acc_0 {r['acc'][0]:.3f} on "
+                f"{len(prompts)} held-out prompts")
         dd.barrier()
 
+    stopped, signum = None, 0  # the signal that stopped the run; any signal, as every process agreed
     try:
         while step < min(tc.steps, stop_at):
             # ---- one optimiser step -------------------------------------------------------------------
@@ -615,34 +564,37 @@ def train(cfg: DictConfig, output_dir: str | Path, target: Transformer | None = 
                 win_tokens, win_steps, win_t0, win_pause = 0, 0, time.perf_counter(), 0.0
             if tc.ckpt_every > 0 and step % tc.ckpt_every == 0:
                 checkpoint(step)
+            # every process stops at the same step, whichever received the signal or ran out of time
+            signum, time_up = dd.any_stop(interrupts.signum, time_limit is not None and
+                                          time.perf_counter() - t_start > time_limit, device)
+            if signum:
+                stopped = signal.Signals(signum).name
+                break
+            if time_up:
+                say(f"train.time_limit_s={time_limit} reached at step {step}: stopping (resumable)")
+                break
             if ec.every > 0 and step % ec.every == 0 and step < tc.steps:
                 run_eval(step)
-            if time_limit is not None and dd.broadcast(time.perf_counter() - t_start > time_limit):
-                say(f"[eaglet] train.time_limit_s={time_limit} reached at step {step}: stopping (resumable)")
-                break
-    except KeyboardInterrupt:
-        # the last finished step, so that resume continues from here; not under FSDP, whose gather needs every
-        # process, and the others may be gone (resume then starts from the last periodic checkpoint)
-        if step != last_saved and not fsdp:
-            checkpoint(step, sync=False)  # no barrier: the other processes may be gone
-        raise
-    finally:
-        tracing.close()
+    finally:  # a second Ctrl-C (KeyboardInterrupt) leaves from here: at once, without a checkpoint
+        scope.close()
         bar.close()
+    interrupts.note = "writing the checkpoint and the head first (Ctrl-C again stops at once, without them)"
     if step != last_saved:
         checkpoint(step)
 
     # ---- the end: export, final evaluation, metrics ----------------------------------------------------
-    # an unfinished run (stop_at_step, time_limit_s) exports too, so that its head can be evaluated;
+    # an unfinished run (stop_at_step, time_limit_s, a signal) exports too, so that its head can be evaluated;
     # metrics.json says finished=false, and a resumed run exports again at its end
     finished = step >= tc.steps
+    stopped = None if finished else stopped  # a signal during the last step: the run is whole all the same
     whole = gathered(model, head, fsdp, dd.main)
     head_dir = whole.save_pretrained(run_dir / "head", dtype=EXPORT_DTYPES[hc.export_dtype]) if dd.main else None
-    if ec.every > 0:
+    if ec.every > 0 and not signum:  # a signalled job has seconds left (SLURM, Kubernetes): no evaluation
         run_eval(step)
     train_s = time.perf_counter() - t_start
     metrics = {
-        "steps": step, "finished": finished, "head_dir": None if head_dir is None else str(head_dir),
+        "steps": step, "finished": finished, **({"interrupted": stopped} if stopped else {}),
+        "head_dir": None if head_dir is None else str(head_dir),
         "head_kind": hc.kind, "draft_vocab_size": head.draft_vocab_size, "ttt_length": steps,
         "num_sequences": len(samples), "num_tokens": n_tok, "assistant_tokens": n_asst,
         "world_size": dd.world, "train_s": train_s, "tokens_seen": tokens_total,
@@ -654,9 +606,16 @@ def train(cfg: DictConfig, output_dir: str | Path, target: Transformer | None = 
         **env, "config": config,
     }
     if dd.main:
-        say(f"[eaglet] {step} steps in {train_s:.1f}s; " + ", ".join(
-            f"{k} {metrics[k]:.4g}" for k in ("train/loss", "train/acc_0", "eval/acc_0", "eval/tau")
-            if metrics.get(k) is not None))
-        tracker.finish(metrics)
+        say(f"{'stopped by ' + stopped + ' after' if stopped else 'done:'} {step} of {tc.steps} steps in "
+            f"{train_s:.1f}s; " + ", ".join(f"{k} {metrics[k]:.4g}" for k in ("train/loss", "train/acc_0",
+                                                                            "eval/acc_0", "eval/tau")
+                                          if metrics.get(k) is not None))
+        if not finished:
+            say(f"checkpoint at step {step} in {run_dir}: {rerun_hint(run_dir)}")
+        where = tracker.location()
+        say(f"metrics: {tracker.finish(metrics)}")
+        say(f"head: {head_dir}")
+        if where:
+            say(where)
     dd.close()
     return metrics

@@ -24,6 +24,7 @@ from eaglet.models.checkpoint import (
     convert,
     load_checkpoint,
     load_tokenizer,
+    read_config,
     save_hf_checkpoint,
 )
 
@@ -197,6 +198,7 @@ def test_hf_round_trip(family, sharded, tmp_path):
     assert cfg["attention_bias"] == (family == "qwen2")
     assert cfg["tie_word_embeddings"] is False
     assert (cfg["bos_token_id"], cfg["eos_token_id"]) == (1, 2)
+    assert read_config(tmp_path) == cfg  # the config alone, as a run sizes its memory before loading
 
 
 def test_hf_tied_dtype_and_rope_scaling(tmp_path):
@@ -322,6 +324,7 @@ def test_gguf_round_trip(family, arch, qtype, tied, tmp_path):
         assert cfg[key] == TINY[key], key
     assert (cfg["tie_word_embeddings"], cfg["attention_bias"]) == (tied, arch == "qwen2")
     assert (cfg["bos_token_id"], cfg["eos_token_id"], cfg["rope_theta"]) == (1, 2, 10000.0)
+    assert read_config(path) == cfg  # from the header alone
     _, sd16 = load_checkpoint(path, dtype=torch.float16)
     assert all(sd16[k].dtype == torch.float16 and torch.equal(sd16[k], sd[k].half()) for k in sd)
 

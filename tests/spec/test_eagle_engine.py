@@ -261,3 +261,39 @@ def test_simulated_acceptance_tolerates_rows_without_a_tree(target):
     assert res.accept_len[1] == 0 and (res.accept_index[1] == -1).all() and res.bonus[1] == pred[1, 0]
     n = int(res.accept_len[0])
     assert 1 <= n <= 4 and res.accept_index[0, :n].tolist() == list(range(n)) and res.bonus[0] == pred[0, n - 1]
+
+
+@pytest.mark.parametrize("engine", ["ar", "eagle"])
+def test_answers_are_seen_as_they_finish_and_an_interrupt_keeps_the_numbers(target, engine):
+    """on_token sees a request done on its last token (run_spec.py writes each answer then), and an exception
+    from a callback (an interrupt) leaves the stats of the steps that ran in the caller's object."""
+    from eaglet.spec.autoregressive import GenStats
+
+    if engine == "ar":
+        eng = AREngine(target, KVCache.for_model(target.args, max_reqs=2, max_context=256, page_size=8), 2)
+        stats = GenStats()
+    else:
+        eng = EagleEngine(target, oracle_like("eagle1", target), TREES["eagle2"], max_batch=2, max_context=256,
+                          page_size=8)
+        stats = StepStats()
+    reqs = [Request(p, 6 + 5 * i, rid=i) for i, p in enumerate(PROMPTS)]
+    finished = []
+    eng.generate(reqs, on_token=lambda r, t: finished.append((r.rid, list(r.output_ids))) if r.done else None)
+    assert sorted(finished) == sorted((r.rid, r.output_ids) for r in reqs)  # each once, with its whole answer
+
+    class Stop(Exception):
+        pass
+
+    steps = []
+
+    def stop_at_3():
+        steps.append(1)
+        if len(steps) == 3:
+            raise Stop
+
+    with pytest.raises(Stop):
+        eng.generate([Request(p, 30, rid=i) for i, p in enumerate(PROMPTS)], on_step=stop_at_3, stats=stats)
+    assert (stats.decode_steps if engine == "ar" else stats.steps) == 3
+    assert stats.total_s > 0 and 0 < stats.new_tokens <= 3 * 2 * (TREES["eagle2"].steps + 1)
+    if engine == "eagle":
+        assert len(stats.accept_lens) >= 2 and stats.phase_ms["verify"] > 0

@@ -1,13 +1,15 @@
 """DDP and FSDP on CPU (gloo, two processes started like torchrun: RANK/WORLD_SIZE/MASTER_* environment
 variables): the averaged gradients equal one process's on the concatenated batch (accumulation included), a
-whole `train()` run matches a one-process run with the same global batch while only rank 0 writes, and an FSDP
-run interrupted and resumed ends where an uninterrupted one does."""
+whole `train()` run matches a one-process run with the same global batch while only rank 0 writes, an FSDP
+run interrupted and resumed ends where an uninterrupted one does, and a SIGTERM to one process stops every
+process at the same step."""
 
 from __future__ import annotations
 
 import contextlib
 import json
 import os
+import signal
 import socket
 import sys
 from pathlib import Path
@@ -169,3 +171,35 @@ def test_fsdp_run_resumes_exactly_and_matches_one_process(tmp_path):
     exported = load_file(tmp_path / "full" / "head" / "model.safetensors")  # bf16, the public layout
     assert exported.keys() == a.keys()
     assert all(torch.allclose(exported[k].float(), a[k].float(), rtol=1e-2, atol=1e-2) for k in a)
+
+
+def _sigterm_worker(rank: int, port: int, tmp: str) -> None:
+    import eaglet.training.loop as loop
+
+    dd, tmp = _join(rank, port), Path(tmp)
+    over = ("train.steps=4", "train.keep_last=0")
+    train(_cfg(tmp / "cache", B_LOCAL, *over), tmp / "full", target=_tiny())
+    real, calls = loop.accumulate_gradients, []
+
+    def signalling(*args, **kw):  # only rank 1 is told to stop, during step 2
+        calls.append(1)
+        if rank == 1 and len(calls) == 2:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real(*args, **kw)
+
+    loop.accumulate_gradients = signalling
+    stopped = train(_cfg(tmp / "cache", B_LOCAL, *over), tmp / "split", target=_tiny())
+    loop.accumulate_gradients = real
+    (tmp / f"stopped{rank}.json").write_text(json.dumps({k: stopped.get(k) for k in ("steps", "interrupted")}))
+    train(_cfg(tmp / "cache", B_LOCAL, *over), tmp / "split", target=_tiny())  # the same command again
+    _leave(dd)
+
+
+def test_sigterm_to_one_process_stops_every_process_at_the_same_step(tmp_path):
+    _spawn(_sigterm_worker, tmp_path)
+    for rank in range(2):  # both stopped after step 2, told by the per-step all-reduce
+        assert json.loads((tmp_path / f"stopped{rank}.json").read_text()) == {"steps": 2, "interrupted": "SIGTERM"}
+    last = "checkpoints/step_00000004/model.safetensors"
+    a, b = load_file(tmp_path / "full" / last), load_file(tmp_path / "split" / last)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert (tmp_path / "split" / "checkpoints" / "step_00000002").is_dir()

@@ -1,11 +1,14 @@
-"""training/loop.py end to end on CPU: the loss falls, an interrupted run resumes bitwise, saved heads load
-(public layouts), offline features equal online ones, the config composes and `python train_draft.py` runs."""
+"""training/loop.py end to end on CPU: the loss falls, an interrupted run (stopped, signalled, its newest checkpoint
+damaged) resumes bitwise, saved heads load (public layouts), offline features equal online ones, the config
+composes and `python train_draft.py` runs and stops cleanly on SIGTERM."""
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
+import time
 import sys
 from pathlib import Path
 
@@ -227,7 +230,7 @@ def test_resume_refuses_another_batch_setting(target, tmp_path, small_cfg):
 
 def test_multi_layer_unroll_must_reach_every_layer(target, tmp_path, small_cfg):
     # layer i runs from unrolled step i: 2 steps would leave layer 2 of 3 untrained
-    with pytest.raises(ValueError, match="ttt_length=2 < 3 layers"):
+    with pytest.raises(ValueError, match="ttt_length=2: must be >= train.head.num_layers=3"):
         train(small_cfg("multi_layer", "train.head.ttt_length=2"), tmp_path / "run", target=target)
 
 
@@ -240,11 +243,11 @@ def test_time_limit_stops_resumably(target, tmp_path, small_cfg):
     assert m["steps"] == 5 and m["finished"]
 
 
-def test_profile_steps_write_a_trace(target, tmp_path, small_cfg, capsys):
+def test_profile_steps_write_a_trace(target, tmp_path, small_cfg, caplog):
     train(small_cfg("eagle3", "train.steps=5", "train.profile_steps=1"), tmp_path / "run", target=target)
     trace = json.loads((tmp_path / "run" / "trace.json").read_text())
     assert any(e.get("name", "").startswith("aten::") for e in trace["traceEvents"])
-    assert "Self CPU" in capsys.readouterr().out  # the top-ops table
+    assert "Self CPU" in caplog.text  # the top-ops table, a line of the run's log
 
 
 def test_warm_start_keeps_the_head_or_grows_its_vocabulary(target, tmp_path, small_cfg):
@@ -269,6 +272,143 @@ def test_warm_start_keeps_the_head_or_grows_its_vocabulary(target, tmp_path, sma
     assert len(shared) > 32  # the frequent tokens of the same data are mostly the same
     assert all(torch.equal(grown.lm_head.weight[j], start.lm_head.weight[i]) for i, j in shared)
     assert torch.equal(grown.fc.weight, start.fc.weight)
-    with pytest.raises(ValueError, match="resize_vocab: eagle1 heads have no draft vocabulary"):
+    with pytest.raises(ValueError, match="resize_vocab=true: eagle1 heads have no draft vocabulary"):
         train(small_cfg("eagle1", "train.steps=1", f"train.head.init_from={tmp_path / 'e1'}",
                         "+train.head.resize_vocab=true"), tmp_path / "d", target=target)
+
+
+def _signal_during_step(monkeypatch, step: int, *signals):
+    """This process receives `signals` while optimiser step `step` (1-based) computes its gradients."""
+    import eaglet.training.loop as loop
+
+    real, calls = loop.accumulate_gradients, []
+
+    def signalling(*args, **kw):
+        calls.append(1)
+        if len(calls) == step:
+            for sig in signals:
+                os.kill(os.getpid(), sig)
+        return real(*args, **kw)
+
+    monkeypatch.setattr(loop, "accumulate_gradients", signalling)
+
+
+def _assert_same_checkpoint(a: Path, b: Path) -> None:
+    wa, wb = load_file(a / "model.safetensors"), load_file(b / "model.safetensors")
+    assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+    sa, sb = (torch.load(p / "train_state.pt", weights_only=True) for p in (a, b))
+    for pid, st in sa["optimizer"]["state"].items():
+        assert all(torch.equal(st[n], sb["optimizer"]["state"][pid][n]) for n in st)
+    assert sa["scheduler"] == sb["scheduler"] and sa["micro_position"] == sb["micro_position"]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_signal_stops_at_the_step_boundary_with_a_checkpoint_and_resumes_bitwise(target, tmp_path, small_cfg,
+                                                                                  monkeypatch, caplog, sig,
+                                                                                  sigint_default):
+    over = ("train.steps=5", "train.grad_accum=2", "train.ckpt_every=0", "train.keep_last=0")
+    before = [signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)]
+    train(small_cfg("eagle3", *over), tmp_path / "full", target=target)
+    with monkeypatch.context() as m:
+        _signal_during_step(m, 3, sig)
+        stopped = train(small_cfg("eagle3", *over), tmp_path / "split", target=target)
+    assert stopped["steps"] == 3 and not stopped["finished"] and stopped["interrupted"] == sig.name
+    assert json.loads((tmp_path / "split" / "metrics.json").read_text())["interrupted"] == sig.name
+    assert [p.name for p in (tmp_path / "split" / "checkpoints").iterdir()] == ["step_00000003"]
+    assert Path(stopped["head_dir"]).is_dir()  # exported, for a look at the head so far
+    assert f"checkpoint at step 3 in {tmp_path / 'split'}: rerun the same command to resume" in caplog.text
+    assert [signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)] == before  # the handlers as they were
+    done = train(small_cfg("eagle3", *over), tmp_path / "split", target=target)  # the same command again
+    assert done["finished"] and f"resumed from {tmp_path / 'split' / 'checkpoints' / 'step_00000003'} at step 3" in (
+        caplog.text)
+    _assert_same_checkpoint(tmp_path / "full" / "checkpoints" / "step_00000005",
+                            tmp_path / "split" / "checkpoints" / "step_00000005")
+    assert [r["train/loss"] for r in log_of(tmp_path / "full")] == [r["train/loss"] for r in log_of(tmp_path / "split")]
+
+
+def test_a_second_ctrl_c_stops_at_once_without_a_checkpoint(target, tmp_path, small_cfg, monkeypatch, sigint_default):
+    with monkeypatch.context() as m:
+        _signal_during_step(m, 2, signal.SIGINT, signal.SIGINT)
+        with pytest.raises(KeyboardInterrupt):
+            train(small_cfg("eagle1", "train.steps=5"), tmp_path / "run", target=target)
+    assert not (tmp_path / "run" / "checkpoints").exists()
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def _damage(path: Path, how: str) -> None:
+    data = path.read_bytes()
+    if how == "truncated":  # a copy cut short, a full disk
+        path.write_bytes(data[: len(data) // 2])
+    else:  # the same size, bytes changed in the middle of the tensors
+        mid = len(data) // 2
+        path.write_bytes(data[:mid] + bytes(b ^ 0xFF for b in data[mid:mid + 64]) + data[mid + 64:])
+
+
+@pytest.mark.parametrize("file,how", [("train_state.pt", "truncated"), ("model.safetensors", "flipped"),
+                                      ("train_state.pt", "flipped")])
+def test_a_damaged_newest_checkpoint_falls_back_to_the_one_before(target, tmp_path, small_cfg, caplog, file, how):
+    over = ("train.steps=6", "train.ckpt_every=2", "train.keep_last=2")
+    train(small_cfg("eagle3", *over), tmp_path / "full", target=target)
+    train(small_cfg("eagle3", *over, "train.stop_at_step=4"), tmp_path / "split", target=target)
+    ckpts = tmp_path / "split" / "checkpoints"
+    _damage(ckpts / "step_00000004" / file, how)
+    m = train(small_cfg("eagle3", *over), tmp_path / "split", target=target)
+    why = "bytes, the manifest records" if how == "truncated" else "sha256 differs from the manifest's"
+    assert f"skipping checkpoint step_00000004: {ckpts / 'step_00000004' / file}: " in caplog.text and why in caplog.text
+    assert f"resumed from {ckpts / 'step_00000002'} at step 2" in caplog.text
+    assert m["finished"] and sorted(p.name for p in ckpts.iterdir()) == ["corrupt_step_00000004", "step_00000004",
+                                                                        "step_00000006"]
+    _assert_same_checkpoint(tmp_path / "full" / "checkpoints" / "step_00000006", ckpts / "step_00000006")
+
+
+def test_a_damaged_checkpoint_named_by_train_resume_is_refused_naming_the_file(target, tmp_path, small_cfg):
+    """Also a checkpoint without a manifest: its truncated training state is named, not `OSError: [Errno 22]`."""
+    from eaglet.spec.checks import ConfigError
+
+    train(small_cfg("eagle1", "train.steps=2"), tmp_path / "run", target=target)
+    ck = tmp_path / "run" / "checkpoints" / "step_00000002"
+    (ck / "manifest.json").unlink()
+    _damage(ck / "train_state.pt", "truncated")
+    with pytest.raises(ConfigError, match=f"^train.resume={ck}: {ck / 'train_state.pt'}: cannot be read"):
+        train(small_cfg("eagle1", "train.steps=4", f"train.resume={ck}"), tmp_path / "other", target=target)
+
+
+def _cli_train(run: Path, cache: Path, *extra: str) -> subprocess.Popen:
+    cmd = [sys.executable, str(REPO / "train_draft.py"), "target=random_llama3_8b", "target.random=tiny_llama",
+           "target.name=tiny", "train/head=eagle1", "data.source=synthetic", "data.regenerate=false",
+           "data.synthetic.num=8", "train.batch_size=2", "train.steps=40", "train.log_every=1", "train.ckpt_every=0",
+           "eval.every=0", "logger=none", "hardware=cpu", f"data.cache_dir={cache}", f"hydra.run.dir={run}", *extra]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=run.parent,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"}, preexec_fn=_signals_delivered)
+
+
+def _signals_delivered() -> None:
+    """In the child: SIGINT and SIGTERM at their defaults, not ignored as a background job's may be."""
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_DFL)
+
+
+def test_train_draft_cli_sigterm_checkpoints_and_the_rerun_ends_bitwise(tmp_path):
+    """What SLURM and Kubernetes do before they kill a job: SIGTERM mid-run -> a checkpoint at the step it stopped,
+    exit status 143; the same command again resumes there and ends where an uninterrupted run ends."""
+    full = _cli_train(tmp_path / "full", tmp_path / "cache")
+    assert full.wait(timeout=300) == 0, full.communicate()[1][-3000:]
+    run = tmp_path / "split"
+    proc = _cli_train(run, tmp_path / "cache")
+    deadline = time.time() + 240
+    while not (run / "train_log.jsonl").is_file() or len((run / "train_log.jsonl").read_text().splitlines()) < 3:
+        assert proc.poll() is None and time.time() < deadline, proc.communicate()[1][-3000:]
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, err[-3000:]
+    stopped = json.loads((run / "metrics.json").read_text())
+    n = stopped["steps"]
+    assert not stopped["finished"] and stopped["interrupted"] == "SIGTERM" and 3 <= n < 40
+    assert f"checkpoint at step {n} in {run}: rerun the same command to resume" in out
+    again = _cli_train(run, tmp_path / "cache")
+    out, err = again.communicate(timeout=300)
+    assert again.returncode == 0, err[-3000:]
+    assert f"resumed from {run / 'checkpoints' / f'step_{n:08d}'} at step {n}" in out
+    assert json.loads((run / "metrics.json").read_text())["finished"]
+    _assert_same_checkpoint(tmp_path / "full" / "checkpoints" / "step_00000040", run / "checkpoints" / "step_00000040")
