@@ -149,8 +149,8 @@ def _run(cfg: DictConfig, out_dir: Path, interrupts: Interrupts) -> dict:
         tokenizer = load_tokenizer(path)
     load_s = time.perf_counter() - t0
     if cfg.fold_norms and (model.args.attention_bias or model.args.qk_norm):
-        print(f"[eaglet] fold_norms: {model.args.family} keeps its norm weights (qkv bias / q-k norms): the "
-              f"projections apply them", flush=True)
+        log.info(f"fold_norms: {model.args.family} keeps its norm weights (qkv bias / q-k norms): the projections "
+                 f"apply them")
     elif cfg.fold_norms:
         model.fold_norm_weights()
     model.set_invariant(cfg.invariant)

@@ -58,7 +58,7 @@ def check_optim(c: Checks) -> None:
 
 def check_train_data(c: Checks) -> None:
     """data.* of conf/train_draft.yaml (the keys this checkout knows; others are left alone)."""
-    source = c.choice("data.source", ("sharegpt", "synthetic"))
+    source = c.choice("data.source", ("sharegpt", "selfgen", "synthetic"))
     c.path("data.path", "file", null=True, what="a ShareGPT JSON file")
     c.integer("data.limit", lo=1, null=True)
     c.integer("data.max_turns", lo=1, null=True)
@@ -76,6 +76,9 @@ def check_train_data(c: Checks) -> None:
     if samples is not None and samples > 1 and (not regenerate or temperature == 0):
         c.bad(f"{r}.samples", samples, "more than 1 needs data.regenerate=true and data.regen.temperature > 0 "
                                        "(greedy answers to one prompt are all the same)")
+    if source == "selfgen":
+        c.path("data.selfgen.dir", "dir", what="synthesize.py's out_dir (recipe.json, index.json, chunks/)")
+        c.integer("data.selfgen.chunks", lo=1, null=True)
     if source == "synthetic":
         s = "data.synthetic"
         num = c.integer(f"{s}.num", lo=1)
