@@ -5,6 +5,7 @@ its own pytest process without TRITON_INTERPRET (scripts/test.sh); the cases com
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -38,10 +39,16 @@ def test_compiles_within_limits(job, results):
 
 
 def test_occupancy_is_llvms(results):
-    """gfx942: the waves per SIMD computed from VGPRs, SGPRs and LDS equal what LLVM reports for each binary."""
+    """gfx942: the waves per SIMD computed from VGPRs and SGPRs equal what LLVM reports for each binary without a
+    waves_per_eu hint. LLVM does not see Triton's LDS (allocated at launch: its metadata says 0 bytes), which the
+    computed occupancy also counts, and reports a hinted binary's requested waves per SIMD."""
     amd = [r for r in results.values() if r.target == "gfx942" and r.compiled]
     assert amd and all(r.llvm_occupancy is not None for r in amd)
-    assert [r.name for r in amd if r.occupancy != r.llvm_occupancy] == []
+    unhinted = [r for r in amd if not r.waves_per_eu]
+    assert unhinted and any(r.shared for r in unhinted)
+    assert [r.name for r in unhinted if _aot.occupancy(replace(r, shared=0)) != r.llvm_occupancy] == []
+    assert [r.name for r in amd if r.waves_per_eu and r.llvm_occupancy != r.waves_per_eu] == []
+    assert all(r.occupancy <= _aot.occupancy(replace(r, shared=0)) for r in amd)
 
 
 def test_sm90_occupancy():
@@ -120,8 +127,6 @@ def test_autotune_entry_case():
 def test_spill_is_reported():
     """A registered kernel with a block far past its launcher's (the top-k merge over 65,536 keys) spills on sm_90:
     reported with its kernel, config and target."""
-    from dataclasses import replace
-
     from eaglet.kernels.topk import compile_cases
 
     case = next(c for c in compile_cases(False) if c.kernel.__name__ == "_rows_kernel")
@@ -129,7 +134,9 @@ def test_spill_is_reported():
     res = _aot.compile_case(case, "sm_90")
     [msg] = _aot.problems(res)
     assert msg.startswith(f"topk._rows_kernel[{case.config}]")
-    assert "BLOCK_KC=65536" in msg and f"on sm_90: {res.spills} B of stack frame a thread (spills)" in msg
+    assert res.spills > 0 and res.stack > 0
+    assert "BLOCK_KC=65536" in msg
+    assert f"on sm_90: {res.spills} B of spill stores a thread ({res.stack} B stack frame)" in msg
 
 
 def test_workgroup_that_cannot_fit_is_reported():
