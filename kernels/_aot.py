@@ -12,10 +12,12 @@ and `JITFunction._pack_args`, internals kept stable across Triton 3.x) turns its
 constexprs, alignment attributes and options, and `triton.compile` builds that for the target. ptxas (sm_90) and
 LLVM's AMDGPU backend with its linker (gfx942) ship inside Triton's wheel, so nothing else is needed.
 
-Where the numbers come from. sm_90: registers and the per-thread stack frame (where spills go) from
-`cuobjdump -res-usage` on the cubin; shared memory is Triton's allocation (`metadata.shared`, what a launch checks
-against the device's opt-in limit). gfx942: the code object's metadata in the AMDGCN assembly (VGPRs including
-AGPRs, SGPRs, spill counts, private segment = scratch, LLVM's occupancy); LDS is `metadata.shared`.
+Where the numbers come from. sm_90: registers and the per-thread stack frame from `cuobjdump -res-usage` on the
+cubin; where there is a frame, the bytes of spill stores in it from ptxas's own report on the PTX (the frame also
+holds local arrays: libdevice's sin/cos keep the 28-byte table of their range reduction there, spilling nothing);
+shared memory is Triton's allocation (`metadata.shared`, what a launch checks against the device's opt-in limit).
+gfx942: the code object's metadata in the AMDGCN assembly (VGPRs including AGPRs, SGPRs, spill counts, private
+segment = scratch, LLVM's occupancy); LDS is `metadata.shared`.
 """
 
 from __future__ import annotations
@@ -64,10 +66,12 @@ class Result:
     regs: int = 0  # sm_90: registers a thread; gfx942: VGPRs a lane (arch + AGPRs)
     agprs: int = 0  # gfx942
     sgprs: int = 0  # gfx942
-    spills: int = 0  # sm_90: stack-frame bytes a thread (spills and local arrays); gfx942: VGPRs + SGPRs spilled
+    stack: int = 0  # sm_90: stack-frame bytes a thread (spills and local arrays)
+    spills: int = 0  # sm_90: bytes of spill stores a thread; gfx942: VGPRs + SGPRs spilled
     scratch: int = 0  # gfx942: private-segment bytes a lane
     occupancy: int | None = None  # sm_90: warps per SM; gfx942: waves per SIMD (computed from the numbers above)
     llvm_occupancy: int | None = None  # gfx942: the waves per SIMD LLVM reports for the binary
+    waves_per_eu: int = 0  # gfx942: the launch's occupancy hint (0: none), which LLVM reports as the occupancy
 
     @property
     def compiled(self) -> bool:
@@ -149,7 +153,7 @@ def compile_case(case: CompileCase, target: str) -> Result:
     tgt = TARGETS[target]
     options, signature, constexprs, attrs = _specialise(case, tgt)
     res = Result(case.kernel_name, case.config, _specialised(case, signature, attrs), target, case.used_by,
-                 options.num_warps)
+                 options.num_warps, waves_per_eu=getattr(options, "waves_per_eu", 0))
     try:
         k = triton.compile(triton.compiler.ASTSource(case.kernel, signature, constexprs, attrs), target=tgt,
                            options=options.__dict__)
@@ -159,21 +163,43 @@ def compile_case(case: CompileCase, target: str) -> Result:
         return res
     res.shared = k.metadata.shared
     if tgt.backend == "cuda":
-        _read_cubin(res, k.asm["cubin"])
+        _read_cubin(res, k.asm["cubin"], k.asm["ptx"], options)
     else:
         _read_amdgcn(res, k.asm["amdgcn"])
     res.occupancy = occupancy(res)
     return res
 
 
-def _read_cubin(res: Result, cubin: bytes) -> None:
+def _read_cubin(res: Result, cubin: bytes, ptx: str, options) -> None:
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin)
         f.flush()
         out = subprocess.run([triton.knobs.nvidia.cuobjdump.path, "-res-usage", f.name], check=True,
                              capture_output=True, text=True).stdout
     usage = dict(re.findall(r"(REG|STACK|LOCAL):(\d+)", out))
-    res.regs, res.spills = int(usage["REG"]), int(usage["STACK"]) + int(usage["LOCAL"])
+    res.regs, res.stack = int(usage["REG"]), int(usage["STACK"]) + int(usage["LOCAL"])
+    if res.stack:  # spills go to the stack frame: without one there are none (and no second ptxas run)
+        res.spills = _ptxas_spill_stores(ptx, options, res)
+
+
+def _ptxas_spill_stores(ptx: str, options, res: Result) -> int:
+    """Bytes of spill stores a thread, from `ptxas -v` on the PTX with the flags Triton's make_cubin passes; its
+    registers and stack frame must equal the cubin's (else those flags drifted: update them here)."""
+    from triton.backends.nvidia.compiler import get_ptxas, sm_arch_from_capability
+
+    flags = ["-v", "--regAllocOptLevel=2"] + ([] if options.enable_fp_fusion else ["--fmad=false"]) \
+        + (options.ptx_options.split(" ") if options.ptx_options else [])
+    with tempfile.NamedTemporaryFile("w", suffix=".ptx") as f:
+        f.write(ptx)
+        f.flush()
+        log = subprocess.run([get_ptxas(90).path, *flags, f"--gpu-name={sm_arch_from_capability(90)}", f.name, "-o",
+                              os.devnull], check=True, capture_output=True, text=True).stderr
+    frame = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores", log)
+    regs = re.search(r"Used (\d+) registers", log)
+    if frame is None or regs is None or (int(regs.group(1)), int(frame.group(1))) != (res.regs, res.stack):
+        raise ValueError(f"{res.kernel}: ptxas -v does not reproduce the cubin's {res.regs} registers / {res.stack} B "
+                         f"stack frame (Triton's ptxas flags changed?):\n{log}")
+    return int(frame.group(2))
 
 
 def _read_amdgcn(res: Result, asm: str) -> None:
@@ -224,7 +250,7 @@ def problems(res: Result) -> list[str]:
         out.append(f"{'LDS' if amd else 'shared memory'} {res.shared} B > {lim.shared_per_block} B")
     if res.spills or res.scratch:
         what = f"{res.spills} registers spilled, {res.scratch} B scratch" if amd else \
-            f"{res.spills} B of stack frame a thread (spills)"
+            f"{res.spills} B of spill stores a thread ({res.stack} B stack frame)"
         out.append(what)
     if res.regs > lim.max_regs:
         out.append(f"{res.regs} {'VGPRs' if amd else 'registers'} > {lim.max_regs}")

@@ -20,7 +20,7 @@ specialises an int on == 1 and on divisibility by 16, so the value picks the var
 options (num_warps, num_stages, waves_per_eu, ...) go in `options`, as the launcher's keyword arguments.
 
 Launched kernels are the @triton.jit functions named `*_kernel` (helpers called from kernels are not); a test checks
-that each one in `MODULES` has a case, and that every module with a kernel is in `MODULES` or `PENDING`.
+that each one in `MODULES` has a case, and that every module with a kernel is in `MODULES`.
 """
 
 from __future__ import annotations
@@ -31,9 +31,8 @@ from typing import Any, NamedTuple
 
 import torch
 
-# Modules whose launchers are being rewritten and that have no compile_cases yet: compiled by nobody until they do.
-PENDING = ("linear", "folded_linear", "tree_attention")
-MODULES = ("activation", "draft_expand", "kv_ops", "rmsnorm", "rope", "topk", "tree_mask", "verify")
+MODULES = ("activation", "draft_expand", "folded_linear", "kv_ops", "linear", "projection", "rmsnorm", "rope", "topk",
+           "tree_attention", "tree_mask", "verify")
 
 @dataclass(frozen=True)
 class Ptr:

@@ -45,6 +45,7 @@ import triton.language as tl
 from triton.language.extra import libdevice
 
 from eaglet.kernels import rope as _rope
+from eaglet.kernels._compile_cases import CompileCase, Ptr, model_shapes
 from eaglet.kernels._utils import is_hip, is_interpret, use_triton
 from eaglet.kernels.activation import silu_and_mul, silu_and_mul_ref
 from eaglet.kernels.linear import _check_input, _check_weight
@@ -93,13 +94,13 @@ def linear_add_ref(res: torch.Tensor, a: torch.Tensor, weight: torch.Tensor) -> 
 # Launch configs
 
 
-def _config(epi: int, N: int, K: int, dtype: torch.dtype, sms: int) -> dict:
+def _config(epi: int, N: int, K: int, dtype: torch.dtype, sms: int, hip: bool | None = None) -> dict:
     """BLOCK_N / BLOCK_K / warps / stages. CUDA: the autotuner's picks in the fastest of four Llama-3-8B verify
     processes at M=8 on an H200 (4.43 ms; fixed, 4.364-4.369 ms in five runs): 64x128 w4 s5 (qkv, o), 64x256 w4 s5
     (down, K=14336), 128x128 w8 s3 (gate_up, 224 tiles; `benchmarks/results/verify_8b_h200/s14_autotune_picks.txt`).
     64 rows: every head_dim the RoPE epilogue takes is a multiple of it. fp32 inputs take BLOCK_K=128 (a 64x256 fp32
-    tile in 5 stages is 400 KB of shared memory)."""
-    if is_hip():  # MI300: not measured; 2 stages as in kernels/linear.py
+    tile in 5 stages is 400 KB of shared memory). `hip`: MI300's (None: the running torch)."""
+    if is_hip() if hip is None else hip:  # MI300: not measured; 2 stages as in kernels/linear.py
         return dict(BLOCK_N=64, BLOCK_K=128, waves_per_eu=2, num_warps=4, num_stages=2)
     if epi == _SILU and N // 128 >= sms:
         return dict(BLOCK_N=128, BLOCK_K=128, num_warps=8, num_stages=3)
@@ -356,3 +357,44 @@ def linear_add(res: torch.Tensor, a: torch.Tensor, weight: torch.Tensor) -> torc
     out = torch.empty_like(res, memory_format=torch.contiguous_format)  # [M, N]
     _launch(_ADD, a, weight, out, weight.shape[0], res=res)
     return out
+
+
+# ----------------------------------------------------------------------------------------------------
+# Compile cases (kernels/_compile_cases.py)
+
+_TARGET_SMS = {False: 132, True: 304}  # the SMs (CUs) `_config` sizes for: H100 / H200 (sm_90), MI300X (gfx942)
+
+
+def _case(epi: int, M: int, N: int, K: int, K2: int, heads: tuple, sms: int, hip: bool, used_by: str) -> CompileCase:
+    """The `_launch` of one bf16 call on a GPU of `sms` SMs (AMD's when `hip`), contiguous rows: its arguments as
+    `_launch` passes them (where a tensor is absent, the dummy it passes: x)."""
+    bf16, f32, i64 = Ptr(torch.bfloat16), Ptr(torch.float32), Ptr(torch.int64)
+    rope = epi == _ROPE
+    hq, hkv, d = heads
+    out_stride = hq * d if rope else N // 2 if epi == _SILU else N  # q [M, Hq, D], a [M, I], out [M, N]
+    return CompileCase.of(
+        _folded_kernel, (used_by,), x_ptr=bf16, x2_ptr=bf16, w_ptr=bf16, res_ptr=bf16, out_ptr=bf16,
+        pos_ptr=i64 if rope else bf16, freq_ptr=f32 if rope else bf16, slots_ptr=i64 if rope else bf16, k_ptr=bf16,
+        v_ptr=bf16, M=M, N=N, K=K, K2=K2, stride_xm=K, stride_x2m=K2 or K, stride_wn=K + K2, stride_rm=out_stride,
+        stride_om=out_stride, eps=1e-5, EPI=epi, TWO_INPUTS=K2 > 0, HQ=hq, HKV=hkv, D=d, PRECISE_TRIG=True,
+        BLOCK_M=MAX_M, **_config(epi, N, K, torch.bfloat16, sms, hip))
+
+
+def compile_cases(hip: bool) -> list[CompileCase]:
+    """kernels/_compile_cases.py: bf16, both models, every epilogue as the folded block launches it (o and down: the
+    residual add; gate_up: SiLU; qkv: RoPE and the K/V store, and with two inputs, an EAGLE-3 midlayer's), at one row
+    (Triton makes M == 1 a constant) and at 8 (the B=1 verify); BLOCK_M = MAX_M, `_config`'s tiles on the target."""
+    cases = []
+    for s in model_shapes():
+        qkv, attn = (s.n_heads + 2 * s.n_kv_heads) * s.head_dim, s.n_heads * s.head_dim
+        heads = (s.n_heads, s.n_kv_heads, s.head_dim)
+        launches = (  # name, EPI, N, K, K2
+            ("o", _ADD, s.hidden, attn, 0), ("down", _ADD, s.hidden, s.ffn, 0),
+            ("gate_up", _SILU, 2 * s.ffn, s.hidden, 0), ("qkv", _ROPE, qkv, s.hidden, 0),
+            ("eagle3 qkv", _ROPE, qkv, s.hidden, s.hidden),
+        )
+        for M in (1, 8):
+            for name, epi, N, K, K2 in launches:
+                cases.append(_case(epi, M, N, K, K2, heads if epi == _ROPE else (1, 1, 1), _TARGET_SMS[hip], hip,
+                                   f"{s.name} {name} M={M}"))
+    return cases

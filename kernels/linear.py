@@ -51,6 +51,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from eaglet.kernels._compile_cases import CompileCase, Ptr, model_shapes
 from eaglet.kernels._utils import autotune_configs, is_hip, use_triton
 from eaglet.kernels.activation import silu_and_mul, silu_and_mul_ref
 from eaglet.kernels.rmsnorm import MAX_HIDDEN, _as_rows, rmsnorm, rmsnorm_ref
@@ -93,39 +94,46 @@ def linear_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
 # Autotuning
 
 
-def _mma_configs(block_m: int | None = None) -> list:
-    """tl.dot tiles (first entry = default). BLOCK_M comes from the M bucket (the launcher passes
-    it) unless `block_m` puts it in the configs."""
+def _mma_configs(block_m: int | None = None, hip: bool | None = None) -> list:
+    """tl.dot tiles (first entry = default) on AMD (`hip`; None: the running torch) or NVIDIA. BLOCK_M comes from the
+    M bucket (the launcher passes it) unless `block_m` puts it in the configs."""
     fixed = {} if block_m is None else {"BLOCK_M": block_m}
-    if is_hip():
+    if is_hip() if hip is None else hip:
+        # MI300: compiled only (PORTABILITY.md); a 32 x 256 tile in 8 waves spilled 45 VGPRs (SiLU, 32 rows)
         return [
             triton.Config({**fixed, "BLOCK_N": bn, "BLOCK_K": bk, "waves_per_eu": 2}, num_warps=w, num_stages=2)
-            for bn, bk, w in ((32, 128, 4), (16, 256, 4), (64, 128, 4), (32, 256, 8))
+            for bn, bk, w in ((32, 128, 4), (16, 256, 4), (64, 128, 4), (32, 128, 8))
         ]
+    # Stage counts at which ptxas spills in no mode at either row tile (sm_90, PORTABILITY.md): 32 x 256 in 3 stages
+    # (the autotuner's pick for the 8B qkv and o at M=8, benchmarks/results/linear_8b_h200.md) spilled 12 B a thread
+    # in the plain mode, 128 x 128 in 3 (gate_up's pick) 8 B; 16 x 128 spilled 8-16 B at 32 rows in each stage count
+    # from 2 to 5, so that entry is 16 x 64.
     return [
         triton.Config({**fixed, "BLOCK_N": bn, "BLOCK_K": bk}, num_warps=w, num_stages=s)
         for bn, bk, w, s in (
-            (32, 128, 4, 4), (16, 128, 4, 4), (16, 256, 4, 3), (32, 256, 4, 3),
-            (64, 128, 4, 4), (64, 256, 8, 3), (128, 128, 8, 3),
+            (32, 128, 4, 4), (16, 64, 4, 4), (16, 256, 4, 3), (32, 256, 4, 4),
+            (64, 128, 4, 4), (64, 256, 8, 3), (128, 128, 8, 2),
         )
     ]
 
 
-def _m1_configs() -> list:
+def _m1_configs(hip: bool | None = None) -> list:
     """M == 1 (first entry = default): the GEMV (BLOCK_M = 1) and a few tl.dot tiles; timing picks
     per shape. For the GEMV a small BLOCK_N gives enough programs for narrow outputs (576 / 8 = 72);
     num_stages is 1 because Triton pipelines only loads that feed a tl.dot (the kernel prefetches
-    the GEMV's weight tiles itself), so BLOCK_K sets the bytes in flight per program."""
-    if is_hip():
+    the GEMV's weight tiles itself), so BLOCK_K sets the bytes in flight per program. `hip` as in
+    `_mma_configs`."""
+    hip = is_hip() if hip is None else hip
+    if hip:
         # MI300: 64-wide wavefronts, so 4 warps are 256 lanes
         gemv = ((8, 512, 4), (4, 1024, 4), (16, 512, 4), (16, 1024, 8))
         return [
             triton.Config({"BLOCK_M": 1, "BLOCK_N": bn, "BLOCK_K": bk}, num_warps=w, num_stages=1) for bn, bk, w in gemv
-        ] + _mma_configs(16)[:2]
+        ] + _mma_configs(16, hip)[:2]
     gemv = ((8, 512, 4), (4, 1024, 4), (8, 1024, 4), (4, 512, 2), (16, 512, 4), (16, 1024, 8), (8, 2048, 8))
     return [
         triton.Config({"BLOCK_M": 1, "BLOCK_N": bn, "BLOCK_K": bk}, num_warps=w, num_stages=1) for bn, bk, w in gemv
-    ] + _mma_configs(16)[:3]
+    ] + _mma_configs(16, hip)[:3]
 
 
 @functools.lru_cache(maxsize=None)
@@ -134,13 +142,18 @@ def _num_sms(device_index: int) -> int:
 
 
 def _prune_configs(configs: list, named_args: dict, **kwargs) -> list:
+    """The autotuner's pruning: `_kept_configs` on the launch's device."""
+    return _kept_configs(configs, named_args["M"], named_args["N"], named_args["K"], kwargs.get("BLOCK_M"),
+                         _num_sms(named_args["y_ptr"].device.index or 0))
+
+
+def _kept_configs(configs: list, M: int, N: int, K: int, launch_block_m: int | None, sms: int) -> list:
     """Per variant (GEMV, tl.dot): drop tiles wider than the problem (masked lanes only) and tiles
-    so wide that fewer programs than half the SMs run while a narrower tile would fill them."""
-    M, N, K = named_args["M"], named_args["N"], named_args["K"]
-    sms = _num_sms(named_args["y_ptr"].device.index or 0)
+    so wide that fewer programs than half the SMs run while a narrower tile would fill them.
+    launch_block_m: the BLOCK_M the launcher passes (None: the configs' own)."""
 
     def block_m(c):
-        return c.kwargs.get("BLOCK_M", kwargs.get("BLOCK_M"))
+        return c.kwargs.get("BLOCK_M", launch_block_m)
 
     def programs(c):
         return triton.cdiv(M, block_m(c)) * triton.cdiv(N, c.kwargs["BLOCK_N"])
@@ -411,3 +424,43 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     if not 1 <= _rows(x) <= MAX_FAST_M:
         return F.linear(x, weight, bias)
     return _launch(_PLAIN, x, x.shape[-1], weight, bias=bias)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Compile cases (kernels/_compile_cases.py)
+
+_TARGET_SMS = {False: 132, True: 304}  # the SMs (CUs) `_kept_configs` fills: H100 / H200 (sm_90), MI300X (gfx942)
+_CASE_ROWS = (1, 8, 32)  # the GEMV and M == 1 tiles, then tl.dot with BLOCK_M 16 and 32
+
+
+def compile_cases(hip: bool) -> list[CompileCase]:
+    """kernels/_compile_cases.py: bf16, both models, each projection with the op the block fuses into it
+    (`TransformerBlock._forward_fused_linear`): qkv after the norm (with the residual add and, at layer 0, without),
+    gate_up after the norm and the add, down after SiLU·mul; o and the LM head plain (`linear`). At one row count of
+    each M bucket (`_CASE_ROWS`), every entry of the full autotune grid that `_kept_configs` keeps on the target."""
+    cases = []
+    for s in model_shapes():
+        qkv = (s.n_heads + 2 * s.n_kv_heads) * s.head_dim
+        launches = (  # name, MODE, N, K, HAS_RESIDUAL
+            ("qkv layer 0", _NORM, qkv, s.hidden, False), ("qkv", _NORM, qkv, s.hidden, True),
+            ("gate_up", _NORM, 2 * s.ffn, s.hidden, True), ("down", _SILU, s.hidden, s.ffn, False),
+            ("o", _PLAIN, s.hidden, s.n_heads * s.head_dim, False), ("lm_head", _PLAIN, s.vocab, s.hidden, False),
+        )
+        for M in _CASE_ROWS:
+            kernel, kw = _kernel_for(M)
+            configs = _m1_configs(hip) if kernel is _m1_kernel else _mma_configs(hip=hip)
+            for name, mode, N, K, res in launches:
+                args = _case_args(mode, M, N, K, res)
+                for c in _kept_configs(configs, M, N, K, kw.get("BLOCK_M"), _TARGET_SMS[hip]):
+                    cases.append(CompileCase.from_config(kernel.fn, args, c, (f"{s.name} {name} M={M}",)))
+    return cases
+
+
+def _case_args(mode: int, M: int, N: int, K: int, residual: bool) -> dict:
+    """The arguments `_launch` passes for one bf16 call of M contiguous rows (where a tensor is absent, the dummy it
+    passes: x, or y for new_res), with the BLOCK_M it adds for M; the autotune entry supplies the rest."""
+    p = Ptr(torch.bfloat16)
+    stride_x = 2 * K if mode == _SILU else K  # silu_mul_linear reads gu [M, 2I]
+    return dict(x_ptr=p, res_ptr=p, nw_ptr=p, w_ptr=p, b_ptr=p, y_ptr=p, new_res_ptr=p, M=M, N=N, K=K,
+                stride_xm=stride_x, stride_rm=K if residual else stride_x, stride_wn=K, eps=1e-5, MODE=mode,
+                HAS_RESIDUAL=residual, HAS_BIAS=False, **_kernel_for(M)[1])

@@ -47,6 +47,7 @@ import triton.language as tl
 from triton.language.extra import libdevice
 
 from eaglet.kernels import rope as _rope
+from eaglet.kernels._compile_cases import CompileCase, Ptr, model_shapes
 from eaglet.kernels._fixed_order import fixed_sum0
 from eaglet.kernels._utils import is_hip, is_interpret, use_triton
 from eaglet.kernels.activation import silu_and_mul_ref
@@ -140,26 +141,44 @@ def _config(N: int, K: int, epi: int, dtype: torch.dtype, sms: int, hip: bool) -
     return dict(cfg, num_warps=4, num_stages=4 if dtype.itemsize == 2 else 2)
 
 
+# MI300, 64-row x tiles: in 4 waves they reach the 256 VGPRs that waves_per_eu=2 allows (an EAGLE-3 two-input qkv
+# spilled 6-43 VGPRs); in 8 waves they take 128-220
+_HIP_WARPS_64 = 8
+
+
 def _prefill_tiles(cfg: dict, epi: int, head_dim: int, dtype: torch.dtype, hip: bool) -> dict:
     """More than MAX_SPLIT_M rows (prefill, compute-bound): wide tiles, with the decode plan's BLOCK_K and splits
-    (its order), SPLITS looped in the program. 128 weight rows where the epilogue allows (a RoPE tile is one head's
-    rotary pairs: head_dim 128), 128 x rows, 8 warps."""
-    if dtype.itemsize == 4 or hip:
+    (its order), SPLITS looped in the program, 8 warps: 128 weight rows x 128 x rows, but for RoPE, whose tile is one
+    head's rotary pairs: 64 x 128 at head_dim 64, 128 x 64 at head_dim 128 (128 x 128 spilled on sm_90: Llama-3.1-8B's
+    qkv at 255 registers and 12-472 B of spill stores a thread, the EAGLE-3 two-input qkv the most; 128 x 64 takes
+    174-238 registers, PORTABILITY.md). MI300: 64 x rows."""
+    if hip:
+        return dict(cfg, BLOCK_M=64, num_warps=_HIP_WARPS_64, num_stages=2)
+    if dtype.itemsize == 4:
         return dict(cfg, BLOCK_M=64, num_warps=4, num_stages=2)
-    wide_n = epi != _ROPE or head_dim % 128 == 0
-    return dict(cfg, BLOCK_N=128 if wide_n else 64, BLOCK_M=128, num_warps=8, num_stages=3)
+    if epi == _ROPE:
+        wide_n = head_dim % 128 == 0
+        return dict(cfg, BLOCK_N=128 if wide_n else 64, BLOCK_M=64 if wide_n else 128, num_warps=8, num_stages=3)
+    return dict(cfg, BLOCK_N=128, BLOCK_M=128, num_warps=8, num_stages=3)
+
+
+def _table(N: int, K: int, M: int, epi: int, dtype: torch.dtype, sms: int, hip: bool, head_dim: int = 64) -> dict:
+    """The config of a call on a GPU of `sms` SMs (CUs), AMD's when `hip`. Up to MAX_SPLIT_M rows the x tile is the
+    smallest of 16 / 32 / 64 rows that holds them: each weight tile is read by one program per split."""
+    cfg = _config(N, K, epi, dtype, sms, hip)
+    if M > MAX_SPLIT_M:
+        return _prefill_tiles(cfg, epi, head_dim, dtype, hip)
+    block_m = 16 if M <= 16 else 32 if M <= 32 else 64
+    if hip and block_m == 64:
+        cfg = dict(cfg, num_warps=_HIP_WARPS_64)
+    return dict(cfg, BLOCK_M=block_m)
 
 
 def launch_config(N: int, K: int, M: int, epi: int, dtype: torch.dtype, device: torch.device,
                   head_dim: int = 64) -> dict:
-    """The config a call runs with (public for the benchmarks and the compile checks). Up to MAX_SPLIT_M rows the
-    x tile is the smallest of 16 / 32 / 64 rows that holds them: each weight tile is read by one program per split."""
-    hip = is_hip()
+    """The config a call runs with on `device` (public for the benchmarks): `_table` at its SM count."""
     sms = _num_sms(device.index or 0) if device.type == "cuda" else 8  # the interpreter: few SMs, still splits
-    cfg = _config(N, K, epi, dtype, sms, hip)
-    if M > MAX_SPLIT_M:
-        return _prefill_tiles(cfg, epi, head_dim, dtype, hip)
-    return dict(cfg, BLOCK_M=16 if M <= 16 else 32 if M <= 32 else 64)
+    return _table(N, K, M, epi, dtype, sms, is_hip(), head_dim)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -591,3 +610,65 @@ def linear_add(res: torch.Tensor, a: torch.Tensor, weight: torch.Tensor, bias: t
     if a.shape[0]:
         _launch(_ADD, a, weight, out, bias=bias, res=res, cfg=cfg)
     return out
+
+
+# ----------------------------------------------------------------------------------------------------
+# Compile cases (kernels/_compile_cases.py)
+
+# The SMs (CUs) the split-K rule fills: H100 / H200 (sm_90) and MI300X (gfx942)
+_TARGET_SMS = {False: 132, True: 304}
+_CASE_ROWS = (1, 32, 64, 2048)  # one per row bucket of `_table`: the 16-, 32- and 64-row split-K tiles, prefill
+
+
+def _case(epi: int, M: int, N: int, K: int, K2: int, norm: int, norm2: int, bias: bool, heads: tuple, sms: int,
+          hip: bool, used_by: str) -> CompileCase:
+    """The `_launch` of one bf16 call on a GPU of `sms` SMs (AMD's when `hip`), contiguous rows: its arguments as
+    `_launch` passes them (where a tensor is absent, the dummy it passes: x, or the output for ws / cnt)."""
+    bf16, f32, i32, i64 = Ptr(torch.bfloat16), Ptr(torch.float32), Ptr(torch.int32), Ptr(torch.int64)
+    hq, hkv, d = heads
+    cfg = _table(N, K, M, epi, torch.bfloat16, sms, hip, d)
+    splits, split_k = cfg.pop("SPLITS"), cfg.pop("SPLIT_K")
+    splits2, split_k2 = 0, 1
+    if K2:
+        c2 = _table(N, K2, M, epi, torch.bfloat16, sms, hip, d)
+        splits2, split_k2 = c2["SPLITS"], c2["SPLIT_K"]
+    in_program = M > MAX_SPLIT_M
+    partials = not in_program and splits + splits2 > 1
+    out_stride = hq * d if epi == _ROPE else N // 2 if epi == _SILU else N  # q [M, Hq, D], silu [M, I], else [M, N]
+    rope = epi == _ROPE
+    return CompileCase.of(
+        _proj_kernel, (used_by,), x_ptr=bf16, x2_ptr=bf16, g_ptr=bf16, g2_ptr=bf16, w_ptr=bf16, b_ptr=bf16,
+        res_ptr=bf16, out_ptr=bf16, ws_ptr=f32 if partials else bf16, cnt_ptr=i32 if partials else bf16,
+        pos_ptr=i64 if rope else bf16, freq_ptr=f32 if rope else bf16, slots_ptr=i64 if rope else bf16,
+        k_ptr=bf16, v_ptr=bf16, M=M, N=N, K=K, K2=K2, stride_xm=K, stride_x2m=K2 or K, stride_wn=K + K2,
+        stride_rm=out_stride, stride_om=out_stride, eps=1e-5, EPI=epi, NORM=norm, NORM2=norm2,
+        TWO_INPUTS=K2 > 0, HAS_BIAS=bias, HQ=hq, HKV=hkv, D=d, PRECISE_TRIG=True, SPLITS=splits, SPLIT_K=split_k,
+        SPLITS2=splits2, SPLIT_K2=split_k2, IN_PROGRAM=in_program, **cfg)
+
+
+def compile_cases(hip: bool) -> list[CompileCase]:
+    """kernels/_compile_cases.py: bf16, both models, every projection the invariant block launches
+    (models/llama.py `TransformerBlock._forward_invariant`, `Attention.forward_stream`, `Transformer.logits`), at
+    one row count of each bucket of the table (`_CASE_ROWS`: split-K tiles of 16 / 32 / 64 rows, the prefill tiles):
+    qkv (RoPE, the K/V store) with the norm folded and with its weight, with a bias (Qwen2), with two inputs (an
+    EAGLE-3 midlayer); o and down (the residual add); gate_up (SiLU) folded and not; the LM head, plain and with the
+    final norm's weight."""
+    cases = []
+    for s in model_shapes():
+        qkv, attn = (s.n_heads + 2 * s.n_kv_heads) * s.head_dim, s.n_heads * s.head_dim
+        heads = (s.n_heads, s.n_kv_heads, s.head_dim)
+        launches = (  # name, EPI, N, K, K2, NORM, NORM2, HAS_BIAS
+            ("qkv folded", _ROPE, qkv, s.hidden, 0, 1, 0, False), ("qkv", _ROPE, qkv, s.hidden, 0, 2, 0, False),
+            ("qkv bias", _ROPE, qkv, s.hidden, 0, 2, 0, True),
+            ("eagle3 qkv", _ROPE, qkv, s.hidden, s.hidden, 1, 1, False),
+            ("o", _ADD, s.hidden, attn, 0, 0, 0, False), ("down", _ADD, s.hidden, s.ffn, 0, 0, 0, False),
+            ("gate_up folded", _SILU, 2 * s.ffn, s.hidden, 0, 1, 0, False),
+            ("gate_up", _SILU, 2 * s.ffn, s.hidden, 0, 2, 0, False),
+            ("lm_head", _PLAIN, s.vocab, s.hidden, 0, 0, 0, False),
+            ("lm_head normed", _PLAIN, s.vocab, s.hidden, 0, 2, 0, False),
+        )
+        for M in _CASE_ROWS:
+            for name, epi, N, K, K2, norm, norm2, bias in launches:
+                cases.append(_case(epi, M, N, K, K2, norm, norm2, bias, heads if epi == _ROPE else (1, 1, 1),
+                                   _TARGET_SMS[hip], hip, f"{s.name} {name} M={M}"))
+    return cases

@@ -51,6 +51,7 @@ import torch
 import triton
 import triton.language as tl
 
+from eaglet.kernels._compile_cases import TREES, CompileCase, Ptr, model_shapes
 from eaglet.kernels._fixed_order import fixed_sum0
 from eaglet.kernels._utils import autotune_configs, is_hip, is_interpret, use_triton
 
@@ -126,14 +127,16 @@ def tree_attention_ref(
     return out
 
 
-def _fwd_configs() -> list:
-    """Autotune grid for `_fwd_kernel` (first entry = default). BLOCK_M is chosen on the host
-    (it sets the grid and the split count), so only the key tile and the schedule are tuned."""
-    if is_hip():
-        # MI300 (tutorial 06's AMD entries): one software stage, occupancy hint waves_per_eu.
+def _fwd_configs(hip: bool | None = None) -> list:
+    """Autotune grid for `_fwd_kernel` (first entry = default) on AMD (`hip`; None: the running torch) or NVIDIA.
+    BLOCK_M is chosen on the host (it sets the grid and the split count), so only the key tile and the schedule are
+    tuned."""
+    if is_hip() if hip is None else hip:
+        # MI300 (tutorial 06's AMD entries): one software stage, occupancy hint waves_per_eu; 32-key tiles, 8 waves
+        # for 128-row tiles (`_prune_fwd_configs`). Compiled for gfx942 (PORTABILITY.md), 64-key tiles spilled at
+        # head_dim 128 (1-193 VGPRs) and waves_per_eu=3 (168 VGPRs) at both models' heads; these take 90-202, none.
         return [
-            triton.Config({"BLOCK_N": bn, "waves_per_eu": w}, num_warps=4, num_stages=1)
-            for bn, w in ((64, 2), (32, 2), (64, 3), (32, 3))
+            triton.Config({"BLOCK_N": 32, "waves_per_eu": 2}, num_warps=w, num_stages=1) for w in (4, 8)
         ]
     return [
         triton.Config({"BLOCK_N": bn}, num_warps=w, num_stages=s)
@@ -142,10 +145,13 @@ def _fwd_configs() -> list:
 
 
 def _prune_fwd_configs(configs: list, named_args: dict, **kwargs) -> list:
-    """A 128-row accumulator needs 8 warps (else it spills); tiny row tiles waste 8 warps."""
+    """A 128-row accumulator needs 8 warps and key tiles under 128 (else it spills: sm_90, 128-key tiles at 255
+    registers and 20-1664 B of spill stores a thread, PORTABILITY.md); tiny row tiles waste 8 warps."""
     block_m = kwargs["BLOCK_M"]
     kept = [
-        c for c in configs if not (block_m >= 128 and c.num_warps < 8) and not (block_m <= 32 and c.num_warps > 4)
+        c for c in configs
+        if not (block_m >= 128 and (c.num_warps < 8 or c.kwargs["BLOCK_N"] >= 128))
+        and not (block_m <= 32 and c.num_warps > 4)
     ]
     return kept or configs[:1]
 
@@ -677,12 +683,28 @@ def _meta(t: torch.Tensor | None) -> tuple | None:
     return None if t is None else (t.shape, t.stride(), t.dtype, t.device)
 
 
+def _inv_meta(group: int, nk: int, hip: bool) -> tuple[dict, dict]:
+    """The invariant kernels' meta-parameters for `group` query heads a KV head and nk new keys: (`_inv_fwd_kernel`'s,
+    `_inv_merge_kernel`'s). 16-row tiles of TOKS tokens (HEAD_TILES tiles of one token's heads for groups > 16), the
+    fixed split and key tile. MI300 (`hip`): one software stage, as `_fwd_configs`' AMD entries, and 8 waves (in 4,
+    SmolLM2's verify of 60 tokens spilled 7 SGPRs on gfx942); the same for every call, as the tiles (a row's sums
+    follow the layout)."""
+    block_nk = max(16, triton.next_power_of_2(nk))
+    fwd = dict(TOKS=max(1, 16 // group), HEAD_TILES=max(1, group // 16), BLOCK_N=_INVARIANT_BLOCK_N,
+               BLOCK_NK=block_nk, CHUNK=_INVARIANT_CHUNK, num_warps=8 if hip else 4, num_stages=1 if hip else 2)
+    merge = dict(BLOCK_NK=block_nk, CHUNK=_INVARIANT_CHUNK, BLOCK_S=_INVARIANT_MERGE, num_warps=4)
+    return fwd, merge
+
+
 @functools.lru_cache(maxsize=512)
-def _prepare(q, k, v, pt, pl, mask, sm_scale, max_prefix_len, interpret: bool, invariant: bool = False) -> tuple:
+def _prepare(q, k, v, pt, pl, mask, sm_scale, max_prefix_len, interpret: bool, invariant: bool = False,
+             num_sms: int | None = None, hip: bool | None = None) -> tuple:
     """Validate one call's metadata (`_meta` tuples) and build its launch recipe. Cached, so a
     repeated shape costs one dict lookup: the eager path's host time is what a short call
     costs (an H200 run measured 175 µs eager against 21.5 µs from a CUDA graph at B=1, L=1k).
-    Raises ValueError naming the argument. Returns None when an input needs .contiguous() first."""
+    Raises ValueError naming the argument. Returns None when an input needs .contiguous() first.
+    num_sms / hip: the SM (CU) count and vendor of the GPU to plan for (`compile_cases` asks for GPUs this machine
+    does not have); None: q's device and the running torch."""
 
     def need(cond: bool, msg) -> None:
         if not cond:
@@ -734,24 +756,22 @@ def _prepare(q, k, v, pt, pl, mask, sm_scale, max_prefix_len, interpret: bool, i
     if invariant:  # 16-row tiles, fixed splits and tiles, no autotuning (module doc)
         need(group <= 16 or group % 16 == 0,
              lambda: f"invariant tree attention needs Hq/Hkv <= 16 or a multiple of 16, got {group}")
-        toks, head_tiles = max(1, 16 // group), max(1, group // 16)
+        fwd_meta, merge_meta = _inv_meta(group, NK, is_hip() if hip is None else hip)
+        toks, head_tiles = fwd_meta["TOKS"], fwd_meta["HEAD_TILES"]
         num_splits = _cdiv(kv_max, _INVARIANT_CHUNK)
         split = num_splits > 1
-        block_nk = max(16, triton.next_power_of_2(NK))
         fwd_args = (scale * _LOG2E, num_splits, N, NK, Hkv, *strides)
         fwd_kw = dict(GROUP=group, HEAD_DIM=D, PAGE_SIZE=page_size, HAS_MASK=mask is not None, SPLIT=split,
-                      DOT_DTYPE=dot_dtype, TOKS=toks, HEAD_TILES=head_tiles, BLOCK_N=_INVARIANT_BLOCK_N,
-                      BLOCK_NK=block_nk, CHUNK=_INVARIANT_CHUNK, num_warps=4, num_stages=1 if is_hip() else 2)
+                      DOT_DTYPE=dot_dtype, **fwd_meta)
         grid = (_cdiv(N, toks) * head_tiles * toks, num_splits, B * Hkv)
         merge = None
         if split:
             merge = (_inv_merge_kernel, (N * group, B * Hkv), (num_splits, N, NK, Hkv, *mask_strides),
-                     dict(GROUP=group, HEAD_DIM=D, HAS_MASK=mask is not None, BLOCK_NK=block_nk,
-                          CHUNK=_INVARIANT_CHUNK, BLOCK_S=_INVARIANT_MERGE, num_warps=4), True)
+                     dict(GROUP=group, HEAD_DIM=D, HAS_MASK=mask is not None, **merge_meta), True)
         ws_numel = B * Hkv * num_splits * N * group * (D + 1) if split else 0  # partial outputs + LSEs
         return _inv_fwd_kernel, grid, fwd_args, fwd_kw, ws_numel, merge
-    # Interpreter: few SMs, still splits. (A CPU call without it takes the reference; the plan is unused.)
-    num_sms = _num_sms(q_dev.index) if q_dev.type == "cuda" and not interpret else 8
+    if num_sms is None:  # interpreter: few SMs, still splits (a CPU call without it takes the reference)
+        num_sms = _num_sms(q_dev.index) if q_dev.type == "cuda" and not interpret else 8
     block_m, m_tiles, num_splits, chunk, apart = _plan(B, N, Hq, Hkv, kv_max, NK, num_sms)
     split = num_splits > 1
     fwd_args = (scale * _LOG2E, chunk, num_splits, N, NK, Hkv, *strides, pt[0][1] * page_size)  # kv_cap last
@@ -816,3 +836,62 @@ def tree_attention(
             else:
                 merge_kernel[merge_grid](ws, prefix_lens, out, *merge_args, **merge_kw)
     return out
+
+
+# ----------------------------------------------------------------------------------------------------
+# Compile cases (kernels/_compile_cases.py)
+
+# The SMs (CUs) `_plan` fills: H100 / H200 (sm_90) and MI300X (gfx942)
+_TARGET_SMS = {False: 132, True: 304}
+_CASE_PAGE = 16  # the KV pool's page size (KVCache's default)
+_CASE_PREFIX = 1024  # the decode and verify cases' prefix (and max_prefix_len)
+
+
+def _dense(shape: tuple, dtype: torch.dtype) -> tuple:
+    """The `_meta` of a fresh contiguous tensor on a GPU."""
+    return tuple(shape), tuple(math.prod(shape[i + 1:]) for i in range(len(shape))), dtype, torch.device("cuda", 0)
+
+
+def _call_cases(s, B: int, N: int, tree: bool, prefix: int, invariant: bool, sms: int, hip: bool,
+                used_by: str) -> list[CompileCase]:
+    """The launches of one bf16 call at shape `s`'s heads (q [B, N], pages of 16, a tree mask or causal, max_prefix_len
+    = prefix) on a GPU of `sms` SMs (AMD's when `hip`): `_prepare`'s recipe, the split-KV forward once per autotune
+    entry `_prune_fwd_configs` keeps, then the merge where the keys split. Pointers as `tree_attention` passes them
+    (the mask a uint8 view, or the page table where causal; the forward's output the fp32 workspace when split)."""
+    bf16, f32, i32 = Ptr(torch.bfloat16), Ptr(torch.float32), Ptr(torch.int32)
+    pages = _cdiv(prefix + N, _CASE_PAGE)  # [B, pages] page table, a pool of B * pages pages
+    cache = _dense((B * pages, _CASE_PAGE, s.n_kv_heads, s.head_dim), torch.bfloat16)
+    metas = (_dense((B, N, s.n_heads, s.head_dim), torch.bfloat16), cache, cache, _dense((B, pages), torch.int32),
+             _dense((B,), torch.int32), _dense((B, N, N), torch.bool) if tree else None)
+    kernel, _, fwd_args, fwd_kw, _, merge = _prepare(*metas, None, prefix, False, invariant, sms, hip)
+    ptrs = (bf16, bf16, bf16, i32, i32, Ptr(torch.uint8) if tree else i32, f32 if merge else bf16)
+    fn = kernel.fn if isinstance(kernel, triton.runtime.Autotuner) else kernel
+    args = dict(zip(fn.arg_names, ptrs + fwd_args), **fwd_kw)
+    if fn is kernel:
+        cases = [CompileCase.of(fn, (used_by,), **args)]
+    else:
+        configs = _prune_fwd_configs(_fwd_configs(hip), {}, BLOCK_M=fwd_kw["BLOCK_M"])
+        cases = [CompileCase.from_config(fn, args, c, (used_by,)) for c in configs]
+    if merge:
+        merge_kernel, _, merge_args, merge_kw, takes_mask = merge
+        merge_ptrs = (f32, i32) + (ptrs[5:6] if takes_mask else ()) + (bf16,)
+        cases.append(CompileCase.of(merge_kernel, (used_by,), **dict(zip(merge_kernel.arg_names,
+                                                                         merge_ptrs + merge_args)), **merge_kw))
+    return cases
+
+
+def compile_cases(hip: bool) -> list[CompileCase]:
+    """kernels/_compile_cases.py: `_call_cases` (split-KV and invariant) on the target at both models' heads: decode
+    (B = 1 and 8, one token, a 1k prefix), the verify of a tree (B = 1 and 8, 8 tokens and the largest tree of TREES,
+    a tree mask, a 1k prefix) and a causal prefill of 2048 tokens."""
+    largest = max(t.num_draft_tokens for t in TREES)
+    calls = [(f"decode B={B}", B, 1, False, _CASE_PREFIX) for B in (1, 8)]
+    calls += [(f"verify B={B} N={N}", B, N, True, _CASE_PREFIX) for N in (8, largest) for B in (1, 8)]
+    calls += [("prefill N=2048", 1, 2048, False, 0)]
+    cases = []
+    for s in model_shapes():
+        for label, B, N, tree, prefix in calls:
+            for invariant in (False, True):
+                cases += _call_cases(s, B, N, tree, prefix, invariant, _TARGET_SMS[hip], hip,
+                                     f"{s.name} {label}{' invariant' if invariant else ''}")
+    return cases

@@ -1,0 +1,159 @@
+"""The compile cases are the launches: a launcher called on CPU tensors (its kernel intercepted, never run) passes the
+arguments its module's case for that call has (kernels/_compile_cases.py), on a GPU of the SM count the launcher
+plans for off a GPU. Tensor element types, alignment and the scalars' specialisation (== 1, a multiple of 16) are
+what a case restates by hand; constexprs and launch options come from the shared config tables and must match too."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import triton
+
+from eaglet.kernels import folded_linear as FL
+from eaglet.kernels import linear as LN
+from eaglet.kernels import projection as PJ
+from eaglet.kernels import tree_attention as TA
+from eaglet.kernels._compile_cases import CompileCase, Ptr, model_shapes
+from eaglet.kernels._utils import is_interpret
+
+if is_interpret():
+    pytest.skip("the cases are for compiled kernels (PRECISE_TRIG, bf16 dots): run without TRITON_INTERPRET=1",
+                allow_module_level=True)
+
+SMOL, LLAMA = model_shapes()
+BF16 = torch.bfloat16
+EPS = 1e-5
+
+
+def launches(monkeypatch, module, names: tuple[str, ...], call) -> list[tuple[str, dict]]:
+    """(kernel name, its arguments by name) of every launch of module.<names> that call() makes; the kernels do not
+    run, and the launcher takes its Triton path for CPU tensors. The module is as it was afterwards."""
+    seen = []
+    with monkeypatch.context() as patch:
+        for name in names:
+            kernel = getattr(module, name)
+            fn = kernel.fn if isinstance(kernel, triton.runtime.Autotuner) else kernel
+
+            class Launch:
+                def __getitem__(self, grid, name=name, fn=fn):
+                    return lambda *args, **kw: seen.append((name, {**dict(zip(fn.arg_names, args)), **kw}))
+
+            patch.setattr(module, name, Launch())
+        patch.setattr(module, "use_triton", lambda *tensors: True)
+        call()
+    return seen
+
+
+def assert_mirrors(case, launch: dict) -> None:
+    """Each launch argument as the case has it."""
+    params = {p.name: p for p in case.kernel.params}
+    for name, v in launch.items():
+        c = case.args[name] if name in case.args else case.options[name]
+        if isinstance(v, torch.Tensor):
+            assert isinstance(c, Ptr) and (c.dtype, c.aligned) == (v.dtype, v.data_ptr() % 16 == 0), name
+        elif isinstance(v, int) and not isinstance(v, bool) and name in params and not params[name].is_constexpr:
+            assert (v == 1, v % 16 == 0) == (c == 1, c % 16 == 0), (name, v, c)
+        elif isinstance(v, float):
+            assert isinstance(c, float), name
+        else:
+            assert v == c, (name, v, c)
+
+
+def rope_tensors(M: int, s, slots: int = 64) -> tuple:
+    D = s.head_dim
+    return (torch.zeros(M, dtype=torch.int64), torch.zeros(D // 2), torch.empty(slots, s.n_kv_heads, D, dtype=BF16),
+            torch.empty(slots, s.n_kv_heads, D, dtype=BF16), torch.zeros(M, dtype=torch.int64))
+
+
+def qkv_rows(s) -> int:
+    return (s.n_heads + 2 * s.n_kv_heads) * s.head_dim
+
+
+@pytest.mark.parametrize("s", [SMOL, LLAMA], ids=lambda s: s.name)
+@pytest.mark.parametrize("M", [1, 32, 64, 100])
+def test_projection_cases_are_its_launches(monkeypatch, s, M):
+    H, N, heads = s.hidden, qkv_rows(s), (s.n_heads, s.n_kv_heads, s.head_dim)
+    x, x2, g = torch.empty(M, H, dtype=BF16), torch.empty(M, H, dtype=BF16), torch.empty(H, dtype=BF16)
+    calls = [  # (the launch, the case's EPI, N, K, K2, NORM, NORM2, HAS_BIAS, heads)
+        (lambda: PJ.qkv_rope_store(x, g, torch.empty(N, H, dtype=BF16), torch.empty(N, dtype=BF16),
+                                   *rope_tensors(M, s), *heads, EPS), PJ._ROPE, N, H, 0, 2, 0, True, heads),
+        (lambda: PJ.qkv_rope_store(x, PJ.FOLDED, torch.empty(N, 2 * H, dtype=BF16), None, *rope_tensors(M, s),
+                                   *heads, EPS, x2=x2, norm_weight2=PJ.FOLDED), PJ._ROPE, N, H, H, 1, 1, False, heads),
+        (lambda: PJ.linear_add_(x, torch.empty(M, s.ffn, dtype=BF16), torch.empty(H, s.ffn, dtype=BF16)), PJ._ADD,
+         H, s.ffn, 0, 0, 0, False, (1, 1, 1)),
+        (lambda: PJ.gate_up_silu(x, PJ.FOLDED, torch.empty(2 * s.ffn, H, dtype=BF16), EPS), PJ._SILU, 2 * s.ffn, H,
+         0, 1, 0, False, (1, 1, 1)),
+        (lambda: PJ.linear(x, torch.empty(s.draft_vocab, H, dtype=BF16), norm_weight=g, eps=EPS), PJ._PLAIN,
+         s.draft_vocab, H, 0, 2, 0, False, (1, 1, 1)),
+    ]
+    for call, epi, N_, K, K2, norm, norm2, bias, hd in calls:
+        [(_, got)] = launches(monkeypatch, PJ, ("_proj_kernel",), call)
+        assert_mirrors(PJ._case(epi, M, N_, K, K2, norm, norm2, bias, hd, 8, False, ""), got)  # 8: off a GPU
+
+
+@pytest.mark.parametrize("s", [SMOL, LLAMA], ids=lambda s: s.name)
+@pytest.mark.parametrize("M", [1, 8])
+def test_folded_linear_cases_are_its_launches(monkeypatch, s, M):
+    H, N, heads = s.hidden, qkv_rows(s), (s.n_heads, s.n_kv_heads, s.head_dim)
+    x, a = torch.empty(M, H, dtype=BF16), torch.empty(M, s.n_heads * s.head_dim, dtype=BF16)
+    calls = [  # (the launch, EPI, N, K, K2, heads)
+        (lambda: FL.qkv_rope_store(x, torch.empty(N, H, dtype=BF16), *rope_tensors(M, s), *heads, EPS), FL._ROPE, N,
+         H, 0, heads),
+        (lambda: FL.qkv_rope_store(x, torch.empty(N, 2 * H, dtype=BF16), *rope_tensors(M, s), *heads, EPS,
+                                   x2=torch.empty(M, H, dtype=BF16)), FL._ROPE, N, H, H, heads),
+        (lambda: FL.gate_up_silu(x, torch.empty(2 * s.ffn, H, dtype=BF16), EPS), FL._SILU, 2 * s.ffn, H, 0,
+         (1, 1, 1)),
+        (lambda: FL.linear_add_(x, a, torch.empty(H, a.shape[1], dtype=BF16)), FL._ADD, H, a.shape[1], 0, (1, 1, 1)),
+        (lambda: FL.linear_add(x, a, torch.empty(H, a.shape[1], dtype=BF16)), FL._ADD, H, a.shape[1], 0, (1, 1, 1)),
+    ]
+    for call, epi, N_, K, K2, hd in calls:
+        [(_, got)] = launches(monkeypatch, FL, ("_folded_kernel",), call)
+        assert_mirrors(FL._case(epi, M, N_, K, K2, hd, 0, False, ""), got)  # sms 0: _launch off a GPU
+
+
+@pytest.mark.parametrize("s", [SMOL, LLAMA], ids=lambda s: s.name)
+@pytest.mark.parametrize("M", [1, 8, 32])
+def test_linear_cases_are_its_launches(monkeypatch, s, M):
+    H, N = s.hidden, qkv_rows(s)
+    x, g = torch.empty(M, H, dtype=BF16), torch.empty(H, dtype=BF16)
+    calls = [  # (the launch, MODE, N, K, HAS_RESIDUAL)
+        (lambda: LN.norm_linear(x, g, EPS, torch.empty(N, H, dtype=BF16)), LN._NORM, N, H, False),
+        (lambda: LN.norm_linear(x, g, EPS, torch.empty(N, H, dtype=BF16), residual=torch.empty(M, H, dtype=BF16)),
+         LN._NORM, N, H, True),
+        (lambda: LN.silu_mul_linear(torch.empty(M, 2 * s.ffn, dtype=BF16), torch.empty(H, s.ffn, dtype=BF16)),
+         LN._SILU, H, s.ffn, False),
+        (lambda: LN.linear(x, torch.empty(s.draft_vocab, H, dtype=BF16)), LN._PLAIN, s.draft_vocab, H, False),
+    ]
+    for call, mode, N_, K, res in calls:
+        [(name, got)] = launches(monkeypatch, LN, ("_m1_kernel", "_mma_kernel"), call)
+        assert name == ("_m1_kernel" if M == 1 else "_mma_kernel")
+        case = CompileCase(LN._linear_kernel, {**LN._case_args(mode, M, N_, K, res), "BLOCK_N": 16, "BLOCK_K": 16,
+                                                  **({} if M > 1 else {"BLOCK_M": 1})}, {})
+        assert_mirrors(case, got)
+
+
+@pytest.mark.parametrize("s", [SMOL, LLAMA], ids=lambda s: s.name)
+@pytest.mark.parametrize("call", [(1, 1, False, 1024), (8, 1, False, 1024), (1, 8, True, 1024), (8, 60, True, 1024),
+                                  (1, 2048, False, 0)], ids=["decode", "decode-B8", "verify", "verify-B8-N60",
+                                                             "prefill"])
+@pytest.mark.parametrize("invariant", [False, True], ids=["split-kv", "invariant"])
+def test_tree_attention_cases_are_its_launches(monkeypatch, s, call, invariant):
+    B, N, tree, prefix = call
+    pages = -(-(prefix + N) // TA._CASE_PAGE)
+    q = torch.empty(B, N, s.n_heads, s.head_dim, dtype=BF16)
+    cache = torch.empty(B * pages, TA._CASE_PAGE, s.n_kv_heads, s.head_dim, dtype=BF16)
+    mask = torch.ones(B, N, N, dtype=torch.bool) if tree else None
+    names = ("_fwd_kernel", "_inv_fwd_kernel", "_merge_kernel", "_inv_merge_kernel")
+    TA._prepare.cache_clear()  # a recipe holds the kernel objects it was built with
+    try:
+        got = launches(monkeypatch, TA, names, lambda: TA.tree_attention(
+            q, cache, cache, torch.zeros(B, pages, dtype=torch.int32), torch.zeros(B, dtype=torch.int32), mask,
+            max_prefix_len=prefix, invariant=invariant))
+    finally:
+        TA._prepare.cache_clear()
+    cases = TA._call_cases(s, B, N, tree, prefix, invariant, 8, False, "")  # 8: the plan off a GPU
+    fwd = [c for c in cases if "fwd" in c.kernel.__name__]
+    merge = [c for c in cases if "merge" in c.kernel.__name__]
+    assert [n for n, _ in got] == [fwd[0].kernel.__name__] + [c.kernel.__name__ for c in merge]
+    for case, (_, args) in zip(fwd[:1] + merge, got):
+        assert_mirrors(case, args)
