@@ -34,8 +34,8 @@ def main():
     from eaglet.models.checkpoint import load_checkpoint, load_tokenizer
     from eaglet.models.kv_cache import KVCache
     from eaglet.models.llama import ModelArgs, Transformer, set_fused_linear
-    from eaglet.spec.autoregressive import AREngine, Request
-    from eaglet.spec.run import encode_turns
+    from eaglet.engine.autoregressive import AREngine, Request
+    from eaglet.engine.common import encode_turns
 
     dev, dtype = torch.device("cuda"), torch.bfloat16
     path = asset_path("smollm2_gguf")

@@ -31,7 +31,7 @@ from eaglet.data.assets import asset_path
 from eaglet.models.checkpoint import load_tokenizer
 from eaglet.models.eagle import load_draft_head
 from eaglet.models.llama import Transformer
-from eaglet.spec.run import encode_turns
+from eaglet.engine.common import encode_turns
 from eaglet.training.chain_replay import chain_rates, replay_chain, step_hits
 from eaglet.training.features import OnlineFeatures
 

@@ -12,7 +12,7 @@ import torch
 
 from eaglet.models.kv_cache import KVCache
 from eaglet.models.llama import ModelArgs, Transformer
-from eaglet.spec.autoregressive import AREngine, Request
+from eaglet.engine.autoregressive import AREngine, Request
 
 
 def main():

@@ -15,7 +15,7 @@ fi
 stamp=".setup-stamp"
 want=$(cat pyproject.toml | sha1sum | cut -d' ' -f1)
 # reinstall when pyproject changed, a dependency is missing, or eaglet is installed from another checkout
-here_check="import eaglet.spec, hydra, wandb, gguf, pytest, sys; sys.exit(not eaglet.spec.__file__.startswith('$PWD/'))"
+here_check="import eaglet.engine, hydra, wandb, gguf, pytest, sys; sys.exit(not eaglet.engine.__file__.startswith('$PWD/'))"
 if [[ "$(cat "$stamp" 2>/dev/null)" != "$want" ]] || ! "$PY" -c "$here_check" 2>/dev/null; then
   echo "[setup] installing eaglet (editable) and its dependencies"
   pipq -e ".[test]"

@@ -5,7 +5,7 @@ Step k of the training-time test at answer row p takes the head's own hidden sta
 p+k+1, exactly what a chain draft from p sees while its earlier steps were right (`training.losses`). A chain draft
 from p is therefore accepted to depth d exactly when steps 0..d-1 are right, and greedy decoding drafts from the
 first row after each accepted run and its bonus token. Replaying that over the hits gives the acceptance the engine
-must measure on the same answers; tests/spec/test_chain_replay.py checks that it does, and
+must measure on the same answers; tests/engine/test_chain_replay.py checks that it does, and
 benchmarks/head_accuracy.py sets it beside `train/acc_k` for a trained head (the gap between the two is the head's
 generalisation gap, not serving).
 """

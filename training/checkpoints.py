@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from eaglet.spec.checks import ConfigError
+from eaglet.engine.checks import ConfigError
 
 log = logging.getLogger("eaglet")
 _CKPT = re.compile(r"step_(\d+)")

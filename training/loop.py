@@ -43,9 +43,9 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 
 from eaglet.models.eagle import KINDS, DraftHead, load_draft_head, new_draft_head
 from eaglet.models.llama import Transformer
-from eaglet.spec.entry import console_logging, rerun_hint
-from eaglet.spec.signals import Interrupts
-from eaglet.spec.tracking import Tracker, environment
+from eaglet.engine.entry import console_logging, rerun_hint
+from eaglet.engine.signals import Interrupts
+from eaglet.engine.tracking import Tracker, environment
 from eaglet.training.chain_replay import step_hits
 from eaglet.training.checkpoints import (load_checkpoint, pick_checkpoint, restore_training_state, rng_state,
                                          save_checkpoint)
@@ -252,7 +252,7 @@ def optimizer_state(model: nn.Module, opt, fsdp: bool) -> dict:
 
 def load_target(tc: DictConfig, dtype, device, seed: int):
     """(target, tokenizer or None, cache key) from a conf/target/*.yaml block."""
-    from eaglet.spec.run import random_target, target_path
+    from eaglet.engine.common import random_target, target_path
 
     if tc.get("random"):
         torch.manual_seed(seed)  # every process builds the same random weights
@@ -300,7 +300,7 @@ def eval_prompts(ec: DictConfig, dc: DictConfig, tokenizer, vocab_size: int, see
     """Prompt token ids for the tau evaluation: held-out ShareGPT (never trained on), another benchmark, or
     (synthetic data) fresh random prompts."""
     from eaglet.data.prompts import load_prompts
-    from eaglet.spec.run import encode_turns
+    from eaglet.engine.common import encode_turns
 
     if ec.num_prompts <= 0:
         return []
@@ -326,8 +326,8 @@ def evaluate_tau(target: Transformer, head: DraftHead, tree_cfg, prompts: list[l
     answer depends on the head's accept pattern (the verify's shapes), so two evaluations one optimiser step apart
     could score different texts (an H200 run logged eval/acc_0 0.482 and 0.464 at steps 1,526 and 1,527; how much
     of that was the texts was not measured)."""
-    from eaglet.spec.autoregressive import Request
-    from eaglet.spec.eagle import EagleEngine, TreeSpec
+    from eaglet.engine.autoregressive import Request
+    from eaglet.engine.eagle import EagleEngine, TreeSpec
 
     tree = TreeSpec(tree_cfg.steps, tree_cfg.topk, tree_cfg.num_draft_tokens)
     ctx = min(max(len(p) for p in prompts) + max_new_tokens + 1, target.args.max_seq_len)
@@ -360,7 +360,7 @@ def train(cfg: DictConfig, output_dir: str | Path, target: Transformer | None = 
 
 
 def _train(cfg: DictConfig, output_dir, target: Transformer | None, tokenizer, interrupts: Interrupts) -> dict:
-    from eaglet.spec.run import resolve_hardware, trace_steps
+    from eaglet.engine.common import resolve_hardware, trace_steps
 
     console_logging()
     validate_train_draft(cfg, run_dir=output_dir, given_target=target is not None)

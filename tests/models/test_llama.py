@@ -117,7 +117,7 @@ def test_decode_with_cache_equals_full_forward():
 
 
 def test_ragged_batch_equals_each_alone():
-    from eaglet.spec.autoregressive import AREngine, Request
+    from eaglet.engine.autoregressive import AREngine, Request
 
     model = to_eaglet(tiny_hf("llama"))
     g = torch.Generator().manual_seed(4)

@@ -11,7 +11,7 @@ import torch
 from omegaconf import OmegaConf
 
 from eaglet.models.kv_cache import KVCache
-from eaglet.spec.autoregressive import AREngine, Request
+from eaglet.engine.autoregressive import AREngine, Request
 from eaglet.training.data import (
     AnswerGenerator,
     BatchSchedule,

@@ -91,7 +91,7 @@ def test_interrupted_run_resumes_bitwise(target, tmp_path, small_cfg):
 def test_saved_head_loads_in_the_public_layout(target, tmp_path, small_cfg, kind, monkeypatch):
     cfg = small_cfg(kind, "train.steps=2", "train.head.export_dtype=float32", "eval.every=1",
                     "eval.num_prompts=2", "eval.max_new_tokens=6", "eval.prompt_len=8")
-    from eaglet.spec.eagle import EagleEngine
+    from eaglet.engine.eagle import EagleEngine
     decode, numerics = EagleEngine.generate, []
 
     def recording(self, *args, **kw):  # the evaluation decodes with invariant numerics (the target's own answers)
@@ -216,7 +216,7 @@ def test_train_draft_cli_three_steps(tmp_path):
 
 
 def _tiny_llama():
-    from eaglet.spec.run import random_target
+    from eaglet.engine.common import random_target
 
     torch.manual_seed(0)  # train() seeds the random target with cfg.seed
     return random_target("tiny_llama", torch.float32, "cpu")
@@ -363,7 +363,7 @@ def test_a_damaged_newest_checkpoint_falls_back_to_the_one_before(target, tmp_pa
 
 def test_a_damaged_checkpoint_named_by_train_resume_is_refused_naming_the_file(target, tmp_path, small_cfg):
     """Also a checkpoint without a manifest: its truncated training state is named, not `OSError: [Errno 22]`."""
-    from eaglet.spec.checks import ConfigError
+    from eaglet.engine.checks import ConfigError
 
     train(small_cfg("eagle1", "train.steps=2"), tmp_path / "run", target=target)
     ck = tmp_path / "run" / "checkpoints" / "step_00000002"

@@ -17,8 +17,8 @@ import torch
 
 from eaglet.models.kv_cache import ForwardBatch, KVCache, slots_for, to_device
 from eaglet.models.llama import Transformer
-from eaglet.spec.cuda_graph import GraphRunner
-from eaglet.spec.sampling import SamplingParams, sample
+from eaglet.engine.cuda_graph import GraphRunner
+from eaglet.engine.sampling import SamplingParams, sample
 
 
 @dataclass

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from eaglet.spec.cuda_graph import GraphRunner, copy_all
+from eaglet.engine.cuda_graph import GraphRunner, copy_all
 
 
 def test_disabled_runner_stages_into_static_buffers_and_runs_on_them():

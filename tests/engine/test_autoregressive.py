@@ -9,8 +9,8 @@ import torch
 
 from eaglet.models.kv_cache import KVCache, KVPoolExhausted
 from eaglet.models.llama import ModelArgs, Transformer
-from eaglet.spec.autoregressive import AREngine, Request, admit
-from eaglet.spec.sampling import SamplingParams, probs_from_logits, sample
+from eaglet.engine.autoregressive import AREngine, Request, admit
+from eaglet.engine.sampling import SamplingParams, probs_from_logits, sample
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +78,7 @@ def test_seeded_sampling_is_reproducible(tiny):
 
 @pytest.mark.slow
 def test_smollm2_knows_the_capital_of_france(smollm2, tokenizer):
-    from eaglet.spec.run import encode_turns
+    from eaglet.engine.common import encode_turns
 
     ids = encode_turns(tokenizer, [{"role": "user", "content": "What is the capital of France?"}], True)
     eos = (tokenizer.eos_token_id,)

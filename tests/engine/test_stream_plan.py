@@ -14,7 +14,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from eaglet.spec.stream_plan import ENV, PLANS, StreamPlan, resolve_plan
+from eaglet.engine.stream_plan import ENV, PLANS, StreamPlan, resolve_plan
 
 CUDA = torch.device("cuda")  # resolution only looks at the device type: no GPU needed
 REPO = Path(__file__).resolve().parents[2]
@@ -100,9 +100,9 @@ SCRIPT = textwrap.dedent("""
     sys.path.insert(0, {tests!r})
     from test_eagle_engine import ARGS, PROMPTS, TREES, oracle_like, ar_outputs
     from eaglet.models.llama import Transformer
-    from eaglet.spec.autoregressive import Request
-    from eaglet.spec.eagle import EagleEngine
-    from eaglet.spec.stream_plan import ResolvedPlan, StreamPlan
+    from eaglet.engine.autoregressive import Request
+    from eaglet.engine.eagle import EagleEngine
+    from eaglet.engine.stream_plan import ResolvedPlan, StreamPlan
     torch.manual_seed(0)
     target = Transformer(ARGS).eval()
     with torch.no_grad():
@@ -124,7 +124,7 @@ SCRIPT = textwrap.dedent("""
 
 
 def run_plan(plan, sleep=0, sanitizer=False, graphs=True, max_new=24):
-    code = SCRIPT.format(tests=str(REPO / "tests" / "spec"), plan=plan, sleep=sleep, graphs=graphs, max_new=max_new)
+    code = SCRIPT.format(tests=str(REPO / "tests" / "engine"), plan=plan, sleep=sleep, graphs=graphs, max_new=max_new)
     # torch turns CSAN on when the variable exists at all (even "0"): absent unless sanitizing. CSAN also
     # takes a graph capture's launches for eager ones (false races on the static buffers, seen on an H200),
     # so sanitized runs decode without graphs, the AR reference included.

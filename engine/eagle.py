@@ -15,7 +15,7 @@ so draft and target KV positions coincide. After a step a request has `seq_lens`
 a `root` (the bonus token) that is emitted but not yet cached.
 
 The host learns accepted tokens one step late (one non-blocking D2H copy per step, behind an
-event), as in `spec.autoregressive`; KV pages are reserved for the longest possible step.
+event), as in `engine.autoregressive`; KV pages are reserved for the longest possible step.
 """
 
 from __future__ import annotations
@@ -35,11 +35,11 @@ from eaglet.kernels.tree_mask import build_tree, num_candidates
 from eaglet.kernels.verify import VerifyResult, verify_greedy, verify_sampling
 from eaglet.models.kv_cache import ForwardBatch, KVCache, slots_for, to_device
 from eaglet.models.llama import Transformer
-from eaglet.spec.autoregressive import (Request, _HostCopy, admit, check_request, default_min_admit, emit, pad_prompts,
+from eaglet.engine.autoregressive import (Request, _HostCopy, admit, check_request, default_min_admit, emit, pad_prompts,
                                        synchronizer)
-from eaglet.spec.cuda_graph import GraphRunner
-from eaglet.spec.sampling import SamplingParams, probs_from_logits, sample
-from eaglet.spec.stream_plan import ResolvedPlan, StreamPlan
+from eaglet.engine.cuda_graph import GraphRunner
+from eaglet.engine.sampling import SamplingParams, probs_from_logits, sample
+from eaglet.engine.stream_plan import ResolvedPlan, StreamPlan
 
 PHASES = ("draft", "plan_beside", "plan_wait", "verify", "accept", "extend")
 

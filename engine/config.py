@@ -10,7 +10,7 @@ Every bad value is one line, `key=value: what is allowed`; a config's bad values
    target's weights and KV pools need against what the device has free, the target sized from its
    config.json or GGUF header, or its registry entry.
 
-`validate_run_spec` is run_spec.py's; training/config.py builds train_draft.py's from the same parts (spec/checks.py
+`validate_run_spec` is run_spec.py's; training/config.py builds train_draft.py's from the same parts (engine/checks.py
 holds the machinery). Keys a check does not know are left alone.
 """
 
@@ -22,12 +22,12 @@ from pathlib import Path
 
 from omegaconf import DictConfig, ListConfig
 
-from eaglet.spec.checks import Checks
+from eaglet.engine.checks import Checks
+from eaglet.engine.common import DTYPE_NAMES, resolve_hardware, target_path
 
 REPO = Path(__file__).resolve().parents[1]  # the checkout (eaglet installs editable): shipped heads live here
 HEAD_KINDS = ("eagle1", "eagle3", "multi_layer")  # models.eagle.KINDS, named here without importing torch
-STREAM_PLANS = ("serial", "overlap_wait_stream", "overlap_event", "overlap_split", "unsafe_no_sync")  # spec.stream_plan
-DTYPE_NAMES = ("float32", "bfloat16", "float16")
+STREAM_PLANS = ("serial", "overlap_wait_stream", "overlap_event", "overlap_split", "unsafe_no_sync")  # engine.stream_plan
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -192,24 +192,7 @@ def check_prompts(c: Checks) -> None:
 # Layer 3: the device, the engine's own checks, memory
 
 
-def resolve_hardware(hw):
-    """hardware.device / hardware.dtype -> (torch.device, torch.dtype): auto = a visible GPU in bf16, else the
-    CPU in fp32."""
-    import torch
 
-    dev = hw.device
-    if dev == "auto":
-        dev = "cuda" if torch.cuda.is_available() else "cpu"
-    device = torch.device(dev)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"hardware.device={dev} but no CUDA/ROCm device is visible; use hardware=cpu")
-    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
-        raise ValueError(f"hardware.device={dev} but {torch.cuda.device_count()} GPU(s) are visible; use cuda:0..")
-    if hw.dtype == "auto":
-        return device, torch.bfloat16 if device.type == "cuda" else torch.float32
-    if hw.dtype not in DTYPE_NAMES:
-        raise ValueError(f"hardware.dtype={hw.dtype!r}; choose auto or one of {sorted(DTYPE_NAMES)}")
-    return device, getattr(torch, hw.dtype)
 
 
 def target_args(tc):
@@ -231,15 +214,7 @@ def target_key(tc) -> tuple[str, str]:
     return "target", tc.name
 
 
-def target_path(tc) -> Path:
-    """target.path, or the embedded asset's file (fetched into the cache when absent)."""
-    if tc.get("path"):
-        return Path(tc.path).expanduser()
-    if not tc.get("asset"):
-        raise ValueError(f"target.path is required for target={tc.name}")
-    from eaglet.data.assets import asset_path
 
-    return asset_path(tc.asset)
 
 
 def meta_model(args):
@@ -311,7 +286,7 @@ def run_spec_memory(cfg: DictConfig, args, dtype) -> dict[str, int]:
     g, kv = cfg.gen, cfg.kv
     ctx = min(g.max_context, args.max_seq_len)
     params = parameter_count(args)
-    # random weights are initialised in float32 and then cast (spec.run.random_target)
+    # random weights are initialised in float32 and then cast (engine.common.random_target)
     parts = {"target weights": params * (max(size, 4) if cfg.target.get("random") else size)}
     pool = 0
     if cfg.draft.name == "none" or g.compare_ar:
@@ -328,7 +303,7 @@ def run_spec_memory(cfg: DictConfig, args, dtype) -> dict[str, int]:
 
 def check_run_spec_device(c: Checks) -> None:
     """Layer 3 of run_spec.py."""
-    from eaglet.spec.stream_plan import resolve_plan
+    from eaglet.engine.stream_plan import resolve_plan
 
     cfg = c.cfg
     with c.catching():
@@ -350,7 +325,7 @@ def check_run_spec_device(c: Checks) -> None:
             if kind != cfg.draft.name:
                 c.bad("draft", cfg.draft.name, f"{head} holds a {kind} head; use draft={kind}")
     if cfg.draft.name != "none":
-        from eaglet.spec.eagle import SimulatedAcceptance, TreeSpec
+        from eaglet.engine.eagle import SimulatedAcceptance, TreeSpec
 
         t = cfg.tree
         with c.catching():

@@ -7,7 +7,7 @@ import torch
 
 from eaglet.models.kv_cache import KVCache
 from eaglet.models.llama import ModelArgs, Transformer
-from eaglet.spec.autoregressive import AREngine, Request
+from eaglet.engine.autoregressive import AREngine, Request
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA/ROCm GPU")
 
@@ -35,7 +35,7 @@ def test_cuda_graph_equals_eager(dtype):
 def test_sampling_under_cuda_graphs_is_seeded_and_random():
     """Temperature sampling inside replayed graphs: a seed reproduces a run, and replays draw new
     random numbers (not the capture's)."""
-    from eaglet.spec.sampling import SamplingParams
+    from eaglet.engine.sampling import SamplingParams
 
     torch.manual_seed(0)
     model = Transformer(ModelArgs.from_name("tiny_llama")).to("cuda").eval()

@@ -8,8 +8,8 @@ import torch
 from eaglet.models.eagle import new_draft_head
 from eaglet.models.kv_cache import KVCache
 from eaglet.models.llama import ModelArgs, Transformer
-from eaglet.spec.autoregressive import AREngine, Request
-from eaglet.spec.eagle import EagleEngine, SimulatedAcceptance, StepStats, TreeSpec, _PhaseTimer
+from eaglet.engine.autoregressive import AREngine, Request
+from eaglet.engine.eagle import EagleEngine, SimulatedAcceptance, StepStats, TreeSpec, _PhaseTimer
 
 TREES = {"chain": TreeSpec(4, 1, 5), "eagle2": TreeSpec(4, 3, 8)}
 ARGS = ModelArgs(family="llama", vocab_size=256, dim=128, n_layers=8, n_heads=2, n_kv_heads=1, head_dim=64,
@@ -178,7 +178,7 @@ def test_sampling_preserves_the_target_distribution():
     from scipy.stats import chisquare
 
     from eaglet.models.kv_cache import ForwardBatch, slots_for
-    from eaglet.spec.sampling import SamplingParams
+    from eaglet.engine.sampling import SamplingParams
 
     torch.manual_seed(1)
     args = ModelArgs(family="llama", vocab_size=12, dim=128, n_layers=2, n_heads=2, n_kv_heads=1, head_dim=64,
@@ -267,7 +267,7 @@ def test_simulated_acceptance_tolerates_rows_without_a_tree(target):
 def test_answers_are_seen_as_they_finish_and_an_interrupt_keeps_the_numbers(target, engine):
     """on_token sees a request done on its last token (run_spec.py writes each answer then), and an exception
     from a callback (an interrupt) leaves the stats of the steps that ran in the caller's object."""
-    from eaglet.spec.autoregressive import GenStats
+    from eaglet.engine.autoregressive import GenStats
 
     if engine == "ar":
         eng = AREngine(target, KVCache.for_model(target.args, max_reqs=2, max_context=256, page_size=8), 2)

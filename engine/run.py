@@ -1,6 +1,6 @@
 """`run(cfg, output_dir) -> metrics`: what `run_spec.py` does, as a plain function (tests call it too).
 
-The config is checked before anything loads (spec/config.py), and the results of an earlier run in a reused run
+The config is checked before anything loads (engine/config.py), and the results of an earlier run in a reused run
 directory are removed. Then, in the run directory: `outputs.jsonl` gets one line per answer as it finishes
 (flushed), and `metrics.json` is written at the end. SIGINT or SIGTERM stops decoding at once; the answers
 finished so far stay, and metrics.json holds the numbers of what ran, with `finished: false`.
@@ -8,8 +8,6 @@ finished so far stay, and metrics.json holds the numbers of what ran, with `fini
 
 from __future__ import annotations
 
-import contextlib
-import functools
 import json
 import logging
 import time
@@ -23,26 +21,23 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 from eaglet.kernels._utils import copy_bandwidth
 from eaglet.models.kv_cache import KVCache
 from eaglet.models.llama import Transformer
-from eaglet.spec.autoregressive import AREngine, GenStats, Request
-from eaglet.spec.checks import ConfigError
-from eaglet.spec.config import head_dir, no_head, resolve_hardware, target_path, validate_run_spec
-from eaglet.spec.eagle import EagleEngine, SimulatedAcceptance, StepStats, TreeSpec
-from eaglet.spec.entry import console_logging
-from eaglet.spec.sampling import SamplingParams
-from eaglet.spec.signals import Interrupted, Interrupts
-from eaglet.spec.stream_plan import StreamPlan, resolve_plan
-from eaglet.spec.tracking import Tracker, environment
+from eaglet.engine.autoregressive import AREngine, GenStats, Request
+from eaglet.engine.checks import ConfigError
+from eaglet.engine.common import encode_turns, random_target, resolve_hardware, target_path, trace_steps
+from eaglet.engine.config import head_dir, no_head, validate_run_spec
+from eaglet.engine.eagle import EagleEngine, SimulatedAcceptance, StepStats, TreeSpec
+from eaglet.engine.entry import console_logging
+from eaglet.engine.sampling import SamplingParams
+from eaglet.engine.signals import Interrupted, Interrupts
+from eaglet.engine.stream_plan import StreamPlan, resolve_plan
+from eaglet.engine.tracking import Tracker, environment
 
 log = logging.getLogger("eaglet")
 RESULTS = ("metrics.json", "outputs.jsonl", "trace.json")  # what a run writes in its directory (W&B runs aside)
 AR_PASS = "plain decoding, for speedup_vs_ar"
 
 
-def encode_turns(tokenizer, history: list[dict], chat_template: bool) -> list[int]:
-    if chat_template:
-        text = tokenizer.apply_chat_template(history, add_generation_prompt=True, tokenize=False)
-        return tokenizer(text, add_special_tokens=False)["input_ids"]
-    return tokenizer(history[-1]["content"])["input_ids"]
+
 
 
 def clear_stale(out_dir: Path) -> None:
@@ -329,30 +324,7 @@ def summarise(metrics: dict, metrics_path: Path, outputs_path: Path, wandb_where
         log.info(wandb_where)
 
 
-@contextlib.contextmanager
-def trace_steps(n: int, output_dir):
-    """Yields a per-step callback; with n > 0, a PyTorch profiler Chrome trace of n steps (decode or
-    training steps, after 2 skipped and 1 warm-up step) is written to <output_dir>/trace.json, for looking
-    at the streams side by side (chrome://tracing or Perfetto), and the ops taking the most time are printed."""
-    if n <= 0:
-        yield None
-        return
-    from torch.profiler import ProfilerActivity, profile, schedule
 
-    path = Path(output_dir) / "trace.json"
-    gpu = torch.cuda.is_available()
-    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if gpu else [])
-
-    def ready(p):
-        p.export_chrome_trace(str(path))
-        # device time finds slow kernels; host time finds a GPU left idle (launch-bound or syncing steps)
-        for key in ("self_device_time_total", "self_cpu_time_total") if gpu else ("self_cpu_time_total",):
-            log.info("top ops by %s:\n%s", key, p.key_averages().table(sort_by=key, row_limit=20))
-
-    with profile(activities=acts, schedule=schedule(wait=2, warmup=1, active=n, repeat=1),
-                 on_trace_ready=ready) as prof:
-        yield prof.step
-    log.info(f"profiler trace: {path}")
 
 
 def fitting_prompts(prompts: list, tokenizer, chat_template: bool, budget: int) -> list:
@@ -367,15 +339,7 @@ def fitting_prompts(prompts: list, tokenizer, chat_template: bool, budget: int) 
     return kept
 
 
-@functools.lru_cache(maxsize=1)
-def random_target(name: str, dtype, device) -> Transformer:
-    """A registry config with random weights, built directly on the device (no host copy of 16 GB).
-    Cached: the jobs of a Hydra multirun share one process, and one 8B init is enough."""
-    from eaglet.models.llama import ModelArgs
 
-    with torch.device(device):
-        model = Transformer(ModelArgs.from_name(name)).to(dtype)
-    return model.eval()
 
 
 def build_head(draft, target_cfg, target: Transformer, dtype, device):
@@ -396,7 +360,7 @@ def build_head(draft, target_cfg, target: Transformer, dtype, device):
 
 
 def combine_spec_stats(runs, steps: int) -> dict:
-    from eaglet.spec.eagle import StepStats
+    from eaglet.engine.eagle import StepStats
 
     total = StepStats()
     for r in runs:

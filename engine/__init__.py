@@ -1,0 +1,1 @@
+"""eaglet.engine."""

@@ -1,1 +1,0 @@
-"""eaglet.spec."""
