@@ -184,12 +184,16 @@ class AnswerGenerator:
 
 def regenerate_chats(convs: list[Conversation], generate: AnswerGenerator, tokenizer, seed: int) -> list[dict]:
     """Replay the user turns of `convs` through the target turn by turn -> one record per conversation:
-    {"id", "messages": [[role, text], ...] with the target's answers, "output_ids": [[...] per answer]}."""
+    {"id", "messages": [[role, text], ...] with the target's answers, "output_ids": [[...] per answer], "cut"}.
+    An answer cut by max_new_tokens ends its conversation (`cut`: true): the user's next turn answered a reply
+    the target did not give, and the template's end-of-turn token after the cut text is one it never produced
+    (render_conversation(cut=True) leaves it out)."""
     eos, max_context = set(generate.eos_ids), generate.rc.max_context
     users = [[t for r, t in c.messages if r == "user"] for c in convs]
     hist: list[list[dict]] = [[] for _ in convs]
     outs: list[list[list[int]]] = [[] for _ in convs]
     alive = [True] * len(convs)
+    cut = [False] * len(convs)
     for turn in range(max((len(u) for u in users), default=0)):
         rows, prompts = [], []
         for i, u in enumerate(users):
@@ -204,8 +208,10 @@ def regenerate_chats(convs: list[Conversation], generate: AnswerGenerator, token
             text = tokenizer.decode([t for t in out if t not in eos], skip_special_tokens=True)
             hist[i] += [{"role": "user", "content": users[i][turn]}, {"role": "assistant", "content": text}]
             outs[i].append(out)
-    return [{"id": c.id, "messages": [[m["role"], m["content"]] for m in h], "output_ids": o}
-            for c, h, o in zip(convs, hist, outs)]
+            if not out or out[-1] not in eos:
+                alive[i], cut[i] = False, True
+    return [{"id": c.id, "messages": [[m["role"], m["content"]] for m in h], "output_ids": o, "cut": x}
+            for c, h, o, x in zip(convs, hist, outs, cut)]
 
 
 def regenerate_synthetic(prompts: list[tuple[str, list[int]]], generate: AnswerGenerator, seed: int) -> list[dict]:
@@ -379,7 +385,8 @@ def load_samples(dc, target: Transformer, tokenizer, cache_dir: Path, target_key
     # sample 0 is a one-answer run's records, each further sample has its own key (`regenerated`)
     generate = AnswerGenerator(target, rc, eos_ids)  # its KV pool and graphs are made at its first call
     key = {"target": target_key, "source": dc.source, "path": dc.get("path"), "max_turns": dc.get("max_turns"),
-           "regen": {k: v for k, v in dc.regen.items() if k not in ("chunk", "samples")}, "seed": seed}
+           "regen": {k: v for k, v in dc.regen.items() if k not in ("chunk", "samples")}, "seed": seed,
+           "records": "cut-answers-end"}  # records of conversations that went on past a cut answer are not reused
 
     def regenerated(kind: str, ids: list[str], make: Callable[[list[int], int], list[dict]]) -> list[dict]:
         """Every sample's records for `ids`, sample after sample; make(item indices, seed) makes one chunk's."""
@@ -424,11 +431,11 @@ def load_samples(dc, target: Transformer, tokenizer, cache_dir: Path, target_key
     if dc.regenerate:
         recs = regenerated("sharegpt", [c.id for c in convs],  # the seed + the turn inside
                            lambda idx, sd: regenerate_chats([convs[i] for i in idx], generate, tokenizer, sd))
-        messages = [r["messages"] for r in recs]
+        messages = [(r["messages"], r["cut"]) for r in recs]
     else:
-        messages = [c.messages for c in convs]
+        messages = [(c.messages, False) for c in convs]
     if rank == 0:
-        samples = [render_conversation(tokenizer, m, dc.max_len) for m in messages if m]
+        samples = [render_conversation(tokenizer, m, dc.max_len, cut=x) for m, x in messages if m]
         save_samples(rendered, [s for s in samples if s is not None])
     barrier()
     return read_samples(rendered)

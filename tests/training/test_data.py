@@ -191,11 +191,19 @@ def test_assistant_mask_and_regeneration_on_real_sharegpt(tokenizer, tmp_path):
     rc = RegenConfig(max_new_tokens=5, batch_size=2, max_context=4096)
     recs = regenerate_chats(multi[:2], AnswerGenerator(tgt, rc, eos_ids=[2]), tokenizer, seed=0)
     for rec, c in zip(recs, multi):
-        assert [r for r, _ in rec["messages"]] == ["user", "assistant"] * 2
-        assert [t for r, t in rec["messages"] if r == "user"] == [t for r, t in c.messages if r == "user"]
+        turns = len(rec["messages"]) // 2
+        assert [r for r, _ in rec["messages"]] == ["user", "assistant"] * turns
+        assert [t for r, t in rec["messages"] if r == "user"] == [t for r, t in c.messages if r == "user"][:turns]
         assert all(1 <= len(o) <= 5 for o in rec["output_ids"])
-        s = render_conversation(tokenizer, rec["messages"], max_len=100_000)
+        # a random target rarely ends an answer within 5 tokens: an answer without EOS ends the conversation
+        ended = [bool(o) and o[-1] == 2 for o in rec["output_ids"]]
+        assert ended[:-1] == [True] * (turns - 1) and rec["cut"] == (not ended[-1])
+        assert turns == 2 or rec["cut"]
+        s = render_conversation(tokenizer, rec["messages"], max_len=100_000, cut=rec["cut"])
         assert s is not None and s.mask.any()
+        if rec["cut"]:  # the sequence ends with the cut answer's text, no end-of-turn token after it
+            assert s.ids[-1].item() not in tokenizer.all_special_ids
+    assert any(rec["cut"] for rec in recs)
 
 
 def test_answer_generator_reuses_one_engine_and_restarts_sampling_from_the_seed():
