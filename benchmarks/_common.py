@@ -1,5 +1,6 @@
-"""Helpers shared by the benchmark scripts (run as `python benchmarks/<script>.py`, so this module
-is importable as `_common` from the scripts' folder)."""
+"""Helpers shared by the benchmark and probe scripts, which run as modules from the repository root
+(`python -m benchmarks.bench_linear`, `python -m benchmarks.probes.probe_tree_attention`) and import this as
+`benchmarks._common`."""
 
 from __future__ import annotations
 
@@ -11,9 +12,16 @@ import torch
 import triton
 
 
+def command() -> str:
+    """The command line that runs this script, as a table records it: `python -m benchmarks.<script> args`."""
+    main = sys.modules["__main__"].__spec__  # None when run by path (with the repository root on PYTHONPATH)
+    script = f"-m {main.name}" if main else os.path.relpath(sys.argv[0])
+    return " ".join(["python", script, *sys.argv[1:]])
+
+
 def provenance() -> str:
     """The first lines of every recorded table: the command that made it, the date and the device."""
-    return (f"Command: `python benchmarks/{os.path.basename(sys.argv[0])} {' '.join(sys.argv[1:])}`  \n"
+    return (f"Command: `{command()}`  \n"
             f"Date: {datetime.date.today()}  \n"
             f"Device: {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}  \n")
 

@@ -5,7 +5,7 @@ weights, beside the HBM floor of one decode step (weights + KV read once / measu
 Greedy, MT-bench first turns, EOS ignored so every request decodes exactly --max-new tokens (a fixed
 amount of work per configuration). Table printed last, also written as markdown with --out.
 
-    python benchmarks/bench_ar.py --batch 1 8 --max-new 256 --out benchmarks/results/ar_h200.md
+    python -m benchmarks.bench_ar --batch 1 8 --max-new 256 --out results/ar_h200.md
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import time
 
 import torch
 
-
+from benchmarks._common import command
 
 
 def main():
@@ -119,7 +119,7 @@ def main():
                     f"{datetime.date.today()} on {torch.cuda.get_device_name()}, torch {torch.__version__}; "
                     f"copy bandwidth {bw / 1e12:.2f} TB/s; {args.max_new} tokens per request "
                     f"(HF: {args.hf_max_new}), EOS ignored.\n\n"
-                    f"Command: `python benchmarks/bench_ar.py --batch {' '.join(map(str, args.batch))} --max-new {args.max_new} --hf-max-new {args.hf_max_new}`\n\n"
+                    f"Command: `{command()}`\n\n"
                     f"{table}\n")
     print(table)
 

@@ -1,7 +1,7 @@
 """The folded block's fused projections (kernels/folded_linear.py) vs the cuBLAS sequences they replace, at the
 verify's row counts.
 
-    python benchmarks/bench_folded_linear.py --md benchmarks/results/folded_linear_h200.md
+    python -m benchmarks.bench_folded_linear --md results/folded_linear_h200.md
 
 Per model (Llama-3-8B: H=4096, I=14336, 32/8 heads of 128; SmolLM2-135M: H=576, I=1536, 9/3 heads of 64; the
 Llama-3.1-8B EAGLE-3 head's midlayer: Llama-3-8B's shapes, but qkv over [embeds | hidden] = 8192 columns, each half
@@ -25,14 +25,15 @@ import argparse
 
 import torch
 import torch.nn.functional as F
-from _common import fmt, provenance, rel_err, report
-from bench_linear import BYTES, DEV, DTYPE, GRAPH_REPEATS, bench_graph, weights
 
 import eaglet.kernels.folded_linear as fl
 from eaglet.kernels._utils import copy_bandwidth
 from eaglet.kernels.activation import silu_and_mul
 from eaglet.kernels.rmsnorm import rmsnorm
 from eaglet.kernels.rope import rope_qkv_store
+
+from benchmarks._common import fmt, provenance, rel_err, report
+from benchmarks.bench_linear import BYTES, DEV, DTYPE, GRAPH_REPEATS, bench_graph, weights
 
 MODELS = {
     "Llama-3-8B": dict(H=4096, I=14336, Hq=32, Hkv=8, D=128, layers=32),
@@ -155,7 +156,7 @@ def main() -> None:
             torch.cuda.empty_cache()
     header = (provenance() + f"Measured copy bandwidth: {bw / 1e12:.2f} TB/s (read+write). bf16; graph = per call "
               f"inside a CUDA graph of {GRAPH_REPEATS} calls over cold weight copies; unfused = cuBLAS + the eaglet "
-              "RoPE / SiLU kernel, what a folded block ran before kernels/folded_linear.py.\n")
+              "RoPE / SiLU kernel, the sequence that kernels/folded_linear.py fuses.\n")
     md = table(rows)
     report(header, md, args.md, rows)
 

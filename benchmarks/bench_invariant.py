@@ -1,7 +1,7 @@
 """What batch invariance costs: the invariant kernels (kernels/projection.py, invariant tree attention) against the
 fastest non-invariant ones, in one run, on SmolLM2-135M's and Llama-3.1-8B's shapes.
 
-    python benchmarks/bench_invariant.py --md benchmarks/results/invariant_h200.md [--parts proj,attn,step,sweep]
+    python -m benchmarks.bench_invariant --md results/invariant_h200.md [--parts proj,attn,step,sweep]
 
 Parts (bf16, CUDA graphs; "graph µs" = per call inside a graph of 20 calls over cold weight copies, the method of
 benchmarks/bench_linear.py; floors = bytes that must move over the measured copy bandwidth):
@@ -27,8 +27,6 @@ import itertools
 import torch
 import torch.nn.functional as F
 import triton
-from _common import bench, fmt, provenance, rel_err
-from bench_linear import BYTES, DEV, DTYPE, bench_graph, weights
 
 import eaglet.kernels.folded_linear as fl
 import eaglet.kernels.linear as lin
@@ -38,6 +36,9 @@ from eaglet.kernels.activation import silu_and_mul
 from eaglet.kernels.rmsnorm import rmsnorm
 from eaglet.kernels.rope import rope_qkv_store
 from eaglet.kernels.tree_attention import tree_attention
+
+from benchmarks._common import bench, fmt, provenance, rel_err
+from benchmarks.bench_linear import BYTES, DEV, DTYPE, bench_graph, weights
 
 MODELS = {
     "SmolLM2-135M": dict(name="smollm2_135m", H=576, I=1536, Hq=9, Hkv=3, D=64, V=49152, layers=30),

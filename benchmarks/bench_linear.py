@@ -1,6 +1,6 @@
 """Fused small-M linear layers (kernels/linear.py) vs the unfused sequences they replace, at decode sizes.
 
-    python benchmarks/bench_linear.py --md benchmarks/results/linear_h200.md
+    python -m benchmarks.bench_linear --md results/linear_h200.md
 
 Per model (SmolLM2-135M: H=576, I=1536, V=49,152, 30 layers; Llama-3-8B: H=4096, I=14336,
 V=128,256, 32 layers) and M in {1, 8, 32} tokens, bf16, the five projections of a decode step:
@@ -32,7 +32,6 @@ import time
 
 import torch
 import torch.nn.functional as F
-from _common import bench, fmt, provenance, rel_err, report
 
 import eaglet.kernels.linear as lin
 from eaglet.kernels._utils import copy_bandwidth
@@ -46,6 +45,8 @@ from eaglet.kernels.linear import (
     silu_mul_linear_ref,
 )
 from eaglet.kernels.rmsnorm import rmsnorm
+
+from benchmarks._common import bench, fmt, provenance, rel_err, report
 
 DEV = "cuda"
 DTYPE = torch.bfloat16

@@ -1,16 +1,16 @@
 """Fused per-layer kernels of the target model vs their torch references (the ops they replace).
 
-    python benchmarks/bench_model_kernels.py --md benchmarks/results/model_kernels_h200.md
+    python -m benchmarks.bench_model_kernels --md results/model_kernels_h200.md
 
 Kernels (bf16): `rmsnorm` with the residual add fused (kernels/rmsnorm.py), `rope_qkv_store`
 (qkv split + RoPE + KV-cache store, kernels/rope.py) and `silu_and_mul` (kernels/activation.py),
 each against the torch reference the tests use, at decode shapes (M = 1, 8, 64 tokens) and a
 prefill shape (M = 4096), for SmolLM2-135M (H=576, 9/3 heads, D=64, I=1536) and Llama-3-8B
 (H=4096, 32/8 heads, D=128, I=14336). And the draft's `topk_logprobs` (kernels/topk.py) over M rows of
-fp32 draft-head logits against torch's log_softmax + topk (what the engine ran before it): SmolLM2's shipped
+fp32 draft-head logits against torch's log_softmax + topk (the ops it replaces): SmolLM2's shipped
 head (8,192-token draft vocabulary, top-4 as the EAGLE-2 tree) and the random Llama-3.1-8B EAGLE-3 head of the
 verify measurements (32,000 tokens, top-1 as the simulated chain); and `expand_step` (kernels/draft_expand.py),
-the bookkeeping between two draft-head calls, against its torch reference (the engine's code before it) for a
+the bookkeeping between two draft-head calls, against its torch reference (the ops it replaces) for a
 batch of M requests (M <= 64).
   * eager µs: median of triton.testing.do_bench (zeroes a 256 MB buffer before every call: cold L2).
   * graph µs: the same op captured 20 times in one CUDA graph, replay time / 20: what the op
@@ -26,7 +26,6 @@ import argparse
 import sys
 
 import torch
-from _common import bench, fmt, provenance, rel_err, report
 
 from eaglet.kernels._utils import copy_bandwidth
 from eaglet.kernels.activation import silu_and_mul, silu_and_mul_ref
@@ -35,6 +34,8 @@ from eaglet.kernels.rope import rope_qkv_store, rope_qkv_store_ref
 from eaglet.kernels.draft_expand import expand_step, expand_step_ref
 from eaglet.kernels.topk import topk_logprobs
 from eaglet.kernels.tree_mask import num_candidates
+
+from benchmarks._common import bench, fmt, provenance, rel_err, report
 
 DEV = "cuda"
 DTYPE = torch.bfloat16

@@ -1,6 +1,6 @@
 """The floor of a plan's exposed time: what a round trip through a side stream costs on the device.
 
-    python benchmarks/bench_stream_hop.py --md benchmarks/results/stream_hop_h200.md
+    python -m benchmarks.bench_stream_hop --md results/stream_hop_h200.md
 
 overlap_split's draft-dependent part runs on the plan stream between two cross-stream edges: the plan stream waits
 for the draft (an event recorded on main), and main waits for the plan stream before the verify. Whatever the
@@ -10,9 +10,9 @@ behind a sleep so the host is never what the GPU waits for:
   * same stream: a kernel, a small copy, a kernel, all on main (the serial plan's shape);
   * via plan stream: the same three with the copy on a side stream between the two edges (the split plan's shape);
   * via plan stream, nothing: the two edges alone around an empty plan stream;
-  * via plan stream with timing events: the second shape with the timing events that the engine's phase timer
-    records on that path: four when every phase had its own start and stop events, one (the dependent part's end)
-    since phases that meet share an event (does measuring the exposed time cost what it measures?);
+  * via plan stream with timing events: the second shape with timing events on that path: four when every phase
+    has its own start and stop events, one (the dependent part's end) when phases that meet share an event (does
+    measuring the exposed time cost what it measures? The engine's phase timer records none there);
   * same stream with one timing event: the first shape with one event after the copy (the serial plan's).
 
 The difference between the first two is the cost of the edges beyond the copy itself.
@@ -24,7 +24,8 @@ import argparse
 import statistics
 
 import torch
-from _common import provenance
+
+from benchmarks._common import provenance
 
 REPS = 200
 
@@ -60,9 +61,9 @@ def main() -> None:
         e.record(stream)
 
     def via_plan(copy: bool, timing_events: int = 0):
-        """timing_events: 4 = the phase timer's events on this path before commit 82d754f (plan_wait start, the
-        dependent part's start and stop, plan_wait stop), 1 = its events from 82d754f to c813f2f (the dependent
-        part's end); since c813f2f none lies between the draft's end and the verify's start."""
+        """timing_events: 4 = a start and a stop event per phase on this path (plan_wait start, the dependent
+        part's start and stop, plan_wait stop), 1 = one event at the dependent part's end (phases that meet share
+        it), 0 = none between the draft's end and the verify's start (the engine's phase timer)."""
         def body():
             if timing_events == 4:
                 event(main_s)

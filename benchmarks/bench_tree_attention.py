@@ -1,6 +1,6 @@
 """Tree attention roofline benchmark: eaglet (Triton, paged) vs SDPA vs FlexAttention vs the floors.
 
-    python benchmarks/bench_tree_attention.py --md benchmarks/results/tree_attention_h200.md
+    python -m benchmarks.bench_tree_attention --md results/tree_attention_h200.md
 
 Setup per row: bf16, Hq=32, Hkv=8, D=128, page_size 16 with shuffled pages, prefix L, N tree
 tokens whose mask is ancestor-or-self of a random, really branching parent array.
@@ -28,10 +28,11 @@ import time
 
 import torch
 import torch.nn.functional as F
-from _common import bench, fmt, provenance, rel_err
 
 import eaglet.kernels.tree_attention as ta
 from eaglet.kernels.tree_attention import tree_attention
+
+from benchmarks._common import bench, fmt, provenance, rel_err
 
 HQ, HKV, D, PAGE = 32, 8, 128, 16
 DEV = "cuda"

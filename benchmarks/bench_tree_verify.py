@@ -1,6 +1,6 @@
 """Benchmark the structural decode-step kernels: build_tree, verify_greedy, verify_sampling, commit_kv.
 
-    python benchmarks/bench_tree_verify.py [--out benchmarks/results/tree_verify_h200.md]
+    python -m benchmarks.bench_tree_verify [--out results/tree_verify_h200.md]
 
 Each op is first checked against the reference the tests use, then timed two ways:
 `triton.testing.do_bench` (median, one launch per call, L2 flushed between calls) and
@@ -24,6 +24,8 @@ import triton.testing
 from eaglet.kernels.kv_ops import commit_kv, commit_kv_ref
 from eaglet.kernels.tree_mask import build_tree, build_tree_ref, random_candidates
 from eaglet.kernels.verify import verify_greedy, verify_greedy_ref, verify_sampling, verify_sampling_ref
+
+from benchmarks._common import command
 
 B = 64
 TREES = {"EAGLE-2 6/10/64": (6, 10, 64), "SGLang 5/4/8": (5, 4, 8)}  # name: (steps S, topk K, N)
@@ -139,7 +141,7 @@ def main():
     md = "\n".join([
         "# Tree build / verify / KV commit kernels",
         "",
-        f"- command: `python {' '.join(sys.argv)}`",
+        f"- command: `{command()}`",
         f"- date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}",
         f"- device: {dev}; torch {torch.__version__}, triton {triton.__version__}, Python {platform.python_version()}",
         "- do_bench: one launch per call (launch overhead included, L2 flushed); graph: CUDA-graph replays",

@@ -1,4 +1,4 @@
-"""benchmarks/sharegpt_subset.py: a cut conversation reads as the same first exchange (--first-exchange) or the same
+"""scripts/sharegpt_subset.py: a cut conversation reads as the same first exchange (--first-exchange) or the same
 roles and user turns (--user-turns)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from eaglet.data.assets import asset_path
 from eaglet.data.prompts import _iter_json_array, _normalise
 
 _SPEC = importlib.util.spec_from_file_location(
-    "sharegpt_subset", Path(__file__).resolve().parents[2] / "benchmarks" / "sharegpt_subset.py")
+    "sharegpt_subset", Path(__file__).resolve().parents[2] / "scripts" / "sharegpt_subset.py")
 subset = importlib.util.module_from_spec(_SPEC)
 _SPEC.loader.exec_module(subset)
 

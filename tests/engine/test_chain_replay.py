@@ -10,11 +10,11 @@ from eaglet.engine.autoregressive import Request
 from eaglet.engine.eagle import EagleEngine
 from eaglet.training.chain_replay import chain_rates, replay_chain, step_hits
 from eaglet.training.features import OnlineFeatures
-from test_eagle_engine import PROMPTS, TREES, ar_outputs, oracle_like, target  # noqa: F401 (target: a fixture)
+from engine_testing import PROMPTS, TREES, ar_outputs, oracle_like
 
 
 @pytest.mark.parametrize("kind", ["eagle1", "multi_layer"])
-def test_engine_accepts_what_training_predicts(target, kind):  # noqa: F811
+def test_engine_accepts_what_training_predicts(target, kind):
     tree = TREES["chain"]
     head = oracle_like(kind, target, num_layers=tree.steps if kind == "multi_layer" else None)
     answers = ar_outputs(target, PROMPTS, 30)

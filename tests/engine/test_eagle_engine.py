@@ -10,49 +10,7 @@ from eaglet.models.kv_cache import KVCache
 from eaglet.models.llama import ModelArgs, Transformer
 from eaglet.engine.autoregressive import AREngine, Request
 from eaglet.engine.eagle import EagleEngine, SimulatedAcceptance, StepStats, TreeSpec, _PhaseTimer
-
-TREES = {"chain": TreeSpec(4, 1, 5), "eagle2": TreeSpec(4, 3, 8)}
-ARGS = ModelArgs(family="llama", vocab_size=256, dim=128, n_layers=8, n_heads=2, n_kv_heads=1, head_dim=64,
-                 intermediate_size=256, rope_theta=10000.0, max_seq_len=512)
-
-
-@pytest.fixture(scope="module")
-def target():
-    """A random target whose greedy next token is mostly a fixed function of the current token
-    (attention and MLP scaled down), with enough context dependence that attention still decides
-    some tokens: an oracle-like head then accepts deep paths, and a wrong verify shows."""
-    torch.manual_seed(0)
-    model = Transformer(ARGS).eval()
-    with torch.no_grad():
-        for layer in model.model.layers:
-            layer.self_attn.o_proj.weight.mul_(0.5)
-            layer.mlp.down_proj.weight.mul_(0.2)
-    return model
-
-
-def oracle_like(kind, target, num_layers=None):
-    """A head that predicts 'the target's next token after the token it is given': fc passes the
-    embedding through, the layer adds a small perturbation (so it is sometimes wrong)."""
-    head = new_draft_head(kind, target, num_layers=num_layers, dtype=target.dtype, device=target.device)
-    H = target.args.dim
-    with torch.no_grad():
-        for layer in getattr(head, "layers", []):
-            fc = layer.fc if hasattr(layer, "fc") else head.fc
-            fc.weight.zero_()
-            fc.weight[:, :H] = torch.eye(H)
-            if fc.bias is not None:
-                fc.bias.zero_()
-            for p in (layer.self_attn.o_proj.weight, layer.mlp.down_proj.weight):
-                p.mul_(0.3)
-    return head
-
-
-def ar_outputs(target, prompts, max_new, use_cuda_graph=None):
-    kv = KVCache.for_model(target.args, max_reqs=len(prompts), max_context=256, page_size=8, dtype=target.dtype,
-                           device=target.device)
-    reqs = [Request(p, max_new, rid=i) for i, p in enumerate(prompts)]
-    AREngine(target, kv, len(prompts), use_cuda_graph=use_cuda_graph).generate(reqs)
-    return [r.output_ids for r in reqs]
+from engine_testing import PROMPTS, TREES, ar_outputs, oracle_like
 
 
 def spec_outputs(target, head, tree, prompts, max_new, batch):
@@ -60,9 +18,6 @@ def spec_outputs(target, head, tree, prompts, max_new, batch):
     reqs = [Request(p, max_new, rid=i) for i, p in enumerate(prompts)]
     stats = eng.generate(reqs)
     return [r.output_ids for r in reqs], stats
-
-
-PROMPTS = [[5, 17, 33, 2, 9], list(range(40, 63)), [100], [7, 7, 7, 8, 8, 8, 200, 1, 3]]
 
 
 @pytest.mark.parametrize("tree", list(TREES))

@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -95,36 +94,11 @@ def test_vendor_does_not_change_the_plan(monkeypatch):
 # ---- GPU -------------------------------------------------------------------------------------
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA/ROCm GPU")
 
-SCRIPT = textwrap.dedent("""
-    import sys, torch
-    sys.path.insert(0, {tests!r})
-    from test_eagle_engine import ARGS, PROMPTS, TREES, oracle_like, ar_outputs
-    from eaglet.models.llama import Transformer
-    from eaglet.engine.autoregressive import Request
-    from eaglet.engine.eagle import EagleEngine
-    from eaglet.engine.stream_plan import ResolvedPlan, StreamPlan
-    torch.manual_seed(0)
-    target = Transformer(ARGS).eval()
-    with torch.no_grad():
-        for layer in target.model.layers:
-            layer.self_attn.o_proj.weight.mul_(0.5)
-            layer.mlp.down_proj.weight.mul_(0.2)
-    target = target.cuda()
-    head = oracle_like("eagle1", target)
-    want = ar_outputs(target, PROMPTS, {max_new}, use_cuda_graph={graphs})
-    plan = StreamPlan(ResolvedPlan({plan!r}, {plan!r}, "test"), torch.device("cuda"), {sleep})
-    eng = EagleEngine(target, head, TREES["eagle2"], max_batch=2, max_context=256, page_size=8,
-                      use_cuda_graph={graphs}, stream_plan=plan)
-    eng.warmup()
-    reqs = [Request(p, {max_new}, rid=i) for i, p in enumerate(PROMPTS)]
-    summary = eng.generate(reqs).summary(TREES["eagle2"].steps)
-    print("IDENTICAL" if [r.output_ids for r in reqs] == want else "MISMATCH")
-    print("PHASES", *(summary[k] for k in ("draft_ms", "plan_ms", "plan_wait_ms", "verify_ms", "plan_hidden_fraction")))
-""")
-
 
 def run_plan(plan, sleep=0, sanitizer=False, graphs=True, max_new=24):
-    code = SCRIPT.format(tests=str(REPO / "tests" / "engine"), plan=plan, sleep=sleep, graphs=graphs, max_new=max_new)
+    """stream_plan_decode.py in a child process: one plan's decode against plain decoding."""
+    cmd = [sys.executable, str(Path(__file__).with_name("stream_plan_decode.py")), "--plan", plan,
+           "--sleep", str(sleep), "--max-new", str(max_new), *([] if graphs else ["--no-graphs"])]
     # torch turns CSAN on when the variable exists at all (even "0"): absent unless sanitizing. CSAN also
     # takes a graph capture's launches for eager ones (false races on the static buffers, seen on an H200),
     # so sanitized runs decode without graphs, the AR reference included.
@@ -133,7 +107,7 @@ def run_plan(plan, sleep=0, sanitizer=False, graphs=True, max_new=24):
         # CSAN sees ATen ops only: the torch references stand in for the Triton kernels, which write the draft's
         # outputs that the plan stream copies (the racing access; with Triton, CSAN reported nothing on an H200)
         env.update(TORCH_CUDA_SANITIZER="1", EAGLET_KERNELS="torch")
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, env=env)
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
 
 
 @gpu

@@ -1,5 +1,5 @@
-"""benchmarks/graph_trace.py: kernels are attributed to the graph launch that ran them, and a replay's gaps are its
-span minus its kernel time (a synthetic trace with two graphs, one eager kernel and a kernel of another launch)."""
+"""benchmarks/probes/graph_trace.py: kernels are attributed to the graph launch that ran them, and a replay's gaps
+are its span minus its kernel time (a synthetic trace with two graphs, one eager kernel and a kernel of another launch)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import importlib.util
 from pathlib import Path
 
 _SPEC = importlib.util.spec_from_file_location(
-    "graph_trace", Path(__file__).resolve().parents[2] / "benchmarks" / "graph_trace.py")
+    "graph_trace", Path(__file__).resolve().parents[2] / "benchmarks" / "probes" / "graph_trace.py")
 gt = importlib.util.module_from_spec(_SPEC)
 _SPEC.loader.exec_module(gt)
 

@@ -1,7 +1,7 @@
 """One table line per run_spec.py run directory, from its metrics.json: what the end-to-end rows of BENCHMARKS.md
 quote (decode tokens/s, tau, the AR pass, losslessness, step and phase times, the weight-read floor).
 
-    python benchmarks/summarize_runs.py RUN_DIR [RUN_DIR ...]
+    python scripts/summarize_runs.py RUN_DIR [RUN_DIR ...]
 """
 
 from __future__ import annotations

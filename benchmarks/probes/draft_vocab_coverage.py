@@ -3,7 +3,7 @@ holds. A token outside the draft vocabulary is never drafted, so this share boun
 rate of the head, however well it is trained.
 
     python run_spec.py draft=none data.limit=24 data.max_turns=1 gen.batch_size=8 logger=none hydra.run.dir=RUN
-    python benchmarks/draft_vocab_coverage.py RUN/outputs.jsonl --head heads/smollm2_135m_eagle3
+    python -m benchmarks.probes.draft_vocab_coverage RUN/outputs.jsonl --head heads/smollm2_135m_eagle3
 
 Prints the coverage of the head's vocabulary (its t2d map) and, for each --sizes N, of the vocabulary the trainer
 would pick: the N most frequent assistant tokens (`training.data.draft_vocab`) of the first exchanges of the first

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Stages of a GPU session, each sized to fit one 10-minute call on an offline GPU machine (the H200 box):
-#   bash benchmarks/gpu_session.sh STAGE [OUT]
+#   bash scripts/gpu_session.sh STAGE [OUT]
 #   tests      GPU tests: kernels (bf16, graphs), CUDA-graph decode, EAGLE losslessness, stream plans (CSAN, stress)
 #   invariant  the invariant kernels' GPU tests, then benchmarks/bench_invariant.py (PARTS=proj,attn,step,sweep)
 #   e2e        run_spec.py with the defaults (SmolLM2 B=1/8 with AR passes, the fastest plain decoding) and random
 #              Llama-3.1-8B (plain; EAGLE-3 tree=simulate); a table of their metrics
-#   ar         benchmarks/bench_ar.py (needs the SmolLM2 GGUF and MT-bench; see benchmarks/offline_gpu_env.sh)
+#   ar         benchmarks/bench_ar.py (needs the SmolLM2 GGUF and MT-bench; see scripts/offline_gpu_env.sh)
 #   kernels    tree attention, tree/verify and model-kernel benchmarks
 #   ablation   the overlap ablations (ABLATION_EXP, default both: ablate_overlap on random Llama-3.1-8B weights,
 #              ablate_overlap_smollm2 on the embedded default), one tree shape per GPU (ABLATION_GPUS=1: all on one),
@@ -31,7 +31,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 stage=${1:?stage: tests | invariant | e2e | ar | kernels | ablation | regen | synth | train | experiments | scaling | lossless}
 out=${2:-${OUT:-gpu_out}}
 mkdir -p "$out"
-source benchmarks/offline_gpu_env.sh
+source scripts/offline_gpu_env.sh
 # train and experiments: SmolLM2 as an HF directory (made by train), and the training overrides both stages use
 # (the regeneration settings are part of the regenerated data's cache key); TRAIN_ARGS: more (a CPU dry run);
 # MAX_TURNS: exchanges per conversation (default 1; null: all, with SHAREGPT_XZ from sharegpt_subset.py --user-turns)
@@ -96,7 +96,7 @@ case $stage in
   tests)
     # one line per test as it ends, so a call cut short still says what passed; default kernel configs
     # (EAGLET_AUTOTUNE=0): tuning every test shape costs minutes of compilation
-    EAGLET_AUTOTUNE=0 python -m pytest -v -rf -p no:cacheprovider tests/kernels tests/spec 2>&1 | tee "$out/tests.log" \
+    EAGLET_AUTOTUNE=0 python -m pytest -v -rf -p no:cacheprovider tests/kernels tests/engine 2>&1 | tee "$out/tests.log" \
       | grep -E "PASSED|FAILED|ERROR|passed|failed|^E " | tail -60 ;;
   invariant)
     # the invariant kernels' GPU tests (bf16 bit-identity across M, graphs), then benchmarks/bench_invariant.py's parts
@@ -104,12 +104,12 @@ case $stage in
     EAGLET_AUTOTUNE=0 timeout ${TEST_S:-200} python -m pytest -v -rf -p no:cacheprovider tests/kernels/test_projection.py \
       tests/kernels/test_invariant_model.py "tests/kernels/test_tree_attention.py::test_invariant_node_equals_its_decode" \
       2>&1 | tee "$out/invariant_tests.log" | grep -E "passed|failed|^E |FAILED" | tail -20
-    timeout ${BENCH_S:-380} python benchmarks/bench_invariant.py --parts ${PARTS:-proj,attn,step} \
+    timeout ${BENCH_S:-380} python -m benchmarks.bench_invariant --parts ${PARTS:-proj,attn,step} \
       --md "$out/invariant_h200.md" 2>&1 | tee "$out/invariant.log" | grep -E "^\||Error|error" | tail -80 ;;
   e2e)
     # the issue-level end-to-end runs of the defaults (SmolLM2 + the shipped head, MT-bench, B=1 and 8, each with its
     # AR pass), the fastest plain decoding beside them, and random Llama-3.1-8B (plain decoding; EAGLE-3 with
-    # tree=simulate); one line per run from its metrics.json (benchmarks/summarize_runs.py)
+    # tree=simulate); one line per run from its metrics.json (scripts/summarize_runs.py)
     train_setup >/dev/null 2>&1
     R=/tmp/e2e; mkdir -p $R
     one() { local name=$1; shift; timeout ${RUN_S:-240} python run_spec.py hydra.run.dir=$R/$name logger=none "$@" \
@@ -122,17 +122,17 @@ case $stage in
     one l8b_ar "${r8[@]}" draft=none ${AR8_ARGS:-}
     one l8b_eagle3_sim +experiment=ablate_overlap hydra.mode=RUN gen.batch_size=1 stream=serial tree=simulate \
       ${SIM_ARGS:-}
-    python benchmarks/summarize_runs.py $R/* | tee "$out/e2e.md"
+    python scripts/summarize_runs.py $R/* | tee "$out/e2e.md"
     tar cz -C $R --exclude=wandb --exclude=trace.json --exclude=.hydra . > "$out/e2e.tgz" ;;
   ar)
-    python benchmarks/bench_ar.py --batch 1 8 --max-new 256 --hf-max-new 32 --out "$out/ar_h200.md" ;;
+    python -m benchmarks.bench_ar --batch 1 8 --max-new 256 --hf-max-new 32 --out "$out/ar_h200.md" ;;
   kernels)
-    python benchmarks/bench_tree_attention.py --md "$out/tree_attention_h200.md" 2>&1 | tail -30
-    python benchmarks/bench_model_kernels.py --md "$out/model_kernels_h200.md" 2>&1 | tail -30
-    python benchmarks/bench_linear.py --ms 1,2,4,8 --md "$out/linear_h200.md" 2>&1 | tail -30
-    python benchmarks/bench_linear.py --ms 1,8,64 --invariant --md "$out/linear_invariant_h200.md" 2>&1 | tail -30
-    python benchmarks/profile_decode.py --context 512 --invariant 2>&1 | tail -30
-    python benchmarks/bench_tree_verify.py --out "$out/tree_verify_h200.md" 2>&1 | tail -15 ;;
+    python -m benchmarks.bench_tree_attention --md "$out/tree_attention_h200.md" 2>&1 | tail -30
+    python -m benchmarks.bench_model_kernels --md "$out/model_kernels_h200.md" 2>&1 | tail -30
+    python -m benchmarks.bench_linear --ms 1,2,4,8 --md "$out/linear_h200.md" 2>&1 | tail -30
+    python -m benchmarks.bench_linear --ms 1,8,64 --invariant --md "$out/linear_invariant_h200.md" 2>&1 | tail -30
+    python -m benchmarks.probes.profile_decode --context 512 --invariant 2>&1 | tail -30
+    python -m benchmarks.bench_tree_verify --out "$out/tree_verify_h200.md" 2>&1 | tail -15 ;;
   ablation)
     # each experiment's tree shapes split over the GPUs (all on one GPU when there is one), so that every plan and
     # repeat of a (target, tree) point runs on the same GPU; ABLATION_S: a time limit per sweep (the report then
@@ -170,7 +170,7 @@ case $stage in
     # needs its own folder (SYNTH_DIR). PACK_S: seconds kept for packing. The Magpie files, the chunks, recipe.json
     # and index.json are packed (cat synth.txz.* | tar xJ -C DIR; DIR is then data.selfgen.dir and SYNTH_CACHE);
     # pool.json is not: it is remade from them in about a minute. Training on it, on the same machine:
-    #   TRAIN_ARGS="data.source=selfgen data.selfgen.dir=/tmp/synth" bash benchmarks/gpu_session.sh train
+    #   TRAIN_ARGS="data.source=selfgen data.selfgen.dir=/tmp/synth" bash scripts/gpu_session.sh train
     train_setup
     S=${SYNTH_DIR:-/tmp/synth}; mkdir -p "$S"
     [[ -n ${SYNTH_CACHE:-} ]] && cp -r "$SYNTH_CACHE"/. "$S"/
@@ -192,7 +192,7 @@ print(f\"[gpu_session] synth: {i['chunks_done']} of {i['num_chunks']} chunks, {t
     # BUDGET_S minus EVAL_S (its LR schedule sized to fit), then it decodes MT-bench at B=1 and 8 against AR and
     # HumanEval and held-out ShareGPT at B=8 (and head_best/ on MT-bench); full logs in $T/*.log, results packed into
     # OUT/train.tgz.* parts
-    # PROBES=0 skips the probes (DDP scaling is in benchmarks/results/ddp_scaling_h200/): the step count then comes
+    # PROBES=0 skips the probes (DDP scaling is in results/ddp_scaling_h200/): the step count then comes
     # from RATE (tokens/s on all GPUs; the shipped head's run: 163 k on two at 32 sequences) and PER_SEQ (tokens per
     # regenerated first exchange: 583 there), and the regeneration (REGEN_S, ~100 s for 10,952 first exchanges on
     # two H200s) happens inside the training run

@@ -1,7 +1,7 @@
 """Where one decode step's time goes: per-kernel CUDA time of an eager step (torch.profiler) and the
 CUDA-graph step time, for a random-weight model of a registry shape (no checkpoint needed).
 
-    python benchmarks/profile_decode.py --model smollm2_135m --batch 1 --context 512 2048 [--invariant]
+    python -m benchmarks.probes.profile_decode --model smollm2_135m --batch 1 --context 512 2048 [--invariant]
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """Chunking of `topk_logprobs` (kernels/topk.py): its chunk rule against fixed chunk lengths and torch's
 log_softmax + topk, fp32 logits, each call 20 times in one CUDA graph (µs per call, median of replays).
 
-    python benchmarks/sweep_topk_chunks.py
+    python -m benchmarks.probes.sweep_topk_chunks
 
-The rule (`_SINGLE_CHUNK`, `_block_v`) was picked from this sweep; benchmarks/results/draft_kernels_h200.md has it.
+The rule (`_SINGLE_CHUNK`, `_block_v`) comes from this sweep; results/draft_kernels_h200.md has it.
 """
 
 from __future__ import annotations

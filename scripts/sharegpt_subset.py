@@ -1,9 +1,9 @@
-"""Write the ShareGPT subset that travels to an offline GPU box for training (benchmarks/offline_gpu_env.sh):
+"""Write the ShareGPT subset that travels to an offline GPU box for training (scripts/offline_gpu_env.sh):
 the first N conversations of the embedded file plus every held-out one, as one xz-compressed JSON list.
 
-    python benchmarks/sharegpt_subset.py --first 9000 --out .asset4/ShareGPT_V3_unfiltered_cleaned_split.json.xz
-    python benchmarks/sharegpt_subset.py --first 0 --first-exchange --out .asset6/sharegpt_first_exchange.json.xz
-    python benchmarks/sharegpt_subset.py --first 0 --user-turns --out .asset7/sharegpt_user_turns.json.xz
+    python scripts/sharegpt_subset.py --first 9000 --out .asset4/ShareGPT_V3_unfiltered_cleaned_split.json.xz
+    python scripts/sharegpt_subset.py --first 0 --first-exchange --out .asset6/sharegpt_first_exchange.json.xz
+    python scripts/sharegpt_subset.py --first 0 --user-turns --out .asset7/sharegpt_user_turns.json.xz
 
 --first-exchange keeps of each training conversation only the raw messages of its first user/assistant
 exchange (what `data.max_turns=1` trains on; the assistant turn is regenerated anyway): all 17,671 conversations

@@ -2,7 +2,7 @@
 
     python run_spec.py +experiment=ablate_overlap hydra.mode=RUN gen.batch_size=1 tree=simulate logger=none \
         hydra.run.dir=/tmp/prof profile_steps=5
-    python benchmarks/graph_trace.py /tmp/prof/trace.json
+    python -m benchmarks.probes.graph_trace /tmp/prof/trace.json
 
 A graph replay's kernels carry the correlation id of the cudaGraphLaunch that ran them. Replays are grouped by
 their kernel count (one group per captured graph: the verify, the draft, the draft-extend), and the largest

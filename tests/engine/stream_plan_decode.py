@@ -1,0 +1,45 @@
+"""One stream plan's greedy decode on the GPU, against plain decoding, in a process of its own (so that
+TORCH_CUDA_SANITIZER, which torch reads at import, applies to it alone). test_stream_plan.py runs it by path, which
+puts this folder on sys.path for `engine_testing`:
+
+    python tests/engine/stream_plan_decode.py --plan overlap_event [--sleep CYCLES] [--no-graphs] [--max-new N]
+
+Prints IDENTICAL or MISMATCH, then PHASES and the step's draft, plan, plan-wait and verify ms and the plan's hidden
+fraction.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from eaglet.engine.autoregressive import Request
+from eaglet.engine.eagle import EagleEngine
+from eaglet.engine.stream_plan import ResolvedPlan, StreamPlan
+from engine_testing import PROMPTS, TREES, ar_outputs, oracle_like, oracle_target
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--plan", required=True, help="a stream plan's name, unsafe_no_sync included")
+    ap.add_argument("--sleep", type=int, default=0, help="stress mode: GPU cycles slept on main after the draft")
+    ap.add_argument("--no-graphs", action="store_true", help="decode eagerly (CSAN tracks eager kernels only)")
+    ap.add_argument("--max-new", type=int, default=24)
+    args = ap.parse_args()
+    graphs = not args.no_graphs
+    target = oracle_target().cuda()
+    head = oracle_like("eagle1", target)
+    want = ar_outputs(target, PROMPTS, args.max_new, use_cuda_graph=graphs)
+    plan = StreamPlan(ResolvedPlan(args.plan, args.plan, "test"), torch.device("cuda"), args.sleep)
+    eng = EagleEngine(target, head, TREES["eagle2"], max_batch=2, max_context=256, page_size=8,
+                      use_cuda_graph=graphs, stream_plan=plan)
+    eng.warmup()
+    reqs = [Request(p, args.max_new, rid=i) for i, p in enumerate(PROMPTS)]
+    summary = eng.generate(reqs).summary(TREES["eagle2"].steps)
+    print("IDENTICAL" if [r.output_ids for r in reqs] == want else "MISMATCH")
+    print("PHASES", *(summary[k] for k in ("draft_ms", "plan_ms", "plan_wait_ms", "verify_ms", "plan_hidden_fraction")))
+
+
+if __name__ == "__main__":
+    main()
