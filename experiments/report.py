@@ -1,6 +1,6 @@
 """Tables (markdown) and plots (PNG) from the metrics.json files that run_spec.py writes.
 
-    python -m eaglet.experiments.report multirun/ablate_overlap --out experiments/results/ablate_overlap
+    python -m eaglet.experiments.report multirun/ablate_overlap --out results/ablate_overlap
 
 Reads every metrics.json under the given folders and writes into --out what the runs support:
   runs.md                   one row per run: target, draft, data, tree, plan, batch, tau, tokens/s, speedup over AR
@@ -129,7 +129,7 @@ def run_noise(groups: dict[tuple, dict[str, dict]]) -> dict[tuple, float]:
     and the spread pooled over the point's own plans. Robust (1.4826 x the median absolute residual), so a single
     outlier run moves it little. The point's own spread matters where it is wider than the target's: on random
     Llama-3.1-8B at B=32 with the 32-token tree (a compute-bound verify), 8 repeats of serial spanned 1.6% of a
-    step against a pooled spread of 0.24% (experiments/results/ablate_overlap_h200/rerun_wide_b32/)."""
+    step against a pooled spread of 0.24% (results/ablate_overlap_h200/rerun_wide_b32/)."""
     by_target: dict[str, list[float]] = defaultdict(list)
     for (target, _, _), plans in groups.items():
         by_target[target] += _residuals(plans.values())

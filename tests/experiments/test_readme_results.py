@@ -10,14 +10,14 @@ from pathlib import Path
 from eaglet.experiments.report import load_runs, overlap_groups, run_noise, versus_serial
 
 REPO = Path(__file__).resolve().parents[2]
-SPEC = REPO / "benchmarks" / "results" / "eagle3_smollm2_h200"  # the stage-1 head's runs (default kernels)
-SHIPPED = REPO / "benchmarks" / "results" / "eagle3_smollm2_allturns_warm2_h200" / "eval"  # the shipped head's runs
-STAGE1 = REPO / "benchmarks" / "results" / "eagle3_smollm2_stage1_h200"  # the shipped head's first training stage
-ABLATION = REPO / "experiments" / "results" / "ablate_overlap_h200" / "runs"
-SCALING = REPO / "benchmarks" / "results" / "ddp_scaling_h200"
-LOSSLESS = REPO / "benchmarks" / "results" / "lossless_smollm2_h200" / "runs"
-COMPARE = REPO / "experiments" / "results" / "compare_heads_h200" / "runs"
-DRAFT_STEP = REPO / "benchmarks" / "results" / "draft_step_h200"  # the draft kernels' before/after runs
+SPEC = REPO / "results" / "eagle3_smollm2_h200"  # the stage-1 head's runs (default kernels)
+SHIPPED = REPO / "results" / "eagle3_smollm2_allturns_warm2_h200" / "eval"  # the shipped head's runs
+STAGE1 = REPO / "results" / "eagle3_smollm2_stage1_h200"  # the shipped head's first training stage
+ABLATION = REPO / "results" / "ablate_overlap_h200" / "runs"
+SCALING = REPO / "results" / "ddp_scaling_h200"
+LOSSLESS = REPO / "results" / "lossless_smollm2_h200" / "runs"
+COMPARE = REPO / "results" / "compare_heads_h200" / "runs"
+DRAFT_STEP = REPO / "results" / "draft_step_h200"  # the draft kernels' before/after runs
 
 
 def metrics(path: Path) -> dict:
