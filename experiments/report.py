@@ -1,6 +1,6 @@
 """Tables (markdown) and plots (PNG) from the metrics.json files that run_spec.py writes.
 
-    python -m eaglet.experiments.report multirun/ablate_overlap --out experiments/results/ablate_overlap
+    python -m eaglet.experiments.report multirun/ablate_overlap --out results/ablate_overlap
 
 Reads every metrics.json under the given folders and writes into --out what the runs support:
   runs.md                   one row per run: target, draft, data, tree, plan, batch, tau, tokens/s, speedup over AR
@@ -14,6 +14,11 @@ Reads every metrics.json under the given folders and writes into --out what the 
   tau_vs_tree_size.png      step time and tokens/s of each shape; tau against verified tokens per (steps, topk)
   speedup_vs_batch.png      speedup over autoregressive decoding against batch size, per (draft, tree, data)
   accept_hist.png           accept-length histograms of the runs with real acceptance
+
+    python -m eaglet.experiments.report --readme README.md
+
+writes the README's results table (`readme_results`: the headline numbers, each from the committed files under
+results/ and with the command that reproduces it) between its RESULTS_BEGIN and RESULTS_END markers.
 """
 
 from __future__ import annotations
@@ -129,7 +134,7 @@ def run_noise(groups: dict[tuple, dict[str, dict]]) -> dict[tuple, float]:
     and the spread pooled over the point's own plans. Robust (1.4826 x the median absolute residual), so a single
     outlier run moves it little. The point's own spread matters where it is wider than the target's: on random
     Llama-3.1-8B at B=32 with the 32-token tree (a compute-bound verify), 8 repeats of serial spanned 1.6% of a
-    step against a pooled spread of 0.24% (experiments/results/ablate_overlap_h200/rerun_wide_b32/)."""
+    step against a pooled spread of 0.24% (results/ablate_overlap_h200/rerun_wide_b32/)."""
     by_target: dict[str, list[float]] = defaultdict(list)
     for (target, _, _), plans in groups.items():
         by_target[target] += _residuals(plans.values())
@@ -356,12 +361,139 @@ def build(roots: list[str | Path], out: str | Path) -> list[Path]:
     return written
 
 
+# The README's results table: one row per headline number, each read from the committed files under results/.
+REPO = Path(__file__).resolve().parents[1]
+RESULTS_BEGIN = "<!-- results table: python -m eaglet.experiments.report --readme README.md -->"
+RESULTS_END = "<!-- end of results table -->"
+
+
+def md_rows(path: Path, heading: str | None = None) -> list[list[str]]:
+    """The body rows of the first markdown table in a file (after `heading`, if given), as lists of cell strings."""
+    lines = path.read_text().splitlines()
+    if heading is not None:
+        lines = lines[next(i for i, line in enumerate(lines) if line.startswith(heading)):]
+    start = next(i for i, line in enumerate(lines) if line.startswith("|"))
+    rows = []
+    for line in lines[start + 2:]:  # past the header and its |---| line
+        if not line.startswith("|"):
+            break
+        rows.append([c.strip() for c in line.strip().strip("|").split("|")])
+    return rows
+
+
+def _metrics(path: Path) -> dict:
+    return json.loads(path.read_text())
+
+
+def readme_results(results: Path = REPO / "results") -> str:
+    """The README's results table (markdown): what was measured | result | target | the command that reproduces
+    it. Every number is computed here from a committed metrics file or benchmark table, so the table cannot drift
+    from the data (tests/experiments/test_readme_results.py regenerates it and compares)."""
+    rows = []
+
+    lossless = [_metrics(p) for p in sorted((results / "lossless_smollm2_h200" / "runs").glob("*/metrics.json"))]
+    same = [m for m in lossless if m["invariant"] and m["ar_identical_fraction"] == 1.0]
+    kinds = sorted({m["config"]["draft"]["name"] for m in same})
+    rows.append(("greedy bf16 speculative output equal to plain decoding (SmolLM2, MT-bench, invariant numerics)",
+                 f"{same[0]['num_prompts']} of {same[0]['num_prompts']} answers in {len(same)} of {len(lossless)} "
+                 f"runs ({', '.join(kinds)} heads × chain, EAGLE-2 × B=1, 8)",
+                 "all: met", "`bash scripts/gpu_session.sh lossless`"))
+
+    forward = {(r[0], r[1]): r for r in md_rows(results / "invariant_h200" / "bench_invariant.md", "## Whole forward")}
+    ratio = {k: float(r[2]) / min(float(r[3]), float(r[4])) for k, r in forward.items()}
+    rows.append(("cost of invariant numerics: a forward, invariant / fastest (decode B=1; verify B=8 × 8 tokens)",
+                 f"SmolLM2 {ratio[('SmolLM2-135M', 'B=1 T=1')]:.2f}×, {ratio[('SmolLM2-135M', 'B=8 T=8')]:.2f}×; "
+                 f"Llama-3.1-8B {ratio[('Llama-3.1-8B', 'B=1 T=1')]:.2f}×, {ratio[('Llama-3.1-8B', 'B=8 T=8')]:.2f}×",
+                 "≤ 1.05×: **not met**", "`python -m benchmarks.bench_invariant --parts proj,attn,step`"))
+
+    by_run = {m["run"]: m for m in load_runs([results / "lossless_smollm2_h200" / "runs",
+                                              results / "compare_heads_h200" / "runs"])}
+    inv = [by_run[f"eagle3_eagle2_b{b}"]["ar_decode_tokens_per_s"] for b in (1, 8)]
+    plain = [by_run[f"none_b{b}"]["decode_tokens_per_s"] for b in (1, 8)]
+    rows.append(("plain decoding, SmolLM2, B=1 / 8: invariant numerics (fastest kernels)",
+                 f"{inv[0]:,.0f} / {inv[1]:,.0f} tokens/s ({plain[0]:,.0f} / {plain[1]:,.0f})", "",
+                 "`bash scripts/gpu_session.sh lossless`; `python run_spec.py +experiment=compare_heads`"))
+
+    ar = {(r[0], r[1]): r for r in md_rows(results / "ar_h200.md")}
+    rows.append(("AR decoding, SmolLM2, B=1, fastest kernels (Hugging Face `generate`)",
+                 f"{int(ar[('eaglet AR (CUDA graph, fused linear)', '1')][2]):,} tokens/s "
+                 f"({int(ar[('HF generate (eager, bf16)', '1')][2]):,})",
+                 "≥ 1,000: met", "`python -m benchmarks.bench_ar --batch 1 8`"))
+
+    spec = [_metrics(results / "draft_step_h200" / f) for f in ("smol_after.json", "smol8_after.json")]
+    rows.append(("shipped EAGLE-3 head, MT-bench, B=1 / 8: tau; speedup over plain decoding",
+                 f"{spec[0]['tau']:.2f} / {spec[1]['tau']:.2f}; "
+                 f"{spec[0]['speedup_vs_ar']:.2f}× / {spec[1]['speedup_vs_ar']:.2f}×",
+                 "tau ≥ 3.5, 2.5× at B=1: **not met**",
+                 "`python run_spec.py +experiment=compare_heads hydra.mode=RUN draft=eagle3 gen.batch_size=1 "
+                 "fold_norms=false` (B=8: `gen.batch_size=8`)"))
+    ev = results / "eagle3_smollm2_allturns_warm2_h200" / "eval"
+    taus = [_metrics(ev / d / "metrics.json")["tau"] for d in ("humaneval_b8", "sharegpt_b8")]
+    rows.append(("shipped head, B=8: tau on HumanEval / held-out ShareGPT", f"{taus[0]:.2f} / {taus[1]:.2f}",
+                 "", "`python run_spec.py +experiment=datasets`"))
+
+    v8b = _metrics(results / "verify_8b_h200" / "s14_final_run1.json")
+    floor = v8b["weight_read_floor_ms"]
+    rows.append(("random Llama-3.1-8B, B=1, simulated tau 4: verify, step / weight-read floor",
+                 f"{v8b['verify_ms'] / floor:.2f}×, {v8b['step_median_ms'] / floor:.2f}× "
+                 f"({v8b['verify_ms']:.2f}, {v8b['step_median_ms']:.2f} ms on {floor:.2f})",
+                 "1.3×: met; 1.5×: **not met**",
+                 "`python run_spec.py +experiment=ablate_overlap hydra.mode=RUN gen.batch_size=1 stream=serial "
+                 "tree=simulate fold_norms=true`"))
+
+    groups = overlap_groups(load_runs([results / "ablate_overlap_h200" / "runs"]))
+    hidden = sorted(round(100 * g["overlap_split"]["plan_hidden_fraction"])
+                    for (target, _, B), g in groups.items() if target == "random_llama3_8b" and B == 32)
+    rows.append(("`overlap_split`: plan time hidden, random Llama-3.1-8B, B=32", f"{hidden[0]}–{hidden[-1]}%",
+                 "≥ 80%: met", "`python run_spec.py +experiment=ablate_overlap`"))
+    sigma = run_noise(groups)
+    calls = [versus_serial(m, g["serial"], sigma.get(key)) for key, g in groups.items()
+             for plan, m in g.items() if plan != "serial"]
+    rows.append(("overlap plans slower than `serial` beyond noise (3 repeats, 3 standard errors)",
+                 f"{calls.count('slower')} of {len(calls)} points ({calls.count('faster')} faster)", "none: met",
+                 "`python run_spec.py +experiment=ablate_overlap` and `+experiment=ablate_overlap_smollm2`"))
+
+    rate = {}
+    for probe in ("probe_1gpu", "probe_ddp"):  # the mean of the 10-step windows after the first
+        with (results / "ddp_scaling_h200" / probe / "train_log.jsonl").open() as f:
+            windows = [json.loads(line)["train/tokens_per_s"] for line in f][1:]
+        rate[probe] = sum(windows) / len(windows)
+    rows.append(("draft-head training, DDP on two H200s against one",
+                 f"{rate['probe_ddp'] / rate['probe_1gpu']:.2f}× ({rate['probe_1gpu'] / 1e3:.1f} k → "
+                 f"{rate['probe_ddp'] / 1e3:.1f} k tokens/s)", "≥ 1.7×: met", "`bash scripts/gpu_session.sh scaling`"))
+
+    lines = ["| measured (H200) | result | target | reproduce |", "|---|---|---|---|"]
+    lines += [f"| {' | '.join(r)} |" for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+def write_readme_results(readme: str | Path, results: Path = REPO / "results") -> Path:
+    """Replace what lies between the README's results markers with `readme_results`."""
+    readme = Path(readme)
+    text = readme.read_text()
+    if RESULTS_BEGIN not in text or RESULTS_END not in text:
+        raise ValueError(f"{readme}: no results markers ({RESULTS_BEGIN!r} ... {RESULTS_END!r})")
+    head, rest = text.split(RESULTS_BEGIN, 1)
+    tail = rest.split(RESULTS_END, 1)[1]
+    readme.write_text(f"{head}{RESULTS_BEGIN}\n{readme_results(results)}{RESULTS_END}{tail}")
+    log(f"wrote the results table into {readme}")
+    return readme
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("roots", nargs="+", help="folders holding run directories with metrics.json")
-    ap.add_argument("--out", required=True, help="folder for the tables and plots")
+    ap.add_argument("roots", nargs="*", help="folders holding run directories with metrics.json")
+    ap.add_argument("--out", help="folder for the tables and plots")
+    ap.add_argument("--readme", help="a README with the results markers: write the results table into it")
     args = ap.parse_args(argv)
-    build(args.roots, args.out)
+    if args.readme:
+        write_readme_results(args.readme)
+    if args.roots or args.out:
+        if not (args.roots and args.out):
+            ap.error("tables and plots need both run folders and --out")
+        build(args.roots, args.out)
+    elif not args.readme:
+        ap.error("give run folders and --out, or --readme")
 
 
 if __name__ == "__main__":
