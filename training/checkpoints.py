@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 
 from eaglet.engine.checks import ConfigError
+from eaglet.models.head_checkpoint import load_draft_head, save_draft_head
 
 log = logging.getLogger("eaglet")
 _CKPT = re.compile(r"step_(\d+)")
@@ -66,7 +67,7 @@ def save_checkpoint(run_dir: Path, step: int, head, state: dict, keep_last: int)
     final = root / f"step_{step:08d}"
     tmp = root / f".tmp_step_{step:08d}"
     shutil.rmtree(tmp, ignore_errors=True)
-    head.save_pretrained(tmp, dtype=torch.float32, include_embedding=False)  # fp32: resume is exact
+    save_draft_head(head, tmp, dtype=torch.float32, include_embedding=False)  # fp32: resume is exact
     torch.save(state, tmp / "train_state.pt")
     files = {p.name: {"bytes": p.stat().st_size, "sha256": sha256(p)} for p in sorted(tmp.iterdir()) if p.is_file()}
     (tmp / MANIFEST).write_text(json.dumps({"step": step, "files": files}, indent=1))
@@ -168,8 +169,6 @@ def pick_checkpoint(resume, run_dir: Path) -> Path | None:
 def load_checkpoint(path: Path, head) -> dict:
     """Load the head's weights (before any FSDP sharding) -> the saved training state (optimiser, scheduler,
     RNG, data position), restored by `restore_training_state` once the optimiser exists."""
-    from eaglet.models.eagle import load_draft_head
-
     saved = load_draft_head(path, head.target, dtype=torch.float32, device=head.device)
     head.load_state_dict(saved.state_dict())
     return read_state(path)

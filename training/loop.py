@@ -41,7 +41,8 @@ from torch import nn
 from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from eaglet.models.eagle import KINDS, DraftHead, load_draft_head, new_draft_head
+from eaglet.models.eagle import KINDS, DraftHead
+from eaglet.models.head_checkpoint import load_draft_head, new_draft_head, save_draft_head
 from eaglet.models.llama import Transformer
 from eaglet.engine.entry import console_logging, rerun_hint
 from eaglet.engine.signals import Interrupts
@@ -515,7 +516,7 @@ def _train(cfg: DictConfig, output_dir, target: Transformer | None, tokenizer, i
             r = evaluate_tau(target, whole, cfg.tree, prompts, ec.max_new_tokens, ec.batch_size, eos)
             evals.append({"step": at, **r})
             if not best_file.is_file() or r["acc"][0] > json.loads(best_file.read_text())["acc"][0]:
-                whole.save_pretrained(best_file.parent, dtype=EXPORT_DTYPES[hc.export_dtype])
+                save_draft_head(whole, best_file.parent, dtype=EXPORT_DTYPES[hc.export_dtype])
                 best_file.write_text(json.dumps({"step": at, **r}))
             tracker.log({"eval/tau": r["tau"], **{f"eval/acc_{k}": a for k, a in enumerate(r["acc"])}}, step=at)
             say(f"step {at}: eval/tau {r['tau']:.3f}, eval/acc_0 {r['acc'][0]:.3f} on "
@@ -588,7 +589,7 @@ def _train(cfg: DictConfig, output_dir, target: Transformer | None, tokenizer, i
     finished = step >= tc.steps
     stopped = None if finished else stopped  # a signal during the last step: the run is whole all the same
     whole = gathered(model, head, fsdp, dd.main)
-    head_dir = whole.save_pretrained(run_dir / "head", dtype=EXPORT_DTYPES[hc.export_dtype]) if dd.main else None
+    head_dir = save_draft_head(whole, run_dir / "head", dtype=EXPORT_DTYPES[hc.export_dtype]) if dd.main else None
     if ec.every > 0 and not signum:  # a signalled job has seconds left (SLURM, Kubernetes): no evaluation
         run_eval(step)
     train_s = time.perf_counter() - t_start

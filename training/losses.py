@@ -26,7 +26,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from eaglet.models.eagle import DenseKV, DraftHead, TTTPattern
+from eaglet.models.eagle import DraftHead
+from eaglet.training.ttt_attention import DenseKV, TTTPattern
 
 # Per-step statistics, summed over rows (and later over micro-batches and processes).
 STATS = ("rows", "ploss", "correct", "accept", "vloss")
