@@ -315,7 +315,7 @@ def check_run_spec_device(c: Checks) -> None:
     if cfg.draft.name != "none" and (head := head_dir(cfg)) is not None:
         import json
 
-        from eaglet.models.eagle import head_class
+        from eaglet.models.head_checkpoint import head_class
 
         try:
             kind = head_class(json.loads((head / "config.json").read_text()), head).KIND
@@ -339,7 +339,7 @@ def check_run_spec_device(c: Checks) -> None:
         c.bad(*target_key(cfg.target), str(e).splitlines()[0])
         return
     if cfg.draft.name != "none" and head_dir(cfg) is None:  # a random head: built on meta, its checks run now
-        from eaglet.models.eagle import new_draft_head
+        from eaglet.models.head_checkpoint import new_draft_head
 
         d = cfg.draft
         with c.catching("draft", d.name):

@@ -345,7 +345,7 @@ def fitting_prompts(prompts: list, tokenizer, chat_template: bool, budget: int) 
 def build_head(draft, target_cfg, target: Transformer, dtype, device):
     """draft.path's head; else a random one (draft.random_init); else the head eaglet ships for this target
     (target.heads, repo-relative paths)."""
-    from eaglet.models.eagle import load_draft_head, new_draft_head
+    from eaglet.models.head_checkpoint import load_draft_head, new_draft_head
 
     path = head_dir(OmegaConf.create({"draft": draft, "target": target_cfg}))
     if path:

@@ -19,92 +19,32 @@ The embedding (and for EAGLE-1 / multi-layer the lm_head) is the target's, share
 keeps a plain reference to the target, so `head.parameters()`, `head.state_dict()` and `head.to()` only
 touch the head's own weights.
 
-Checkpoints: the public layouts, matched against SafeAILab/EAGLE `eagle/model/cnets1.py` (EAGLE-1) and
-`cnets.py` (EAGLE-3), SGLang `python/sglang/srt/models/llama_eagle.py` / `llama_eagle3.py` and SpecForge
-`specforge/modeling/draft/llama3_eagle.py`. Tensor names are the public ones with q/k/v and gate/up
-split (eaglet fuses them into `qkv_proj` / `gate_up_proj` in memory, as the target does):
+Checkpoints (config.json checks, `new_draft_head`, `load_draft_head`, `save_draft_head`, the public EAGLE /
+EAGLE-3 layout) are in models/head_checkpoint.py.
 
-    EAGLE-1      fc.{weight,bias}, layers.{i}.self_attn.{q,k,v,o}_proj.weight,
-                 layers.{i}.mlp.{gate,up,down}_proj.weight, layers.{i}.post_attention_layernorm.weight,
-                 layers.{i>0}.input_layernorm.weight (+ embed_tokens.weight)
-    EAGLE-3      fc.weight, midlayer.{input_layernorm,hidden_norm,post_attention_layernorm}.weight,
-                 midlayer.self_attn.{q,k,v,o}_proj.weight, midlayer.mlp.{gate,up,down}_proj.weight, norm.weight,
-                 lm_head.weight, d2t [draft_vocab] int64, t2d [vocab] bool (+ embed_tokens.weight)
-    multi-layer  layers.{i}.fc.{weight,bias}, layers.{i}.self_attn..., layers.{i}.mlp...,
-                 layers.{i}.post_attention_layernorm.weight
-
-Loading reads config.json plus safetensors or `pytorch_model.bin` (public EAGLE files; only ever through
-`torch.load(..., weights_only=True)`); saving writes config.json + model.safetensors.
-
-Training (`eaglet.training`) runs `forward_dense`: the same weights and math with attention computed densely
-(SDPA over a given boolean mask, K/V of earlier calls kept in a `DenseKV` with their autograd history) and the
-kernels' torch references, because the inference path writes K/V into the paged pool (no gradient reaches
-k/v) and its Triton kernels have no backward.
+Training (`eaglet.training`) runs `forward_dense`: the same weights and math with attention computed densely by
+training/ttt_attention.py and the kernels' torch references, because the inference path writes K/V into the
+paged pool (no gradient reaches k/v) and its Triton kernels have no backward.
 """
 
 from __future__ import annotations
 
-import json
-import re
-import warnings
-from dataclasses import dataclass
-from pathlib import Path
-
 import torch
-import torch.nn.functional as F
-from safetensors import SafetensorError
-from safetensors.torch import load_file
 from torch import nn
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from eaglet.kernels.activation import silu_and_mul_ref
 from eaglet.kernels.folded_linear import MAX_M as FOLDED_MAX_M
 from eaglet.kernels.rmsnorm import rmsnorm_ref
-from eaglet.kernels.rope import rotate_half
 from eaglet.kernels.tree_attention import SUPPORTED_HEAD_DIMS
-from eaglet.models.checkpoint import (
-    SUPPORTED_ARCHITECTURES,
-    CheckpointError,
-    CheckpointNotFoundError,
-    _rope_from_config,
-    _safetensors_files,
-    save_hf_checkpoint,
-)
 from eaglet.models.kv_cache import ForwardBatch, KVCache
 from eaglet.models.llama import Attention, FeedForward, ModelArgs, RMSNorm, Transformer, rope_inv_freq
+# the training forward's attention: models/ depends on training/ here only, and that module imports no model code
+from eaglet.training.ttt_attention import DenseKV, TTTPattern, attention_dense
 
 ARCH_EAGLE1 = "LlamaForCausalLMEagle"  # SGLang's name; EAGLE's own configs say LlamaForCausalLM
 ARCH_EAGLE3 = "LlamaForCausalLMEagle3"
 ARCH_MULTI_LAYER = "EagletMultiLayerEagle"
 KINDS = ("eagle1", "eagle3", "multi_layer")
-
-
-# ----------------------------------------------------------------------------------------------------
-# Config and tensor-name plumbing
-
-
-def _normalise_head_config(raw: dict, source) -> dict:
-    """A copy of a draft head's config.json with the keys the layers need (LlamaConfig defaults)."""
-    required = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
-    absent = [k for k in required if raw.get(k) is None]
-    if absent:
-        raise CheckpointError(f"{source}: draft head config lacks {absent}; is it a complete EAGLE config.json?")
-    if raw.get("hidden_act", "silu") != "silu":
-        raise CheckpointError(f"{source}: hidden_act={raw['hidden_act']!r}; eaglet's draft layers are SwiGLU (silu)")
-    if raw.get("mlp_bias"):
-        raise CheckpointError(f"{source}: mlp_bias=True draft heads are not supported")
-    cfg = dict(raw)
-    n_heads = cfg["num_attention_heads"]
-    cfg["num_key_value_heads"] = cfg.get("num_key_value_heads") or n_heads
-    cfg["head_dim"] = cfg.get("head_dim") or cfg["hidden_size"] // n_heads
-    cfg["rms_norm_eps"] = cfg.get("rms_norm_eps") or 1e-6
-    # A head has its own RoPE: public EAGLE-3 configs often omit rope_theta (LlamaConfig's 10000 then),
-    # whatever the target uses. Draft positions equal target positions, the frequencies need not.
-    cfg["rope_theta"], cfg["rope_scaling"] = _rope_from_config(cfg)
-    cfg.pop("rope_parameters", None)  # folded into rope_theta/rope_scaling above
-    cfg["max_position_embeddings"] = cfg.get("max_position_embeddings") or 2048
-    cfg["attention_bias"] = bool(cfg.get("attention_bias", False))
-    return cfg
 
 
 def _draft_args(cfg: dict) -> ModelArgs:
@@ -118,141 +58,8 @@ def _draft_args(cfg: dict) -> ModelArgs:
     )
 
 
-_SPLIT = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
-_PUBLIC_PART = re.compile(r"(.*)\.(q_proj|gate_proj)\.(weight|bias)")
-
-
-def fuse_public_names(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Public names -> eaglet's, under any prefix: `*.{q,k,v}_proj.*` -> `*.qkv_proj.*`, `*.{gate,up}_proj.*`
-    -> `*.gate_up_proj.*` (only where every part is present; the rest is left for the missing-tensor check)."""
-    out = dict(sd)
-    for name in list(sd):
-        m = _PUBLIC_PART.fullmatch(name)
-        if m is None:
-            continue
-        fused = "qkv_proj" if m[2] == "q_proj" else "gate_up_proj"
-        parts = [f"{m[1]}.{p}.{m[3]}" for p in _SPLIT[fused]]
-        if all(p in out for p in parts):
-            out[f"{m[1]}.{fused}.{m[3]}"] = torch.cat([out.pop(p) for p in parts])
-    return out
-
-
-def split_fused_names(sd: dict[str, torch.Tensor], args: ModelArgs) -> dict[str, torch.Tensor]:
-    """eaglet names -> public ones: the inverse of `fuse_public_names` for layers shaped by `args`."""
-    qkv = [args.n_heads * args.head_dim, args.n_kv_heads * args.head_dim, args.n_kv_heads * args.head_dim]
-    out = {}
-    for name, t in sd.items():
-        for fused, parts in _SPLIT.items():
-            if f".{fused}." in name:
-                pieces = t.split(qkv) if fused == "qkv_proj" else t.chunk(2)
-                out.update({name.replace(fused, p): x for p, x in zip(parts, pieces)})
-                break
-        else:
-            out[name] = t
-    return out
-
-
 # ----------------------------------------------------------------------------------------------------
 # Layers
-
-
-class DenseKV:
-    """K/V of earlier `forward_dense` calls, per KV layer and call, with their autograd history: the training-time
-    test attends over the keys of earlier unrolled steps (the training twin of the paged pool)."""
-
-    def __init__(self):
-        self.k: dict[int, list[torch.Tensor]] = {}
-        self.v: dict[int, list[torch.Tensor]] = {}
-
-    def extend(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        """Append this call's k/v [B, Hkv, T, D] to layer's -> the keys and values of every call so far, in order."""
-        self.k.setdefault(layer, []).append(k)
-        self.v.setdefault(layer, []).append(v)
-        return self.k[layer], self.v[layer]
-
-
-@dataclass(frozen=True)
-class TTTPattern:
-    """`forward_dense`'s attention for unrolled step `step` of the training-time test, computed without its
-    dense mask: causal over the step-0 keys (the first call's, kept in the DenseKV), and each query's own
-    position in the keys of steps 1..step. `training.losses.ttt_attention_mask` is the same pattern as a
-    [T, (step+1)*T] mask; SDPA over that mask costs (step+1)*T^2 scores per step (28*T^2 over 7 steps, and the
-    fp32 score matrices of a long batch filled 23.7 GB of an H200), this T^2 + step*T.
-
-    ancestors=False (the head's DRAFT_ANCESTORS_CACHED, False for multi-layer heads): the engine's draft step
-    sees the accepted prefix and its own key only, its ancestors having been cached by other layers; then
-    step k attends the step-0 keys and the key of step k alone (the layer's DenseKV holds the calls of every
-    step that ran it, as its paged KV holds their scratch writes, masked there)."""
-
-    step: int
-    ancestors: bool = True
-
-
-# SDPA backends of the causal step-0 attention, cuDNN left out: it builds an execution plan per new shape, and
-# training batches come in every length; an H200 profile of EAGLE-3 training spent 50 ms of host time per
-# cuDNN call there (5x the step's device time), flash attention needs no plan
-_CAUSAL_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
-
-
-def _ttt_attention(q: torch.Tensor, ks: list[torch.Tensor], vs: list[torch.Tensor], scale: float) -> torch.Tensor:
-    """TTTPattern attention: causal over ks[0] (the step-0 keys), each query's own position in ks[1:] (the steps
-    it attends). q [B, Hq, T, D]; ks, vs: keys/values [B, Hkv, T, D] each (Hq = G * Hkv, query head h reads KV
-    head h // G) -> [B, Hq, T, D]. The unrolled steps' keys are stacked, not looped over, and the KV heads are
-    not repeated: the op count is the same at every step (the training step is host-bound on its ops)."""
-    B, Hq, T, D = q.shape
-    Hkv = ks[0].shape[1]
-    G = Hq // Hkv
-    if len(ks) == 1:
-        k0, v0 = (t.repeat_interleave(G, dim=1) for t in (ks[0], vs[0]))  # [B, Hq, T, D] each
-        with sdpa_kernel(_CAUSAL_BACKENDS):
-            return F.scaled_dot_product_attention(q, k0, v0, is_causal=True)  # [B, Hq, T, D]
-    qg = q.reshape(B, Hkv, G * T, D)  # a group's query heads share their KV head
-    causal = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()  # [T, T]
-    s0 = (qg @ ks[0].transpose(-1, -2)).view(B, Hq, T, T).float().masked_fill(~causal, float("-inf"))  # [B, Hq, T, T]
-    K, V = torch.stack(ks[1:], dim=2), torch.stack(vs[1:], dim=2)  # [B, Hkv, k, T, D] each
-    diag = torch.einsum("bhgtd,bhktd->bhgtk", qg.view(B, Hkv, G, T, D).float(), K.float())  # [B, Hkv, G, T, k]
-    p = torch.softmax(torch.cat([s0, diag.reshape(B, Hq, T, -1)], dim=-1) * scale, dim=-1)  # [B, Hq, T, T + k]
-    p = p.to(vs[0].dtype)
-    o = p[..., :T].reshape(B, Hkv, G * T, T) @ vs[0]  # [B, Hkv, G*T, D]
-    o_steps = torch.einsum("bhgtk,bhktd->bhgtd", p[..., T:].reshape(B, Hkv, G, T, -1), V)  # [B, Hkv, G, T, D]
-    return (o.view(B, Hkv, G, T, D) + o_steps).view(B, Hq, T, D)
-
-
-def _attention_dense(attn: Attention, a, positions, inv_freq, mask, cache: DenseKV | None) -> torch.Tensor:
-    """`Attention.forward` without the pool: rotate-half RoPE in fp32 as `rope_qkv_store_ref`, then SDPA of the
-    T queries over the cached keys plus their own. a [B, T, in], mask [T, L] or [B, T, L] bool -> [B, T, H]."""
-    if attn.q_norm is not None:
-        raise ValueError("dense attention has no q/k norm (draft layers are Llama layers)")
-    B, T, _ = a.shape
-    Hq, Hkv, D = attn.n_heads, attn.n_kv_heads, attn.head_dim
-    q, k, v = attn.qkv_proj(a).split([Hq * D, Hkv * D, Hkv * D], dim=-1)  # [B, T, Hq*D], [B, T, Hkv*D] x2
-    freqs = positions.float()[..., None] * inv_freq  # [B, T, D/2]
-    emb = torch.cat([freqs, freqs], dim=-1)[:, :, None, :]  # [B, T, 1, D]
-    cos, sin = emb.cos(), emb.sin()
-
-    def rope(x, heads):  # [B, T, heads*D] -> [B, heads, T, D], rotated in fp32 and rounded once
-        xf = x.reshape(B, T, heads, D).float()
-        return (xf * cos + rotate_half(xf) * sin).to(x.dtype).transpose(1, 2)
-
-    q, k = rope(q, Hq), rope(k, Hkv)  # [B, Hq, T, D], [B, Hkv, T, D]
-    v = v.reshape(B, T, Hkv, D).transpose(1, 2)  # [B, Hkv, T, D]
-    ks, vs = cache.extend(attn.layer_id, k, v) if cache is not None else ([k], [v])  # per call [B, Hkv, T_i, D]
-
-    def heads(t):  # [B, Hkv, L, D] -> [B, Hq, L, D]
-        return t.repeat_interleave(Hq // Hkv, dim=1)
-
-    if isinstance(mask, TTTPattern):
-        if not mask.ancestors:  # step 0's keys and this call's only, as the engine's draft mask without ancestors
-            ks, vs = ks[:1] + ks[1:][-1:], vs[:1] + vs[1:][-1:]
-        if len(ks) != (mask.step + 1 if mask.ancestors else min(mask.step, 1) + 1):
-            needs = f"steps 0..{mask.step}" if mask.ancestors else "step 0 and of this call"
-            raise ValueError(f"TTTPattern(step={mask.step}) needs the keys of {needs} in the DenseKV, it holds "
-                             f"{len(ks)} calls")
-        o = _ttt_attention(q, ks, vs, D**-0.5)  # [B, Hq, T, D]
-    else:
-        m = mask if mask.dim() == 2 else mask[:, None]  # [T, L] or [B, 1, T, L]
-        o = F.scaled_dot_product_attention(q, heads(torch.cat(ks, 2)), heads(torch.cat(vs, 2)), attn_mask=m)
-    return attn.o_proj(o.transpose(1, 2).reshape(B, T, Hq * D))
 
 
 class DraftLayer(nn.Module):
@@ -328,7 +135,7 @@ class DraftLayer(nn.Module):
             a = norm(self.input_layernorm, x)  # [B, T, H]
         else:
             a = x
-        h = _attention_dense(self.self_attn, a, positions, inv_freq, mask, cache)  # [B, T, H]
+        h = attention_dense(self.self_attn, a, positions, inv_freq, mask, cache)  # [B, T, H]
         post = self.post_attention_layernorm
         h, residual = rmsnorm_ref(h, post.weight, post.eps, residual=x)  # [B, T, H] each
         return self.mlp.down_proj(silu_and_mul_ref(self.mlp.gate_up_proj(h))) + residual  # [B, T, H]
@@ -365,7 +172,7 @@ class DraftHead(nn.Module):
     DRAFT_ANCESTORS_CACHED = True
 
     def __init__(self, config: dict, target: Transformer):
-        """`config`: a normalised HF-style config dict (see `new_draft_head` / `from_pretrained`)."""
+        """`config`: a normalised HF-style config dict (models/head_checkpoint.py builds and loads them)."""
         super().__init__()
         self.config = config
         self.args = _draft_args(config)
@@ -514,118 +321,6 @@ class DraftHead(nn.Module):
     def target_logits(self, x: torch.Tensor) -> torch.Tensor:
         """x [B, T, H] -> fp32 logits [B, T, V] through the target's frozen lm_head."""
         return self.target.logits(x.to(self.target.dtype))
-
-    # ---- checkpoints --------------------------------------------------------------------------
-    def hf_config(self, dtype: torch.dtype | None = None) -> dict:
-        """The config.json this head is saved with (its loaded config, refreshed from the head)."""
-        a = self.args
-        cfg = dict(self.config)
-        cfg.update(
-            architectures=[self.ARCHITECTURE], model_type="llama", hidden_size=a.dim,
-            intermediate_size=a.intermediate_size, num_hidden_layers=a.n_layers, num_attention_heads=a.n_heads,
-            num_key_value_heads=a.n_kv_heads, head_dim=a.head_dim, hidden_act="silu", rms_norm_eps=a.norm_eps,
-            rope_theta=a.rope_theta, rope_scaling=a.rope_scaling, max_position_embeddings=a.max_seq_len,
-            vocab_size=a.vocab_size, attention_bias=a.attention_bias, bias=self.config["bias"],
-            # tied heads would make save_hf_checkpoint drop lm_head.weight; no head ties its own
-            tie_word_embeddings=False, torch_dtype=str(dtype or self.dtype).removeprefix("torch."),
-        )
-        return cfg
-
-    def public_state_dict(self, dtype: torch.dtype | None = None, include_embedding: bool = False) -> dict:
-        """The head's weights under the public names (q/k/v, gate/up split), floats cast to `dtype`;
-        `include_embedding` adds the (shared) `embed_tokens.weight`, as public EAGLE-1 files carry it."""
-        sd = split_fused_names({k: v.detach() for k, v in self.state_dict().items()}, self.args)
-        if include_embedding and "embed_tokens.weight" not in sd:
-            sd["embed_tokens.weight"] = self.target.model.embed_tokens.weight.detach()
-        return {k: v.to(dtype) if dtype is not None and v.is_floating_point() else v for k, v in sd.items()}
-
-    def save_pretrained(self, directory: str | Path, dtype: torch.dtype | None = None,
-                        include_embedding: bool | None = None) -> Path:
-        """Write config.json + model.safetensors in the public layout (dtype: the head's by default).
-        include_embedding defaults to True for EAGLE-1 (EAGLE's loader wants `embed_tokens.weight`)."""
-        if include_embedding is None:
-            include_embedding = self.KIND == "eagle1"
-        dtype = dtype or self.dtype  # the shared embedding too, whatever the target's dtype
-        sd = self.public_state_dict(dtype, include_embedding)
-        return save_hf_checkpoint(directory, self.hf_config(dtype), sd)
-
-    @classmethod
-    def from_pretrained(cls, path: str | Path, target: Transformer, dtype: torch.dtype | None = None,
-                        device=None) -> "DraftHead":
-        """Load a head directory (config.json + safetensors or pytorch_model.bin) for `target`; dtype and
-        device default to the target's. On `DraftHead` itself, dispatches on the config (= load_draft_head)."""
-        raw, sd, source = _read_head_dir(path)
-        head_cls = head_class(raw, source)
-        if cls is not DraftHead and head_cls is not cls:
-            raise ValueError(f"{source} holds a draft head of kind {head_cls.KIND!r} ({head_cls.__name__}), not "
-                             f"{cls.KIND!r}; use eaglet.models.eagle.load_draft_head to load whatever it holds")
-        return head_cls._from_state_dict(raw, sd, target, dtype or target.dtype,
-                                         device if device is not None else target.device, source)
-
-    @classmethod
-    def _config_from(cls, raw: dict, sd: dict, source) -> dict:
-        cfg = _normalise_head_config(raw, source)
-        cfg["bias"] = bool(raw.get("bias", cls.FC_BIAS))
-        return cfg
-
-    def _optional_tensors(self) -> set[str]:
-        return set()
-
-    def _check_tensors(self, sd: dict, source) -> None:
-        """Head-specific checks of the loaded tensors against the target (before the generic name/shape check)."""
-
-    def _check_embedding(self, weight: torch.Tensor, source) -> None:
-        """A checkpoint's copy of the shared embedding: its shape must be the target's; values are not used
-        (the target's are), but a different table means the head was trained for another target."""
-        tw = self.target.model.embed_tokens.weight
-        if tuple(weight.shape) != tuple(tw.shape):
-            raise ValueError(f"{source}: embed_tokens.weight is {list(weight.shape)} but the target's embedding is "
-                             f"{list(tw.shape)} ([vocab, hidden]): the head was trained for another target; load "
-                             f"the target it was trained for")
-        rows = torch.linspace(0, tw.shape[0] - 1, 64).long()  # [64] sampled rows: cheap on a 128k vocabulary
-        ours = tw.detach()[rows.to(tw.device)].float().cpu()  # [64, H]
-        if not torch.allclose(weight[rows].float(), ours, rtol=2e-2, atol=1e-3):  # bf16/fp16 copies of one table
-            warnings.warn(f"{source}: embed_tokens.weight differs from the target's embedding beyond bf16/fp16 "
-                          f"rounding (the head keeps using the target's): it was trained for another (or a "
-                          f"differently quantised) target with the same vocabulary; expect lower acceptance",
-                          stacklevel=3)
-
-    @classmethod
-    def _from_state_dict(cls, raw, sd, target, dtype, device, source) -> "DraftHead":
-        config = cls._config_from(raw, sd, source)
-        with torch.device("meta"):
-            head = cls(config, target)
-        sd = {k: v for k, v in sd.items() if not k.endswith("rotary_emb.inv_freq")}  # derived from the config
-        expected = {k: tuple(v.shape) for k, v in head.public_state_dict().items()}
-        if "embed_tokens.weight" in sd and "embed_tokens.weight" not in expected:
-            head._check_embedding(sd.pop("embed_tokens.weight"), source)
-        head._check_tensors(sd, source)
-        optional = head._optional_tensors()
-        missing = [k for k in expected if k not in sd and k not in optional]
-        if missing:
-            raise CheckpointError(f"{source}: {len(missing)} of {len(expected)} tensors of a {cls.KIND} head with "
-                                  f"this config are missing, e.g. {missing[:4]}; the file is incomplete or "
-                                  f"config.json does not belong to these weights")
-        wrong = [f"{k} {list(sd[k].shape)} != {list(s)}" for k, s in expected.items()
-                 if k in sd and tuple(sd[k].shape) != s]
-        if wrong:
-            raise CheckpointError(f"{source}: tensor shapes disagree with config.json (hidden_size, heads, head_dim, "
-                                  f"intermediate_size, vocab sizes): {wrong[:4]}")
-        extra = [k for k in sd if k not in expected]
-        if extra:
-            warnings.warn(f"{source}: ignoring {len(extra)} tensors a {cls.KIND} head does not use, e.g. {extra[:4]}",
-                          stacklevel=3)
-        head = head.to(dtype).to_empty(device=device)
-        result = head.load_state_dict(fuse_public_names({k: v for k, v in sd.items() if k in expected}), strict=False)
-        unloaded = set(result.missing_keys) - optional
-        if unloaded:  # the name mapping and the checks above disagree: a bug here, not in the file
-            raise RuntimeError(f"{source}: internal error, {sorted(unloaded)[:4]} were not loaded")
-        head._fill_optional({k for k in optional if k not in sd})
-        return head.eval()
-
-    def _fill_optional(self, absent: set[str]) -> None:
-        """Initialise optional tensors the checkpoint did not carry."""
-
 
 class Eagle1Head(DraftHead):
     """EAGLE-1: fc over cat(embed, feature), decoder layer(s) (layer 0 without input norm), target lm_head.
@@ -806,141 +501,4 @@ class Eagle3Head(DraftHead):
                                         embeds=self.embed(tokens))  # [B, T, H]
         return x, self.lm_head(rmsnorm_ref(x, self.norm.weight, self.norm.eps)).float()
 
-    def hf_config(self, dtype=None) -> dict:
-        cfg = super().hf_config(dtype)
-        cfg["draft_vocab_size"] = self.draft_vocab_size
-        if self.fc.in_features != 3 * self.args.dim:
-            cfg["target_hidden_size"] = self.fc.in_features // 3
-        return cfg
-
-    @classmethod
-    def _config_from(cls, raw, sd, source):
-        cfg = super()._config_from(raw, sd, source)
-        # EAGLE's cnets.py never gives the EAGLE-3 fc a bias whatever `bias` says; the weights decide.
-        cfg["bias"] = "fc.bias" in sd
-        return cfg
-
-    def _optional_tensors(self) -> set[str]:
-        # A full-vocabulary head needs no map (EAGLE deletes d2t/t2d then).
-        return {"d2t", "t2d"} if self.draft_vocab_size == self.target.args.vocab_size else set()
-
-    def _fill_optional(self, absent):
-        if absent:
-            self.d2t.zero_()
-            self.t2d.fill_(True)
-
-    def _check_tensors(self, sd, source):
-        V, Vd = self.target.args.vocab_size, self.draft_vocab_size
-        t2d, d2t = sd.get("t2d"), sd.get("d2t")
-        if t2d is not None and tuple(t2d.shape) != (V,):
-            raise ValueError(f"{source}: t2d has {list(t2d.shape)} entries but the target's vocabulary has {V} "
-                             f"tokens: the head was trained for another tokenizer; load the matching target")
-        if d2t is None or t2d is None:
-            if Vd < V:
-                raise CheckpointError(f"{source}: a draft vocabulary of {Vd} < {V} tokens needs both d2t and t2d "
-                                      f"to map draft ids to target ids; the file is incomplete")
-            return
-        if tuple(d2t.shape) != (Vd,):
-            raise CheckpointError(f"{source}: d2t has {list(d2t.shape)} entries but draft_vocab_size is {Vd}; "
-                                  f"config.json does not belong to these weights")
-        ids = torch.arange(Vd) + d2t.long()  # [Vd] target id of each draft id
-        if int(ids.min()) < 0 or int(ids.max()) >= V:
-            raise ValueError(f"{source}: d2t maps draft ids to target ids in [{int(ids.min())}, {int(ids.max())}], "
-                             f"outside the target's vocabulary [0, {V}): wrong target or a corrupt d2t")
-        # Full-vocabulary heads may carry an all-False t2d (EAGLE's zero-initialised buffer): only check a real map.
-        if Vd < V and (int(t2d.sum()) != Vd or not bool(t2d.bool()[ids].all())):
-            raise ValueError(f"{source}: d2t and t2d disagree (t2d marks {int(t2d.sum())} tokens, draft_vocab_size "
-                             f"is {Vd}); the vocabulary map is corrupt")
-
-
 HEAD_CLASSES: dict[str, type[DraftHead]] = {c.KIND: c for c in (Eagle1Head, Eagle3Head, MultiLayerHead)}
-_BY_ARCHITECTURE = {c.ARCHITECTURE: c for c in HEAD_CLASSES.values()}
-
-
-def head_class(config: dict, source="config") -> type[DraftHead]:
-    """The head class of a config.json: by `architectures`; a target architecture (EAGLE's own configs) is
-    EAGLE-3 when the config has a `draft_vocab_size`, else EAGLE-1."""
-    archs = config.get("architectures") or []
-    for arch in archs:
-        if arch in _BY_ARCHITECTURE:
-            return _BY_ARCHITECTURE[arch]
-    # EAGLE's own configs copy the target's (LlamaForCausalLM, Qwen2ForCausalLM, ...); its draft layer is a
-    # Llama layer whatever they say.
-    if not archs or any(a in SUPPORTED_ARCHITECTURES for a in archs):
-        return Eagle3Head if config.get("draft_vocab_size") is not None else Eagle1Head
-    raise CheckpointError(f"{source}: unknown draft head architecture {archs}; supported: "
-                          f"{sorted(_BY_ARCHITECTURE)}, or a target architecture such as LlamaForCausalLM "
-                          f"(EAGLE-1, or EAGLE-3 when the config has draft_vocab_size)")
-
-
-def _read_head_dir(path: str | Path) -> tuple[dict, dict[str, torch.Tensor], Path]:
-    """(raw config.json dict, public-name state dict, directory) of a head checkpoint."""
-    path = Path(path).expanduser()
-    if not path.exists():
-        raise CheckpointNotFoundError(f"{path}: no such file or directory; pass a draft head directory")
-    directory = path.parent if path.is_file() else path
-    config_path = directory / "config.json"
-    if not config_path.is_file():
-        raise CheckpointError(f"{directory}: no config.json; a draft head directory holds config.json and "
-                              f"model.safetensors (or EAGLE's pytorch_model.bin)")
-    try:
-        raw = json.loads(config_path.read_text())
-    except json.JSONDecodeError as e:
-        raise CheckpointError(f"{config_path}: invalid JSON ({e}); re-download config.json") from e
-    files = _safetensors_files(directory)
-    sd: dict[str, torch.Tensor] = {}
-    for f in files:
-        try:
-            sd.update(load_file(f))
-        except SafetensorError as e:
-            raise CheckpointError(f"{f}: corrupt or truncated safetensors file ({e}); re-download it") from e
-    binary = directory / "pytorch_model.bin"
-    if not files and binary.is_file():
-        try:  # weights_only: a pickle can run code; public EAGLE heads are plain tensor dicts
-            sd = torch.load(binary, map_location="cpu", weights_only=True)
-        except Exception as e:  # torch raises RuntimeError, UnpicklingError, EOFError... depending on the damage
-            raise CheckpointError(f"{binary}: cannot be read as a weights-only tensor file ({type(e).__name__}: "
-                                  f"{e}); it is truncated/corrupt (re-download it) or holds more than tensors") from e
-        if not isinstance(sd, dict) or not all(isinstance(v, torch.Tensor) for v in sd.values()):
-            raise CheckpointError(f"{binary}: expected a dict of tensors (a state dict), got {type(sd).__name__}")
-    elif not files:
-        raise CheckpointError(f"{directory}: config.json but no model.safetensors / *.safetensors / "
-                              f"pytorch_model.bin weights")
-    return raw, sd, directory
-
-
-def load_draft_head(path: str | Path, target: Transformer, dtype: torch.dtype | None = None,
-                    device=None) -> DraftHead:
-    """Load any supported head (EAGLE-1, EAGLE-3, multi-layer) for `target`, dispatching on config.json."""
-    return DraftHead.from_pretrained(path, target, dtype, device)
-
-
-def new_draft_head(kind: str, target: Transformer, num_layers: int | None = None,
-                   draft_vocab_size: int | None = None, dtype: torch.dtype | None = None, device=None,
-                   **config) -> DraftHead:
-    """A randomly initialised head sized from the target's ModelArgs (hidden size, heads, head_dim,
-    intermediate size, RoPE). num_layers: EAGLE-1 1 (public), EAGLE-3 1, multi-layer S (required).
-    draft_vocab_size: EAGLE-3 only (default: the full vocabulary; set the map with `set_draft_vocab`).
-    `config` overrides config.json keys, e.g. intermediate_size=..., bias=False."""
-    if kind not in HEAD_CLASSES:
-        raise ValueError(f"unknown draft head kind {kind!r}; choose one of {KINDS}")
-    if kind == "multi_layer" and num_layers is None:
-        raise ValueError("a multi_layer head needs num_layers (one layer per draft step, e.g. the tree's steps)")
-    if kind != "eagle3" and draft_vocab_size not in (None, target.args.vocab_size):
-        raise ValueError(f"draft_vocab_size={draft_vocab_size}: only EAGLE-3 heads have a reduced vocabulary "
-                         f"({kind} heads use the target's lm_head over all {target.args.vocab_size} tokens)")
-    cls, t = HEAD_CLASSES[kind], target.args
-    raw = dict(
-        architectures=[cls.ARCHITECTURE], model_type="llama", hidden_size=t.dim, intermediate_size=t.intermediate_size,
-        num_hidden_layers=num_layers or 1, num_attention_heads=t.n_heads, num_key_value_heads=t.n_kv_heads,
-        head_dim=t.head_dim, rms_norm_eps=t.norm_eps, rope_theta=t.rope_theta, rope_scaling=t.rope_scaling,
-        max_position_embeddings=t.max_seq_len, vocab_size=t.vocab_size, bias=cls.FC_BIAS,
-    )
-    if kind == "eagle3":
-        raw["draft_vocab_size"] = draft_vocab_size or t.vocab_size
-    raw.update(config)
-    cfg = _normalise_head_config(raw, "new_draft_head")
-    cfg["bias"] = bool(raw["bias"])
-    with torch.device(device if device is not None else target.device):
-        head = cls(cfg, target)
-    return head.to(dtype or target.dtype)

@@ -33,8 +33,8 @@ class ForwardBatch:
 
 def to_device(values: list[int], device: torch.device, dtype: torch.dtype = torch.long) -> torch.Tensor:
     """A host list as a device tensor without a stream sync. `torch.tensor(values, device=cuda)` is a blocking
-    copy, which synchronises the stream: once per decode step it made the host wait for the GPU to drain, so
-    the host's launch work for the next step was never overlapped with the GPU's work on this one. Staged in
+    copy, which synchronises the stream: once per decode step it would make the host wait for the GPU to drain,
+    so the host's launch work for the next step could not overlap the GPU's work on this one. Staged in
     pinned memory, the copy is queued in stream order and the host returns at once."""
     t = torch.tensor(values, dtype=dtype)  # [n] on the host
     if torch.device(device).type == "cpu":

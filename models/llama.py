@@ -285,7 +285,7 @@ class TransformerBlock(nn.Module):
         if x.numel() <= _FUSED_LINEAR_MAX_TOKENS * x.shape[-1]:
             return self._forward_fused_linear(x, residual, positions, inv_freq, batch, kv)
         if self.norms_folded:  # no norm kernel: the norms' 1/rms go into RoPE and SiLU, the adds into the GEMMs
-            # x is the stream, owned by Transformer.forward and updated in place: a clone here was a graph memcpy
+            # x is the stream, owned by Transformer.forward and updated in place: a clone here is a graph memcpy
             # node per layer (8B verify at B=1, alternating on one H200: 4.81 ms with it, 4.76 without)
             stream = x if residual is None else x + residual  # [B, T, H]
             stream = self.self_attn(stream, positions, inv_freq, batch, kv, folded=True)  # [B, T, H]

@@ -111,7 +111,7 @@ def test_bad_run_configs_are_named(tmp_path):
     import torch
     from omegaconf import OmegaConf
 
-    from eaglet.models.eagle import new_draft_head
+    from eaglet.models.head_checkpoint import new_draft_head, save_draft_head
     from eaglet.models.llama import ModelArgs, Transformer
     from eaglet.engine.common import resolve_hardware
     from eaglet.engine.run import build_head
@@ -121,7 +121,7 @@ def test_bad_run_configs_are_named(tmp_path):
     with pytest.raises(ValueError, match="draft.path=<head directory>, or draft.random_init=true.*draft=none"):
         build_head(OmegaConf.create({"name": "eagle3", "path": None, "random_init": False}), tiny, target,
                    torch.float32, "cpu")
-    new_draft_head("eagle1", target, dtype=torch.float32, device="cpu").save_pretrained(tmp_path / "h")
+    save_draft_head(new_draft_head("eagle1", target, dtype=torch.float32, device="cpu"), tmp_path / "h")
     with pytest.raises(ValueError, match="holds a eagle1 head; use draft=eagle1"):
         build_head(OmegaConf.create({"name": "multi_layer", "path": str(tmp_path / "h")}), tiny, target,
                    torch.float32, "cpu")

@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 
 from eaglet.engine.checks import ConfigError
+from eaglet.models.head_checkpoint import load_draft_head, save_draft_head
 
 log = logging.getLogger("eaglet")
 _CKPT = re.compile(r"step_(\d+)")
@@ -66,7 +67,7 @@ def save_checkpoint(run_dir: Path, step: int, head, state: dict, keep_last: int)
     final = root / f"step_{step:08d}"
     tmp = root / f".tmp_step_{step:08d}"
     shutil.rmtree(tmp, ignore_errors=True)
-    head.save_pretrained(tmp, dtype=torch.float32, include_embedding=False)  # fp32: resume is exact
+    save_draft_head(head, tmp, dtype=torch.float32, include_embedding=False)  # fp32: resume is exact
     torch.save(state, tmp / "train_state.pt")
     files = {p.name: {"bytes": p.stat().st_size, "sha256": sha256(p)} for p in sorted(tmp.iterdir()) if p.is_file()}
     (tmp / MANIFEST).write_text(json.dumps({"step": step, "files": files}, indent=1))
@@ -165,14 +166,50 @@ def pick_checkpoint(resume, run_dir: Path) -> Path | None:
     return None
 
 
-def load_checkpoint(path: Path, head) -> dict:
+def load_checkpoint(path: Path, head, fsdp: bool) -> dict:
     """Load the head's weights (before any FSDP sharding) -> the saved training state (optimiser, scheduler,
     RNG, data position), restored by `restore_training_state` once the optimiser exists."""
-    from eaglet.models.eagle import load_draft_head
-
     saved = load_draft_head(path, head.target, dtype=torch.float32, device=head.device)
     head.load_state_dict(saved.state_dict())
-    return read_state(path)
+    state = read_state(path)
+    if bool(state.get("fsdp", False)) != fsdp:
+        raise ValueError(f"{path}: saved with train.fsdp={bool(state.get('fsdp', False))}, this run has "
+                         f"train.fsdp={fsdp}: the optimiser states are stored differently; resume with the same "
+                         f"setting")
+    return state
+
+
+def check_batch_settings(state: dict, path: Path, global_batch: int, grad_accum: int) -> None:
+    """A resume keeps the data position only under the batch settings it was saved with."""
+    if state["global_batch"] != global_batch or state["grad_accum"] != grad_accum:
+        raise ValueError(f"{path}: saved with global batch {state['global_batch']} x accumulation "
+                         f"{state['grad_accum']}, this run has {global_batch} x {grad_accum}: "
+                         f"the data position would not mean the same; resume with the same batch settings")
+
+
+def optimizer_state(model, opt, fsdp: bool) -> dict:
+    """What a checkpoint stores of the optimiser: its state dict, or under FSDP the whole one with FQN keys
+    (gathered: a collective every process must join)."""
+    if not fsdp:
+        return opt.state_dict()
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+    return get_optimizer_state_dict(model, opt, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def clear_run_dir(run_dir: Path, best_dir: Path) -> None:
+    """A fresh start: the log, metrics and exported heads another run left in this directory go."""
+    for leftover in ("train_log.jsonl", "metrics.json"):
+        (run_dir / leftover).unlink(missing_ok=True)
+    for leftover in (best_dir, run_dir / "head"):
+        shutil.rmtree(leftover, ignore_errors=True)
+
+
+def truncate_log(log_path: Path, step: int) -> None:
+    """Drop what was logged after the checkpoint of `step`: those steps rerun."""
+    if log_path.is_file():
+        kept = [line for line in log_path.read_text().splitlines() if json.loads(line)["step"] <= step]
+        log_path.write_text("".join(line + "\n" for line in kept))
 
 
 def restore_training_state(state: dict, model, opt, sched, fsdp: bool) -> None:

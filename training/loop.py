@@ -20,6 +20,10 @@ result is bitwise that of an uninterrupted run. SIGTERM or SIGINT stops the run 
 every process at the same step: a checkpoint, the head exported, metrics.json with `finished: false`, exit
 status 143 / 130. Multi-GPU: `torchrun --nproc-per-node N train_draft.py ...` (DDP; NCCL on GPU, gloo on CPU);
 rank 0 logs, evaluates and writes checkpoints.
+
+Here: one optimiser step's gradients, the optimiser, the set-up and the loop (`_Run` holds its state). The
+objective is training/losses.py's, the processes and their collectives training/distributed.py's, checkpoints
+and resume training/checkpoints.py's, the evaluations training/evaluation.py's.
 """
 
 from __future__ import annotations
@@ -29,120 +33,40 @@ import json
 import logging
 import math
 import os
-import shutil
 import signal
 import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from eaglet.models.eagle import KINDS, DraftHead, load_draft_head, new_draft_head
-from eaglet.models.llama import Transformer
 from eaglet.engine.entry import console_logging, rerun_hint
 from eaglet.engine.signals import Interrupts
 from eaglet.engine.tracking import Tracker, environment
-from eaglet.training.chain_replay import step_hits
-from eaglet.training.checkpoints import (load_checkpoint, pick_checkpoint, restore_training_state, rng_state,
-                                         save_checkpoint)
+from eaglet.models.eagle import KINDS, DraftHead
+from eaglet.models.head_checkpoint import load_draft_head, new_draft_head, save_draft_head
+from eaglet.models.llama import Transformer
+from eaglet.training.checkpoints import (check_batch_settings, clear_run_dir, load_checkpoint, optimizer_state,
+                                         pick_checkpoint, restore_training_state, rng_state, save_checkpoint,
+                                         truncate_log)
 from eaglet.training.config import validate_train_draft
 from eaglet.training.data import BatchSchedule, Sample, collate, draft_vocab, load_samples
+from eaglet.training.distributed import Dist, gathered, join, wrap
+from eaglet.training.evaluation import Evaluations, eval_prompt_ids
 from eaglet.training.features import OfflineFeatures, OnlineFeatures, build_offline_cache, cache_bytes
-from eaglet.training.losses import STATS, draft_loss, step_counts
+from eaglet.training.losses import STATS, DraftObjective, step_counts, window_metrics
 
 EXPORT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 log = logging.getLogger("eaglet")
 
 
 # ---------------------------------------------------------------------------------------------------
-# Distributed
-
-
-class Dist:
-    """This process's place in a torchrun job (rank 0 of 1 without torchrun)."""
-
-    def __init__(self):
-        self.world = int(os.environ.get("WORLD_SIZE", "1"))
-        self.rank = int(os.environ.get("RANK", "0"))
-        self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-        self.owned = False  # whether this module created the process group (and so destroys it)
-
-    @property
-    def main(self) -> bool:
-        return self.rank == 0
-
-    def init(self, device_type: str) -> None:
-        """Join the torchrun job from its environment variables (env://): NCCL on GPU, gloo on CPU."""
-        if self.world > 1 and not dist.is_initialized():
-            dist.init_process_group("nccl" if device_type == "cuda" else "gloo")
-            self.owned = True
-
-    def barrier(self) -> None:
-        if self.world > 1:
-            dist.barrier()
-
-    def all_sum(self, t: torch.Tensor) -> torch.Tensor:
-        if self.world > 1:
-            dist.all_reduce(t)
-        return t
-
-    def broadcast(self, obj):
-        if self.world == 1:
-            return obj
-        box = [obj]
-        dist.broadcast_object_list(box, src=0)
-        return box[0]
-
-    def any_stop(self, signum: int, time_up: bool, device) -> tuple[int, bool]:
-        """(the largest signal number any process received, whether any process is past its time limit): the
-        processes stop at the same step. One all-reduce of two numbers per step with several processes."""
-        if self.world == 1:
-            return signum, time_up
-        t = torch.tensor([signum, int(time_up)], device=device)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        return int(t[0]), bool(t[1])
-
-    def close(self) -> None:
-        """Ranks leave together: a gloo group torn down while a peer is still busy can abort the
-        process ("terminate called without an active exception", seen in the CPU DDP test)."""
-        if self.world > 1 and dist.is_initialized():
-            dist.barrier()
-        if self.owned:
-            dist.destroy_process_group()
-
-
-# ---------------------------------------------------------------------------------------------------
-# The objective as a module (what DDP wraps)
-
-
-class DraftObjective(nn.Module):
-    """The head's training forward + loss for one micro-batch; its parameters are the head's (the target is
-    a plain attribute of the head, so DDP neither broadcasts nor all-reduces it)."""
-
-    def __init__(self, head: DraftHead, hc: DictConfig):
-        super().__init__()
-        self.head = head
-        steps = int(hc.ttt_length)
-        if head.KIND == "multi_layer" and steps < head.num_kv_layers:
-            # layer i runs from unrolled step i on: a shorter unroll leaves layers untrained (and DDP without
-            # find_unused_parameters stops on their missing gradients)
-            raise ValueError(f"train.head.ttt_length={steps} < {head.num_kv_layers} layers of the multi-layer head: "
-                             f"unrolled step i trains layer i, so unroll at least as many steps as layers")
-        # EAGLE-1 and multi-layer heads output target features (the target's lm_head reads them): regress them
-        regress = head.KIND in ("eagle1", "multi_layer")
-        self.kw = dict(steps=steps, step_weight=float(hc.step_weight),
-                       p_weight=float(hc.p_weight) if regress else 1.0, v_weight=float(hc.v_weight) if regress else 0.0)
-
-    @property
-    def steps(self) -> int:
-        return self.kw["steps"]
-
-    def forward(self, tokens, loss_mask, feature, final_hidden, norm):
-        return draft_loss(self.head, tokens, loss_mask, feature, final_hidden, norm, **self.kw)
+# One optimiser step's gradients
 
 
 def accumulate_gradients(model: nn.Module, dd: Dist, batches, features, steps: int, autocast) -> tuple:
@@ -170,23 +94,8 @@ def accumulate_gradients(model: nn.Module, dd: Dist, batches, features, steps: i
     return loss_sum, stats_sum
 
 
-def window_metrics(w: torch.Tensor, with_vloss: bool) -> dict[str, float]:
-    """Summed statistics [steps, len(STATS)] of a logging window -> train/acc_k, ploss_k, expected_accept_k
-    (and vloss_k) as means over the counted rows; train/expected_accept is step 0's."""
-    rows = w[:, STATS.index("rows")].clamp(min=1)  # [steps]
-    out = {}
-    for k in range(w.shape[0]):
-        mean = {name: float(w[k, STATS.index(name)] / rows[k]) for name in STATS}
-        out |= {f"train/acc_{k}": mean["correct"], f"train/ploss_{k}": mean["ploss"],
-                f"train/expected_accept_{k}": mean["accept"]}
-        if with_vloss:
-            out[f"train/vloss_{k}"] = mean["vloss"]
-    out["train/expected_accept"] = out["train/expected_accept_0"]
-    return out
-
-
 # ---------------------------------------------------------------------------------------------------
-# Optimiser, schedule, checkpoints
+# Optimiser and schedule
 
 
 def lr_factor(step: int, warmup: int, total: int, min_ratio: float) -> float:
@@ -210,44 +119,8 @@ def make_optimizer(head: nn.Module, oc: DictConfig, total_steps: int):
     return opt, sched
 
 
-def shard(objective: nn.Module, device: torch.device) -> nn.Module:
-    """FSDP2 over the head's parameters (ZeRO-3: weights, gradients and AdamW states split across the
-    processes; whole only inside the forward and backward). The target is a plain attribute of the head,
-    so it stays whole and unsharded on every process."""
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
-
-    return fully_shard(objective, mesh=init_device_mesh(device.type, (dist.get_world_size(),)))
-
-
-def gathered(model: nn.Module, head: DraftHead, fsdp: bool, main: bool) -> DraftHead | None:
-    """The head with whole weights on rank 0 (None elsewhere): the head itself, or under FSDP a twin filled
-    from the gathered state (a collective every process must join)."""
-    if not fsdp:
-        return head if main else None
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-    sd = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    if not main:
-        return None
-    with torch.device(head.target.device):
-        twin = type(head)(head.config, head.target)
-    twin.load_state_dict({k.removeprefix("head."): v for k, v in sd.items()})
-    return twin
-
-
-def optimizer_state(model: nn.Module, opt, fsdp: bool) -> dict:
-    """What a checkpoint stores of the optimiser: its state dict, or under FSDP the whole one with FQN keys
-    (gathered: a collective every process must join)."""
-    if not fsdp:
-        return opt.state_dict()
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
-
-    return get_optimizer_state_dict(model, opt, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-
-
 # ---------------------------------------------------------------------------------------------------
-# Set-up helpers
+# Set-up
 
 
 def load_target(tc: DictConfig, dtype, device, seed: int):
@@ -288,64 +161,94 @@ def build_head(hc: DictConfig, target: Transformer, samples: list[Sample], devic
     return head.train()
 
 
-def copy_head(head: DraftHead, dtype) -> DraftHead:
-    """An inference copy of the head in the target's dtype (the engine's pools and kernels use one dtype)."""
-    with torch.device(head.device):
-        twin = type(head)(head.config, head.target)
-    twin.load_state_dict(head.state_dict())
-    return twin.to(dtype).eval()
+def _features(cfg: DictConfig, target: Transformer, head: DraftHead, samples: list[Sample], run_dir: Path,
+              dd: Dist, device, say):
+    """features(tokens [B, T], sequence indices) -> (feature [B, T, F], final hidden [B, T, H]): computed by the
+    target at each step (online) or read from a cache built once before training (offline)."""
+    online = OnlineFeatures(target, head)
+    if cfg.features.mode == "offline":
+        fdir = Path(cfg.features.dir or run_dir / "features")
+        size = cache_bytes([len(s.ids) for s in samples], head.feature_size, target.args.dim, target.dtype)
+        say(f"offline feature cache: {size / 2**30:.2f} GiB for {len(samples)} sequences -> {fdir}")
+        build_offline_cache(fdir, [s.ids for s in samples], list(range(dd.rank, len(samples), dd.world)), online,
+                            batch_size=cfg.features.batch_size, shard_mb=cfg.features.shard_mb, tag=f"r{dd.rank}")
+        dd.barrier()
+        offline = OfflineFeatures(fdir, device)
+        return lambda tokens, idx: offline(idx, tokens.shape[1])
+    if cfg.features.mode == "online":
+        return lambda tokens, idx: online(tokens)
+    raise ValueError(f"features.mode={cfg.features.mode!r}; choose online or offline")
 
 
-def eval_prompts(ec: DictConfig, dc: DictConfig, tokenizer, vocab_size: int, seed: int) -> list[list[int]]:
-    """Prompt token ids for the tau evaluation: held-out ShareGPT (never trained on), another benchmark, or
-    (synthetic data) fresh random prompts."""
-    from eaglet.data.prompts import load_prompts
-    from eaglet.engine.common import encode_turns
-
-    if ec.num_prompts <= 0:
-        return []
-    if dc.source == "synthetic":
-        g = torch.Generator().manual_seed(seed + 1_000_003)
-        return [torch.randint(0, vocab_size, (ec.prompt_len,), generator=g).tolist() for _ in range(ec.num_prompts)]
-    name = "sharegpt" if ec.data == "heldout" else ec.data
-    prompts = load_prompts(name, limit=ec.num_prompts, split="heldout" if name == "sharegpt" else None,
-                           path=dc.get("path") if name == "sharegpt" else None)
-    ids = [encode_turns(tokenizer, [{"role": "user", "content": p.turns[0]}], True) for p in prompts]
-    return [p for p in ids if len(p) <= ec.max_prompt_len]
+# ---------------------------------------------------------------------------------------------------
+# The run's state
 
 
-def evaluate_tau(target: Transformer, head: DraftHead, tree_cfg, prompts: list[list[int]], max_new_tokens: int,
-                 batch_size: int, eos_ids) -> dict:
-    """Greedy decoding of `prompts` with the real EagleEngine and this head -> {"tau", "accept_rate_depth", "acc"}.
-    acc [steps]: each draft step's teacher-forced accuracy on the same answers (the target's own), which is what
-    train/acc_k measures on training batches: side by side they show the generalisation gap (the engine accepts
-    exactly what this forward predicts: training/chain_replay.py).
+@dataclass
+class _Window:
+    """What the loop sums between two log lines, and the time in it spent checkpointing and evaluating."""
 
-    The decoding runs with the target's invariant numerics, as `run_spec.py` does by default: the answers are then
-    the target's plain greedy answers whatever the head. With the fastest kernels per shape, a bf16 speculative
-    answer depends on the head's accept pattern (the verify's shapes), so two evaluations one optimiser step apart
-    could score different texts (an H200 run logged eval/acc_0 0.482 and 0.464 at steps 1,526 and 1,527; how much
-    of that was the texts was not measured)."""
-    from eaglet.engine.autoregressive import Request
-    from eaglet.engine.eagle import EagleEngine, TreeSpec
+    stats: torch.Tensor  # [steps, len(STATS)] fp64, this process's
+    loss: torch.Tensor  # () fp64: summed step losses
+    tokens: int = 0
+    steps: int = 0
+    t0: float = field(default_factory=time.perf_counter)
+    pause: float = 0.0
 
-    tree = TreeSpec(tree_cfg.steps, tree_cfg.topk, tree_cfg.num_draft_tokens)
-    ctx = min(max(len(p) for p in prompts) + max_new_tokens + 1, target.args.max_seq_len)
-    draft = copy_head(head, target.dtype)
-    engine = EagleEngine(target, draft, tree, max_batch=min(batch_size, len(prompts)), max_context=ctx,
-                         eos_ids=sorted(eos_ids), use_cuda_graph=False)
-    reqs = [Request(list(p), max_new_tokens, rid=i) for i, p in enumerate(prompts)]
-    numerics = target.invariant
-    try:
-        target.set_invariant(True)
-        s = engine.generate(reqs).summary(tree.steps)
-    finally:
-        target.set_invariant(numerics)  # the teacher-forced pass below: the training's numerics
-    feats = OnlineFeatures(target, draft)
-    hits = torch.cat([step_hits(target, draft, feats, r.prompt_ids + r.output_ids, len(r.prompt_ids), tree.steps)
-                      for r in reqs])  # [rows, steps]
-    acc = (hits.float().sum(0) / max(len(hits), 1)).tolist()
-    return {"tau": s["tau"], "accept_rate_depth": s["accept_rate_depth"], "acc": acc}
+    @classmethod
+    def empty(cls, steps: int, device) -> "_Window":
+        return cls(torch.zeros(steps, len(STATS), dtype=torch.float64, device=device),
+                   torch.zeros((), dtype=torch.float64, device=device))
+
+    def reset(self) -> None:
+        self.stats.zero_()
+        self.loss.zero_()
+        self.tokens, self.steps, self.t0, self.pause = 0, 0, time.perf_counter(), 0.0
+
+    @contextlib.contextmanager
+    def paused(self, device):
+        """Time kept out of train/tokens_per_s (the device drained first)."""
+        if device.type != "cpu":
+            torch.get_device_module(device).synchronize(device)
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.pause += time.perf_counter() - t0
+
+
+@dataclass
+class _Run:
+    """One training run once set up: what the step, the log, checkpoints and evaluations read and advance."""
+
+    cfg: DictConfig
+    dd: Dist
+    device: torch.device
+    run_dir: Path
+    head: DraftHead
+    objective: DraftObjective
+    model: nn.Module  # the objective, or its DDP / FSDP wrapper
+    opt: torch.optim.Optimizer
+    sched: torch.optim.lr_scheduler.LRScheduler
+    samples: list[Sample]
+    features: Callable  # (tokens, idx) -> (feature, final hidden): `_features`
+    schedule: BatchSchedule
+    evaluations: Evaluations
+    tracker: Tracker | None  # rank 0's
+    env: dict
+    config: dict  # the resolved config
+    say: Callable  # rank 0's log.info, a no-op elsewhere
+    t_start: float
+    window: _Window
+    step: int = 0
+    position: int = 0  # global micro-batches consumed (the data position)
+    tokens_seen: int = 0
+    last_saved: int = -1
+    last_log: dict = field(default_factory=dict)
+
+    @property
+    def fsdp(self) -> bool:
+        return bool(self.cfg.train.get("fsdp"))
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -356,29 +259,25 @@ def train(cfg: DictConfig, output_dir: str | Path, target: Transformer | None = 
     """Train a draft head as `cfg` (conf/train_draft.yaml) says; returns the metrics written to metrics.json.
     `target`/`tokenizer` replace cfg.target (an already loaded model; tests pass tiny ones)."""
     with Interrupts() as interrupts:  # SIGINT / SIGTERM: at once while setting up, then at a step boundary
-        return _train(cfg, output_dir, target, tokenizer, interrupts)
+        console_logging()
+        validate_train_draft(cfg, run_dir=output_dir, given_target=target is not None)
+        run = _set_up(cfg, output_dir, target, tokenizer)
+        stopped, signum = _loop(run, interrupts)
+        interrupts.note = "writing the checkpoint and the head first (Ctrl-C again stops at once, without them)"
+        if run.step != run.last_saved:
+            _checkpoint(run)
+        return _finish(run, stopped, signum)
 
 
-def _train(cfg: DictConfig, output_dir, target: Transformer | None, tokenizer, interrupts: Interrupts) -> dict:
-    from eaglet.engine.common import resolve_hardware, trace_steps
-
-    console_logging()
-    validate_train_draft(cfg, run_dir=output_dir, given_target=target is not None)
-    tc, hc, oc, ec = cfg.train, cfg.train.head, cfg.train.optim, cfg.eval
+def _set_up(cfg: DictConfig, output_dir, target: Transformer | None, tokenizer) -> _Run:
+    """Join the job, load the target and the data, build (or resume) the head, its optimiser and features."""
+    tc, hc = cfg.train, cfg.train.head
     fsdp = bool(tc.get("fsdp"))
-    dd = Dist()
-    device, dtype = resolve_hardware(cfg.hardware)
-    if device.type == "cuda" and dd.world > 1:
-        device = torch.device("cuda", dd.local_rank)
-        torch.cuda.set_device(device)
-    dd.init(device.type)
-    # every process must write to one run directory: rank 0's (Hydra's ${now:...} may differ per process)
-    run_dir = Path(dd.broadcast(str(output_dir)))
-    best_file = run_dir / "head_best" / "eval.json"  # survives a resume, so a resumed run keeps the best so far
+    dd, device, dtype, run_dir = join(cfg.hardware, output_dir)
+    best_dir = run_dir / "head_best"
     say = log.info if dd.main else (lambda *a, **k: None)
     t_start = time.perf_counter()
 
-    # ---- target, data, head -------------------------------------------------------------------------
     target_name = cfg.target.name
     if target is None:
         target, tokenizer, target_key = load_target(cfg.target, dtype, device, cfg.seed)
@@ -389,9 +288,8 @@ def _train(cfg: DictConfig, output_dir, target: Transformer | None, tokenizer, i
     if tokenizer is not None and tokenizer.eos_token_id is not None:
         eos.add(tokenizer.eos_token_id)
     cache_dir = Path(cfg.data.cache_dir or Path(os.environ.get("EAGLET_CACHE", "~/.cache/eaglet")) / "train")
-    cache_dir = cache_dir.expanduser()
-    samples = load_samples(cfg.data, target, tokenizer, cache_dir, target_key, eos, cfg.seed, dd.rank, dd.world,
-                           dd.barrier, say)
+    samples = load_samples(cfg.data, target, tokenizer, cache_dir.expanduser(), target_key, eos, cfg.seed, dd.rank,
+                           dd.world, dd.barrier, say)
     if not samples:
         raise ValueError("no training sequence has an assistant token; check data.* (limit, max_len)")
     torch.manual_seed(cfg.seed)
@@ -399,223 +297,188 @@ def _train(cfg: DictConfig, output_dir, target: Transformer | None, tokenizer, i
     objective = DraftObjective(head, hc)
     if tc.get("compile"):
         # one compiled graph for the unrolled head and its loss, dynamic over batch lengths: eagerly a step issues
-        # thousands of ATen ops, and on an H200 it was host-bound on them (benchmarks/NOTES.md). The method, not
+        # thousands of ATen ops, and on an H200 it is host-bound on them (benchmarks/NOTES.md). The method, not
         # the module, so DDP's and FSDP's hooks stay outside the graph.
         objective.forward = torch.compile(objective.forward, dynamic=True)
 
-    # ---- resume (the weights before sharding, the optimiser's state once it exists) ---------------------
-    start_step, position, state = 0, 0, None  # position: global micro-batches consumed (the data position)
+    # resume: the weights before sharding, the optimiser's state once it exists
     ckpt = dd.broadcast(pick_checkpoint(tc.resume, run_dir) if dd.main else None)  # the newest that verifies
-    if ckpt is None and dd.main:  # a fresh start: what another run left in this directory goes
-        for leftover in ("train_log.jsonl", "metrics.json"):
-            (run_dir / leftover).unlink(missing_ok=True)
-        for leftover in (best_file.parent, run_dir / "head"):
-            shutil.rmtree(leftover, ignore_errors=True)
-    if ckpt is not None:
-        state = load_checkpoint(ckpt, head)
-        if bool(state.get("fsdp", False)) != fsdp:
-            raise ValueError(f"{ckpt}: saved with train.fsdp={bool(state.get('fsdp', False))}, this run has "
-                             f"train.fsdp={fsdp}: the optimiser states are stored differently; resume with the same "
-                             f"setting")
-    model: nn.Module = objective
-    if fsdp:
-        model = shard(objective, device)
-    elif dd.world > 1:
-        # the buffers (EAGLE-3's d2t/t2d) are equal on every process (same data, same vocabulary)
-        model = nn.parallel.DistributedDataParallel(objective, device_ids=[device.index] if device.type == "cuda"
-                                                    else None)
-    opt, sched = make_optimizer(head, oc, tc.steps)
+    if ckpt is None and dd.main:
+        clear_run_dir(run_dir, best_dir)
+    state = load_checkpoint(ckpt, head, fsdp) if ckpt is not None else None
+    model = wrap(objective, device, dd, fsdp)
+    opt, sched = make_optimizer(head, cfg.train.optim, tc.steps)
+    start_step, position = 0, 0
     if state is not None:
         restore_training_state(state, model, opt, sched, fsdp)
         start_step, position = int(state["step"]), int(state["micro_position"])
-        if state["global_batch"] != tc.batch_size * dd.world or state["grad_accum"] != tc.grad_accum:
-            raise ValueError(f"{ckpt}: saved with global batch {state['global_batch']} x accumulation "
-                             f"{state['grad_accum']}, this run has {tc.batch_size * dd.world} x {tc.grad_accum}: "
-                             f"the data position would not mean the same; resume with the same batch settings")
-        log_path = run_dir / "train_log.jsonl"
-        if dd.main and log_path.is_file():  # drop what was logged after the checkpoint: those steps rerun
-            kept = [line for line in log_path.read_text().splitlines() if json.loads(line)["step"] <= start_step]
-            log_path.write_text("".join(line + "\n" for line in kept))
+        check_batch_settings(state, ckpt, tc.batch_size * dd.world, tc.grad_accum)
+        if dd.main:
+            truncate_log(run_dir / "train_log.jsonl", start_step)
         say(f"resumed from {ckpt} at step {start_step}")
 
-    # ---- features ---------------------------------------------------------------------------------------
-    online = OnlineFeatures(target, head)
-    if cfg.features.mode == "offline":
-        fdir = Path(cfg.features.dir or run_dir / "features")
-        size = cache_bytes([len(s.ids) for s in samples], head.feature_size, target.args.dim, target.dtype)
-        say(f"offline feature cache: {size / 2**30:.2f} GiB for {len(samples)} sequences -> {fdir}")
-        build_offline_cache(fdir, [s.ids for s in samples], list(range(dd.rank, len(samples), dd.world)), online,
-                            batch_size=cfg.features.batch_size, shard_mb=cfg.features.shard_mb, tag=f"r{dd.rank}")
-        dd.barrier()
-        offline = OfflineFeatures(fdir, device)
-        features = lambda tokens, idx: offline(idx, tokens.shape[1])  # noqa: E731
-    elif cfg.features.mode == "online":
-        features = lambda tokens, idx: online(tokens)  # noqa: E731
-    else:
-        raise ValueError(f"features.mode={cfg.features.mode!r}; choose online or offline")
-
+    features = _features(cfg, target, head, samples, run_dir, dd, device, say)
     schedule = BatchSchedule([len(s.ids) for s in samples], tc.batch_size, dd.world, dd.rank, cfg.seed,
                              tc.group_by_length)
-    prompts = eval_prompts(ec, cfg.data, tokenizer, target.args.vocab_size, cfg.seed) if dd.main else []
+    prompts = eval_prompt_ids(cfg.eval, cfg.data, tokenizer, target.args.vocab_size, cfg.seed) if dd.main else []
     config = OmegaConf.to_container(cfg, resolve=True)
     env = environment(device)
     tracker = Tracker(cfg.logger, {**config, "env": env}, run_dir) if dd.main else None
-    n_tok = sum(len(s.ids) for s in samples)
-    n_asst = sum(int(s.mask.sum()) for s in samples)
+    evaluations = Evaluations(target, cfg, prompts, eos, best_dir, EXPORT_DTYPES[hc.export_dtype], tracker, say)
+    n_tok, n_asst = sum(len(s.ids) for s in samples), sum(int(s.mask.sum()) for s in samples)
     say(f"train {hc.kind} head ({sum(p.numel() for p in head.parameters()) / 1e6:.1f}M params, draft vocab "
         f"{head.draft_vocab_size}) for {target_name} on {len(samples)} sequences ({n_tok} tokens, {n_asst} "
         f"assistant); {dd.world} process(es) x batch {tc.batch_size} x accumulation {tc.grad_accum}, "
         f"{tc.steps} steps, TTT length {objective.steps}, device {env['device_name']}")
+    return _Run(cfg, dd, device, run_dir, head, objective, model, opt, sched, samples, features, schedule,
+                evaluations, tracker, env, config, say, t_start, _Window.empty(objective.steps, device),
+                step=start_step, position=position,
+                tokens_seen=int(state["tokens_seen"]) if state is not None else 0,
+                last_saved=start_step if ckpt is not None else -1)
 
-    autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" and tc.bf16
+
+def _loop(run: _Run, interrupts: Interrupts) -> tuple[str | None, int]:
+    """Optimiser steps until train.steps (or stop_at_step, time_limit_s, a signal) -> (the name of the signal
+    that stopped the run or None, its number or 0); every process stops at the same step."""
+    from eaglet.engine.common import trace_steps
+
+    tc, ec, dd = run.cfg.train, run.cfg.eval, run.dd
+    autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if run.device.type == "cuda" and tc.bf16
                 else contextlib.nullcontext())
-    steps = objective.steps
-    window = torch.zeros(steps, len(STATS), dtype=torch.float64, device=device)  # stats since the last log
-    win_loss = torch.zeros((), dtype=torch.float64, device=device)  # summed step losses since the last log
-    win_tokens, win_steps, win_t0, win_pause = 0, 0, time.perf_counter(), 0.0
-    last_log: dict = {}
-    evals: list[dict] = []
-    tokens_total = int(state["tokens_seen"]) if state is not None else 0
-    step, last_saved = start_step, start_step if ckpt is not None else -1
     stop_at = tc.stop_at_step if tc.get("stop_at_step") is not None else tc.steps
     time_limit = tc.get("time_limit_s")
-    bar = tqdm(total=tc.steps, initial=start_step, disable=not (dd.main and tc.progress), dynamic_ncols=True)
+    bar = tqdm(total=tc.steps, initial=run.step, disable=not (dd.main and tc.progress), dynamic_ncols=True)
     scope = contextlib.ExitStack()  # what the loop runs inside, closed after it
-    on_step = scope.enter_context(trace_steps((tc.get("profile_steps") or 0) if dd.main else 0, run_dir))  # trace
+    on_step = scope.enter_context(trace_steps((tc.get("profile_steps") or 0) if dd.main else 0, run.run_dir))
     scope.enter_context(logging_redirect_tqdm())  # log lines printed around the progress bar
     interrupts.defer("stopping after this step, with a checkpoint (Ctrl-C again stops at once, without one)")
-
-    def paused(fn):
-        """Run fn with its time kept out of train/tokens_per_s (the device drained first)."""
-        def run(*args, **kw):
-            nonlocal win_pause
-            if device.type != "cpu":
-                torch.get_device_module(device).synchronize(device)
-            t0 = time.perf_counter()
-            fn(*args, **kw)
-            win_pause += time.perf_counter() - t0
-        return run
-
-    @paused
-    def checkpoint(at: int) -> None:
-        nonlocal last_saved
-        whole, opt_state = gathered(model, head, fsdp, dd.main), optimizer_state(model, opt, fsdp)
-        if dd.main:
-            save_checkpoint(run_dir, at, whole, {
-                "step": at, "micro_position": position, "optimizer": opt_state, "fsdp": fsdp,
-                "scheduler": sched.state_dict(), "rng": rng_state(), "global_batch": tc.batch_size * dd.world,
-                "grad_accum": tc.grad_accum, "tokens_seen": tokens_total}, tc.keep_last)
-        last_saved = at
-        dd.barrier()
-
-    @paused
-    def run_eval(at: int) -> None:
-        whole = gathered(model, head, fsdp, dd.main)
-        if dd.main and prompts:
-            r = evaluate_tau(target, whole, cfg.tree, prompts, ec.max_new_tokens, ec.batch_size, eos)
-            evals.append({"step": at, **r})
-            if not best_file.is_file() or r["acc"][0] > json.loads(best_file.read_text())["acc"][0]:
-                whole.save_pretrained(best_file.parent, dtype=EXPORT_DTYPES[hc.export_dtype])
-                best_file.write_text(json.dumps({"step": at, **r}))
-            tracker.log({"eval/tau": r["tau"], **{f"eval/acc_{k}": a for k, a in enumerate(r["acc"])}}, step=at)
-            say(f"step {at}: eval/tau {r['tau']:.3f}, eval/acc_0 {r['acc'][0]:.3f} on "
-                f"{len(prompts)} held-out prompts")
-        dd.barrier()
-
-    stopped, signum = None, 0  # the signal that stopped the run; any signal, as every process agreed
+    run.window.t0 = time.perf_counter()
     try:
-        while step < min(tc.steps, stop_at):
-            # ---- one optimiser step -------------------------------------------------------------------
-            local = [schedule.local_batch(position + j) for j in range(tc.grad_accum)]
-            batches = [(*collate(samples, idx), idx) for idx in local]
-            loss_sum, stats = accumulate_gradients(model, dd, batches, features, steps, autocast)
-            window += stats
-            win_tokens += sum(len(samples[i].ids) for idx in local for i in idx)
-            grad_norm = torch.nn.utils.clip_grad_norm_(head.parameters(), oc.grad_clip or math.inf)  # pre-clip norm
-            if hasattr(grad_norm, "full_tensor"):  # FSDP: a DTensor over the shards
-                grad_norm = grad_norm.full_tensor()
-            opt.step()
-            sched.step()
-            opt.zero_grad(set_to_none=True)
-            step, position = step + 1, position + tc.grad_accum
-            win_loss += loss_sum
-            win_steps += 1
+        while run.step < min(tc.steps, stop_at):
+            grad_norm = _optimiser_step(run, autocast)
             bar.update(1)
             if on_step is not None:
                 on_step()
-
-            if step % tc.log_every == 0 or step == tc.steps:
-                w = dd.all_sum(window.clone())
-                toks = int(dd.all_sum(torch.tensor(float(win_tokens), device=device)))
-                loss_avg = float(dd.all_sum(win_loss.clone())) / dd.world / win_steps
-                tokens_total += toks
-                dt = time.perf_counter() - win_t0 - win_pause
-                last_log = {"train/loss": loss_avg, "train/lr": sched.get_last_lr()[0],
-                            "train/grad_norm": float(grad_norm), "train/tokens_per_s": toks / dt,
-                            **window_metrics(w, bool(objective.kw["v_weight"]))}
-                if dd.main:
-                    tracker.log(last_log, step=step)
-                    with open(run_dir / "train_log.jsonl", "a") as f:
-                        f.write(json.dumps({"step": step, **last_log}) + "\n")
-                    bar.set_postfix(loss=f"{last_log['train/loss']:.3f}", acc_0=f"{last_log['train/acc_0']:.3f}",
-                                    lr=f"{last_log['train/lr']:.2e}")
-                window.zero_()
-                win_loss.zero_()
-                win_tokens, win_steps, win_t0, win_pause = 0, 0, time.perf_counter(), 0.0
-            if tc.ckpt_every > 0 and step % tc.ckpt_every == 0:
-                checkpoint(step)
+            if run.step % tc.log_every == 0 or run.step == tc.steps:
+                _log(run, grad_norm, bar)
+            if tc.ckpt_every > 0 and run.step % tc.ckpt_every == 0:
+                _checkpoint(run)
             # every process stops at the same step, whichever received the signal or ran out of time
             signum, time_up = dd.any_stop(interrupts.signum, time_limit is not None and
-                                          time.perf_counter() - t_start > time_limit, device)
+                                          time.perf_counter() - run.t_start > time_limit, run.device)
             if signum:
-                stopped = signal.Signals(signum).name
-                break
+                return signal.Signals(signum).name, signum
             if time_up:
-                say(f"train.time_limit_s={time_limit} reached at step {step}: stopping (resumable)")
+                run.say(f"train.time_limit_s={time_limit} reached at step {run.step}: stopping (resumable)")
                 break
-            if ec.every > 0 and step % ec.every == 0 and step < tc.steps:
-                run_eval(step)
+            if ec.every > 0 and run.step % ec.every == 0 and run.step < tc.steps:
+                _evaluate(run)
     finally:  # a second Ctrl-C (KeyboardInterrupt) leaves from here: at once, without a checkpoint
         scope.close()
         bar.close()
-    interrupts.note = "writing the checkpoint and the head first (Ctrl-C again stops at once, without them)"
-    if step != last_saved:
-        checkpoint(step)
+    return None, 0
 
-    # ---- the end: export, final evaluation, metrics ----------------------------------------------------
+
+def _optimiser_step(run: _Run, autocast) -> torch.Tensor:
+    """One optimiser step over train.grad_accum micro-batches -> the gradient norm before clipping."""
+    tc = run.cfg.train
+    local = [run.schedule.local_batch(run.position + j) for j in range(tc.grad_accum)]
+    batches = [(*collate(run.samples, idx), idx) for idx in local]
+    loss_sum, stats = accumulate_gradients(run.model, run.dd, batches, run.features, run.objective.steps, autocast)
+    grad_norm = torch.nn.utils.clip_grad_norm_(run.head.parameters(), run.cfg.train.optim.grad_clip or math.inf)
+    if hasattr(grad_norm, "full_tensor"):  # FSDP: a DTensor over the shards
+        grad_norm = grad_norm.full_tensor()
+    run.opt.step()
+    run.sched.step()
+    run.opt.zero_grad(set_to_none=True)
+    run.step, run.position = run.step + 1, run.position + tc.grad_accum
+    w = run.window
+    w.stats += stats
+    w.loss += loss_sum
+    w.tokens += sum(len(run.samples[i].ids) for idx in local for i in idx)
+    w.steps += 1
+    return grad_norm
+
+
+def _log(run: _Run, grad_norm: torch.Tensor, bar) -> None:
+    """The window's metrics over every process -> the tracker, train_log.jsonl and the progress bar."""
+    dd, w = run.dd, run.window
+    stats = dd.all_sum(w.stats.clone())
+    toks = int(dd.all_sum(torch.tensor(float(w.tokens), device=run.device)))
+    loss_avg = float(dd.all_sum(w.loss.clone())) / dd.world / w.steps
+    run.tokens_seen += toks
+    dt = time.perf_counter() - w.t0 - w.pause
+    run.last_log = {"train/loss": loss_avg, "train/lr": run.sched.get_last_lr()[0],
+                    "train/grad_norm": float(grad_norm), "train/tokens_per_s": toks / dt,
+                    **window_metrics(stats, bool(run.objective.kw["v_weight"]))}
+    if dd.main:
+        run.tracker.log(run.last_log, step=run.step)
+        with open(run.run_dir / "train_log.jsonl", "a") as f:
+            f.write(json.dumps({"step": run.step, **run.last_log}) + "\n")
+        bar.set_postfix(loss=f"{run.last_log['train/loss']:.3f}", acc_0=f"{run.last_log['train/acc_0']:.3f}",
+                        lr=f"{run.last_log['train/lr']:.2e}")
+    w.reset()
+
+
+def _checkpoint(run: _Run) -> None:
+    """checkpoints/step_<n>/ of this step (every process joins: under FSDP the gathers are collectives)."""
+    tc, dd = run.cfg.train, run.dd
+    with run.window.paused(run.device):
+        whole, opt_state = gathered(run.model, run.head, run.fsdp, dd.main), optimizer_state(run.model, run.opt,
+                                                                                              run.fsdp)
+        if dd.main:
+            save_checkpoint(run.run_dir, run.step, whole, {
+                "step": run.step, "micro_position": run.position, "optimizer": opt_state, "fsdp": run.fsdp,
+                "scheduler": run.sched.state_dict(), "rng": rng_state(), "global_batch": tc.batch_size * dd.world,
+                "grad_accum": tc.grad_accum, "tokens_seen": run.tokens_seen}, tc.keep_last)
+        run.last_saved = run.step
+        dd.barrier()
+
+
+def _evaluate(run: _Run) -> None:
+    """The evaluation of this step on rank 0 (every process joins the gather)."""
+    with run.window.paused(run.device):
+        whole = gathered(run.model, run.head, run.fsdp, run.dd.main)
+        if run.dd.main:
+            run.evaluations(whole, run.step)
+        run.dd.barrier()
+
+
+def _finish(run: _Run, stopped: str | None, signum: int) -> dict:
+    """Export the head, the final evaluation, metrics.json and the summary -> the metrics."""
+    tc, dd = run.cfg.train, run.dd
     # an unfinished run (stop_at_step, time_limit_s, a signal) exports too, so that its head can be evaluated;
     # metrics.json says finished=false, and a resumed run exports again at its end
-    finished = step >= tc.steps
+    finished = run.step >= tc.steps
     stopped = None if finished else stopped  # a signal during the last step: the run is whole all the same
-    whole = gathered(model, head, fsdp, dd.main)
-    head_dir = whole.save_pretrained(run_dir / "head", dtype=EXPORT_DTYPES[hc.export_dtype]) if dd.main else None
-    if ec.every > 0 and not signum:  # a signalled job has seconds left (SLURM, Kubernetes): no evaluation
-        run_eval(step)
-    train_s = time.perf_counter() - t_start
+    whole = gathered(run.model, run.head, run.fsdp, dd.main)
+    export = EXPORT_DTYPES[tc.head.export_dtype]
+    head_dir = save_draft_head(whole, run.run_dir / "head", dtype=export) if dd.main else None
+    if run.cfg.eval.every > 0 and not signum:  # a signalled job has seconds left (SLURM, Kubernetes): no evaluation
+        _evaluate(run)
+    train_s = time.perf_counter() - run.t_start
+    samples, device = run.samples, run.device
     metrics = {
-        "steps": step, "finished": finished, **({"interrupted": stopped} if stopped else {}),
+        "steps": run.step, "finished": finished, **({"interrupted": stopped} if stopped else {}),
         "head_dir": None if head_dir is None else str(head_dir),
-        "head_kind": hc.kind, "draft_vocab_size": head.draft_vocab_size, "ttt_length": steps,
-        "num_sequences": len(samples), "num_tokens": n_tok, "assistant_tokens": n_asst,
-        "world_size": dd.world, "train_s": train_s, "tokens_seen": tokens_total,
+        "head_kind": tc.head.kind, "draft_vocab_size": run.head.draft_vocab_size, "ttt_length": run.objective.steps,
+        "num_sequences": len(samples), "num_tokens": sum(len(s.ids) for s in samples),
+        "assistant_tokens": sum(int(s.mask.sum()) for s in samples),
+        "world_size": dd.world, "train_s": train_s, "tokens_seen": run.tokens_seen,
         "peak_memory_gb": torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None,
-        **last_log,
-        "eval/tau": evals[-1]["tau"] if evals else None, "eval/acc_0": evals[-1]["acc"][0] if evals else None,
-        "eval_history": evals,
-        "head_best": json.loads(best_file.read_text()) if best_file.is_file() else None,
-        **env, "config": config,
+        **run.last_log, **run.evaluations.summary(), **run.env, "config": run.config,
     }
     if dd.main:
-        say(f"{'stopped by ' + stopped + ' after' if stopped else 'done:'} {step} of {tc.steps} steps in "
-            f"{train_s:.1f}s; " + ", ".join(f"{k} {metrics[k]:.4g}" for k in ("train/loss", "train/acc_0",
-                                                                            "eval/acc_0", "eval/tau")
-                                          if metrics.get(k) is not None))
+        run.say(f"{'stopped by ' + stopped + ' after' if stopped else 'done:'} {run.step} of {tc.steps} steps in "
+                f"{train_s:.1f}s; " + ", ".join(f"{k} {metrics[k]:.4g}" for k in ("train/loss", "train/acc_0",
+                                                                                "eval/acc_0", "eval/tau")
+                                              if metrics.get(k) is not None))
         if not finished:
-            say(f"checkpoint at step {step} in {run_dir}: {rerun_hint(run_dir)}")
-        where = tracker.location()
-        say(f"metrics: {tracker.finish(metrics)}")
-        say(f"head: {head_dir}")
+            run.say(f"checkpoint at step {run.step} in {run.run_dir}: {rerun_hint(run.run_dir)}")
+        where = run.tracker.location()
+        run.say(f"metrics: {run.tracker.finish(metrics)}")
+        run.say(f"head: {head_dir}")
         if where:
-            say(where)
+            run.say(where)
     dd.close()
     return metrics

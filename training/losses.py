@@ -25,8 +25,11 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from omegaconf import DictConfig
+from torch import nn
 
-from eaglet.models.eagle import DenseKV, DraftHead, TTTPattern
+from eaglet.models.eagle import DraftHead
+from eaglet.training.ttt_attention import DenseKV, TTTPattern
 
 # Per-step statistics, summed over rows (and later over micro-batches and processes).
 STATS = ("rows", "ploss", "correct", "accept", "vloss")
@@ -145,3 +148,48 @@ def head_vocab(head: DraftHead) -> torch.Tensor | None:
     if head.draft_vocab_size == head.target.args.vocab_size:
         return None
     return head.to_target_ids(torch.arange(head.draft_vocab_size, device=head.device))
+
+
+# ---------------------------------------------------------------------------------------------------
+# The objective as a module (what DDP wraps), and the logged metrics of its statistics
+
+
+class DraftObjective(nn.Module):
+    """The head's training forward + loss for one micro-batch; its parameters are the head's (the target is
+    a plain attribute of the head, so DDP neither broadcasts nor all-reduces it)."""
+
+    def __init__(self, head: DraftHead, hc: DictConfig):
+        super().__init__()
+        self.head = head
+        steps = int(hc.ttt_length)
+        if head.KIND == "multi_layer" and steps < head.num_kv_layers:
+            # layer i runs from unrolled step i on: a shorter unroll leaves layers untrained (and DDP without
+            # find_unused_parameters stops on their missing gradients)
+            raise ValueError(f"train.head.ttt_length={steps} < {head.num_kv_layers} layers of the multi-layer head: "
+                             f"unrolled step i trains layer i, so unroll at least as many steps as layers")
+        # EAGLE-1 and multi-layer heads output target features (the target's lm_head reads them): regress them
+        regress = head.KIND in ("eagle1", "multi_layer")
+        self.kw = dict(steps=steps, step_weight=float(hc.step_weight),
+                       p_weight=float(hc.p_weight) if regress else 1.0, v_weight=float(hc.v_weight) if regress else 0.0)
+
+    @property
+    def steps(self) -> int:
+        return self.kw["steps"]
+
+    def forward(self, tokens, loss_mask, feature, final_hidden, norm):
+        return draft_loss(self.head, tokens, loss_mask, feature, final_hidden, norm, **self.kw)
+
+
+def window_metrics(w: torch.Tensor, with_vloss: bool) -> dict[str, float]:
+    """Summed statistics [steps, len(STATS)] of a logging window -> train/acc_k, ploss_k, expected_accept_k
+    (and vloss_k) as means over the counted rows; train/expected_accept is step 0's."""
+    rows = w[:, STATS.index("rows")].clamp(min=1)  # [steps]
+    out = {}
+    for k in range(w.shape[0]):
+        mean = {name: float(w[k, STATS.index(name)] / rows[k]) for name in STATS}
+        out |= {f"train/acc_{k}": mean["correct"], f"train/ploss_{k}": mean["ploss"],
+                f"train/expected_accept_{k}": mean["accept"]}
+        if with_vloss:
+            out[f"train/vloss_{k}"] = mean["vloss"]
+    out["train/expected_accept"] = out["train/expected_accept_0"]
+    return out

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from eaglet.models.eagle import new_draft_head
+from eaglet.models.head_checkpoint import new_draft_head
 from eaglet.models.kv_cache import KVCache
 from eaglet.models.llama import ModelArgs, Transformer
 from eaglet.engine.autoregressive import AREngine, Request

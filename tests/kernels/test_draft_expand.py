@@ -138,7 +138,7 @@ def test_engine_draft_calls_match_the_references(kind, monkeypatch):
     import eaglet.kernels.draft_expand as dx
     import eaglet.kernels.topk as tk
     import eaglet.engine.eagle as engine
-    from eaglet.models.eagle import new_draft_head
+    from eaglet.models.head_checkpoint import new_draft_head
     from eaglet.models.llama import ModelArgs, Transformer
 
     torch.manual_seed(0)

@@ -214,7 +214,7 @@ def test_folded_eagle3_head_through_the_fused_kernels():
     """A folded EAGLE-3 head (DraftHead.fold_norm_weights) gives the unfolded head's hidden states and logits: its
     extend over 2 x 6 target features and two draft steps of 2 x 3 rows each run the two-input qkv and the
     out-of-place o_proj add (here, unlike tests/models, the kernels run)."""
-    from eaglet.models.eagle import new_draft_head
+    from eaglet.models.head_checkpoint import new_draft_head
     from eaglet.models.kv_cache import ForwardBatch, slots_for
     from eaglet.models.llama import ModelArgs, Transformer
 

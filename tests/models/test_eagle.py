@@ -1,5 +1,5 @@
-"""Draft heads (models/eagle.py): shapes, paged-KV path == a dense re-implementation of EAGLE's formulas,
-checkpoint round trips, the public EAGLE-1 / EAGLE-3 layouts, d2t, and every mismatch error."""
+"""Draft heads (models/eagle.py, models/head_checkpoint.py): shapes, paged-KV path == a dense re-implementation
+of EAGLE's formulas, checkpoint round trips, the public EAGLE-1 / EAGLE-3 layouts, d2t, and every mismatch error."""
 
 from __future__ import annotations
 
@@ -13,13 +13,14 @@ import torch.nn.functional as F
 from safetensors.torch import save_file
 
 from eaglet.models.checkpoint import CheckpointError, CheckpointNotFoundError
-from eaglet.models.eagle import (
-    Eagle1Head,
-    Eagle3Head,
-    MultiLayerHead,
+from eaglet.models.eagle import Eagle1Head, Eagle3Head, MultiLayerHead
+from eaglet.models.head_checkpoint import (
     head_class,
+    head_config,
     load_draft_head,
     new_draft_head,
+    public_state_dict,
+    save_draft_head,
 )
 from eaglet.models.kv_cache import ForwardBatch, KVCache, slots_for
 from eaglet.models.llama import ModelArgs, Transformer
@@ -180,7 +181,7 @@ def test_eagle1_extend_then_steps_equal_dense(target, n_layers, page_size):
             outs.append(hidden)
             all_logits.append(lg)
         paged, paged_logits = torch.cat(outs, 1), torch.cat(all_logits, 1)
-        sd = head.public_state_dict()
+        sd = public_state_dict(head)
         seq_hidden = torch.cat([feats, outs[0][:, -1:], outs[1]], 1)  # features, then the head's own outputs
         emb = target.model.embed_tokens(tokens)
         dense = eagle1_dense(sd, cfg_of(head), emb, seq_hidden, torch.arange(T + 2)[None].repeat(B, 1), n_layers)
@@ -207,7 +208,7 @@ def test_eagle3_extend_then_steps_equal_dense(target, page_size):
             hidden, lg = head(tokens[:, T + s:T + s + 1], hidden, pos, batch, kv, step=s + 1)
             outs.append(hidden)
             all_logits.append(lg)
-        sd = head.public_state_dict()
+        sd = public_state_dict(head)
         seq_hidden = torch.cat([fc(feats, sd), outs[0][:, -1:], outs[1]], 1)  # [B, T+2, H]
         dense, dense_logits = eagle3_dense(sd, cfg_of(head), target.model.embed_tokens(tokens), seq_hidden,
                                            torch.arange(T + 2)[None].repeat(B, 1))
@@ -248,7 +249,7 @@ def test_multi_layer_extend_runs_every_layer_and_step_runs_one(target):
     B, T = 2, 5
     tokens = torch.randint(0, V, (B, T + 1), generator=g)
     feats = torch.randn(B, T, H, generator=g)
-    sd, cfg = head.public_state_dict(), cfg_of(head)
+    sd, cfg = public_state_dict(head), cfg_of(head)
     emb = target.model.embed_tokens(tokens)
     pos_all = torch.arange(T + 1)[None].repeat(B, 1)
 
@@ -284,16 +285,16 @@ def test_save_load_roundtrip_bitwise(target, tmp_path, kind, dtype):
                      draft_vocab_size=64 if kind == "eagle3" else None).to(dtype)
     if kind == "eagle3":
         head.set_draft_vocab(torch.randperm(V, generator=torch.Generator().manual_seed(6))[:64])
-    head.save_pretrained(tmp_path)
+    save_draft_head(head, tmp_path)
     loaded = load_draft_head(tmp_path, target, dtype=dtype)
     assert type(loaded) is type(head)
     assert loaded.state_dict().keys() == head.state_dict().keys()
     for k, v in head.state_dict().items():
         assert loaded.state_dict()[k].dtype == v.dtype and torch.equal(loaded.state_dict()[k], v), k
-    assert loaded.hf_config() == head.hf_config()
+    assert head_config(loaded) == head_config(head)
     assert json.loads((tmp_path / "config.json").read_text())["architectures"] == [head.ARCHITECTURE]
     # a second save of the loaded head writes the same file
-    loaded.save_pretrained(tmp_path / "again")
+    save_draft_head(loaded, tmp_path / "again")
     assert (tmp_path / "again" / "model.safetensors").read_bytes() == (tmp_path / "model.safetensors").read_bytes()
 
 
@@ -375,7 +376,7 @@ def test_load_public_eagle3(target, tmp_path, fmt):
         head = load_draft_head(write(tmp_path, cfg, sd_with_embed, fmt), target)
     assert isinstance(head, Eagle3Head) and head.draft_vocab_size == 64
     assert head.args.rope_theta == 50000.0 and head.args.intermediate_size == 192  # the head's own config
-    got = head.public_state_dict()
+    got = public_state_dict(head)
     assert got.keys() == sd.keys()
     assert all(torch.equal(got[k], sd[k].to(got[k].dtype)) for k in sd)
     # the mapping means what EAGLE-3 means: forward == the dense formulas over the written tensors
@@ -400,7 +401,7 @@ def test_load_public_eagle1_bin(target, tmp_path, bias):
         head = load_draft_head(write(tmp_path, cfg, sd, "bin"), target)
     assert isinstance(head, Eagle1Head) and (head.fc.bias is not None) == bias
     own = {k: v for k, v in sd.items() if k != "embed_tokens.weight"}  # the embedding stays the target's
-    assert head.public_state_dict().keys() == own.keys()
+    assert public_state_dict(head).keys() == own.keys()
     tokens, feats = torch.randint(0, V, (2, 6), generator=g), torch.randn(2, 6, H, generator=g)
     out, logits = extend(head, tokens, feats)
     want = eagle1_dense(own, dict(heads=4, kv_heads=2, head_dim=64, theta=10000.0, eps=1e-6),
@@ -408,7 +409,7 @@ def test_load_public_eagle1_bin(target, tmp_path, bias):
     assert rel_err(out, want) <= 1e-5 and rel_err(logits, target.lm_head(want)) <= 1e-5
     assert torch.equal(head.to_target_ids(torch.arange(7)), torch.arange(7))
     # saved back in the public layout with the embedding (EAGLE's own loader is strict about it)
-    head.save_pretrained(tmp_path / "out")
+    save_draft_head(head, tmp_path / "out")
     again = load_draft_head(tmp_path / "out", target)
     assert all(torch.equal(a, b) for a, b in zip(again.state_dict().values(), head.state_dict().values()))
 
@@ -424,7 +425,7 @@ def test_eagle3_own_embedding_when_widths_differ(target, tmp_path):
     out, logits = extend(head, tokens, torch.randn(1, 4, 3 * H, generator=g))
     assert out.shape == (1, 4, 128) and logits.shape == (1, 4, 64)
     assert torch.equal(head.embed(tokens), sd["embed_tokens.weight"][tokens])
-    head.save_pretrained(tmp_path / "out")
+    save_draft_head(head, tmp_path / "out")
     assert json.loads((tmp_path / "out" / "config.json").read_text())["target_hidden_size"] == H
     del sd["embed_tokens.weight"]
     with pytest.raises(CheckpointError, match="embed_tokens.weight"):
@@ -453,7 +454,7 @@ def test_aux_layer_ids_from_config(target, tmp_path):
     cfg["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": [0, 2, 6]}  # SpecForge: layer outputs
     head = load_draft_head(write(tmp_path, cfg, sd), target)
     assert head.capture_layers(8) == (0, 2, 6)
-    head.save_pretrained(tmp_path / "out")
+    save_draft_head(head, tmp_path / "out")
     assert load_draft_head(tmp_path / "out", target).capture_layers(8) == (0, 2, 6)
 
 
@@ -565,10 +566,10 @@ def test_bad_files(target, tmp_path):
 
 def test_api_misuse_errors(target, tmp_path):
     head = make_head("eagle3", target)
-    head.save_pretrained(tmp_path)
+    save_draft_head(head, tmp_path)
     with pytest.raises(ValueError, match="holds a draft head of kind 'eagle3'"):
-        Eagle1Head.from_pretrained(tmp_path, target)
-    assert isinstance(Eagle3Head.from_pretrained(tmp_path, target), Eagle3Head)
+        load_draft_head(tmp_path, target, kind="eagle1")
+    assert isinstance(load_draft_head(tmp_path, target, kind="eagle3"), Eagle3Head)
     kv, reqs = fresh_kv(head)
     pos, batch = batch_at(kv, reqs, 0, 2)
     with pytest.raises(ValueError, match=r"F in \(768, 256\)"):

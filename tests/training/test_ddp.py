@@ -20,8 +20,10 @@ import torch.multiprocessing as mp
 from safetensors.torch import load_file
 
 from eaglet.training.data import collate, synthetic_samples
+from eaglet.training.distributed import Dist
 from eaglet.training.features import OnlineFeatures
-from eaglet.training.loop import DraftObjective, Dist, accumulate_gradients, build_head, train
+from eaglet.training.loop import accumulate_gradients, build_head, train
+from eaglet.training.losses import DraftObjective
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
 B_LOCAL, ACCUM = 2, 2  # per process; the one-process reference takes 2 * B_LOCAL
@@ -165,7 +167,7 @@ def test_fsdp_run_resumes_exactly_and_matches_one_process(tmp_path):
     c = load_file(tmp_path / "one" / "checkpoints" / "step_00000003" / "model.safetensors")
     assert all(torch.allclose(a[k], c[k], rtol=1e-4, atol=1e-6) for k in a)
     assert full["train/loss"] == pytest.approx(one["train/loss"], rel=1e-4)
-    from eaglet.models.eagle import load_draft_head
+    from eaglet.models.head_checkpoint import load_draft_head
 
     assert load_draft_head(tmp_path / "full" / "head", _tiny()).KIND == "eagle3"
     exported = load_file(tmp_path / "full" / "head" / "model.safetensors")  # bf16, the public layout

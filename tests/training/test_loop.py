@@ -19,7 +19,7 @@ from omegaconf import OmegaConf
 from safetensors import safe_open
 from safetensors.torch import load_file
 
-from eaglet.models.eagle import load_draft_head
+from eaglet.models.head_checkpoint import load_draft_head, public_state_dict
 from eaglet.training.features import OfflineFeatures, OnlineFeatures, build_offline_cache, cache_bytes
 from eaglet.training.loop import train
 
@@ -137,7 +137,7 @@ def test_saved_head_loads_in_the_public_layout(target, tmp_path, small_cfg, kind
     # the export equals the last checkpoint (same weights, public names), and the loaded head holds them
     exported = load_file(head_dir / "model.safetensors")
     assert all(torch.equal(exported[k], v) for k, v in ck.items())
-    loaded = head.public_state_dict()
+    loaded = public_state_dict(head)
     assert loaded.keys() == ck.keys() and all(torch.equal(loaded[k], v) for k, v in ck.items())
     assert len(m["eval_history"]) == 2 and m["eval/tau"] >= 1.0  # step 1 and the end
     # held-out teacher-forced accuracy per draft step, beside the engine's tau
@@ -147,7 +147,7 @@ def test_saved_head_loads_in_the_public_layout(target, tmp_path, small_cfg, kind
 
 
 def test_offline_features_equal_online(target, tmp_path):
-    from eaglet.models.eagle import new_draft_head
+    from eaglet.models.head_checkpoint import new_draft_head
 
     head = new_draft_head("eagle3", target)
     online = OnlineFeatures(target, head)
@@ -259,7 +259,7 @@ def test_warm_start_keeps_the_head_or_grows_its_vocabulary(target, tmp_path, sma
     over = ("train.steps=1", "train.optim.lr=0", "train.head.export_dtype=float32",
             f"train.head.init_from={first['head_dir']}")
     kept = load_draft_head(Path(train(small_cfg("eagle3", *over), tmp_path / "b", target=target)["head_dir"]), target)
-    a, b = start.public_state_dict(), kept.public_state_dict()
+    a, b = public_state_dict(start), public_state_dict(kept)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
     grown = train(small_cfg("eagle3", *over, "train.head.resize_vocab=true", "train.head.draft_vocab_size=96"),

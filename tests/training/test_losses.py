@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from eaglet.models.eagle import new_draft_head
+from eaglet.models.head_checkpoint import new_draft_head
 from eaglet.training.data import Sample, draft_vocab
 from eaglet.training.losses import STATS, draft_loss, step_counts, step_terms, target_distribution, ttt_attention_mask
 
