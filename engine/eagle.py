@@ -35,9 +35,9 @@ from eaglet.kernels.tree_mask import build_tree, num_candidates
 from eaglet.kernels.verify import VerifyResult, verify_greedy, verify_sampling
 from eaglet.models.kv_cache import ForwardBatch, KVCache, slots_for, to_device
 from eaglet.models.llama import Transformer
-from eaglet.engine.autoregressive import (Request, _HostCopy, admit, check_request, default_min_admit, emit, pad_prompts,
-                                       synchronizer)
 from eaglet.engine.cuda_graph import GraphRunner
+from eaglet.engine.requests import (PendingTokens, Request, admit, check_request, default_min_admit, emit,
+                                    pad_prompts, synchronizer)
 from eaglet.engine.sampling import SamplingParams, probs_from_logits, sample
 from eaglet.engine.stream_plan import ResolvedPlan, StreamPlan
 
@@ -392,7 +392,7 @@ class EagleEngine:
     def _loop(self, requests: list[Request], stats: StepStats, sync, timer: "_PhaseTimer", on_token, on_step) -> None:
         waiting, active = deque(requests), []
         state: dict[str, torch.Tensor] = {}
-        inflight: deque[tuple[_HostCopy, bool]] = deque()
+        inflight: deque[tuple[PendingTokens, bool]] = deque()  # (tokens, of a step rather than a prefill)
         S = self.tree.steps
         while waiting or active or inflight:
             new = admit(waiting, len(active), self.max_batch, self.min_admit)
@@ -405,7 +405,7 @@ class EagleEngine:
                     kv.reserve_many([(r.row, len(r.prompt_ids) + 1) for r in new])
                 tp = time.perf_counter()
                 roots, lens, top_lp, top_tok, hidden = self._prefill(new)
-                inflight.append((_HostCopy(roots, new), False))
+                inflight.append((PendingTokens(roots, new), False))
                 part = dict(roots=roots, seq_lens=lens, top_lp=top_lp, top_tok=top_tok, hidden=hidden)
                 state = {k: torch.cat([state[k], v]) for k, v in part.items()} if state else part
                 active += new
@@ -423,7 +423,7 @@ class EagleEngine:
                 stats.steps += 1
                 if on_step is not None:
                     on_step()
-                inflight.append((_HostCopy(out, list(active)), True))
+                inflight.append((PendingTokens(out, list(active)), True))
             while len(inflight) > (1 if active else 0):
                 copy, is_step = inflight.popleft()
                 for r, row in zip(copy.reqs, copy.get()):

@@ -21,12 +21,13 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 from eaglet.kernels._utils import copy_bandwidth
 from eaglet.models.kv_cache import KVCache
 from eaglet.models.llama import Transformer
-from eaglet.engine.autoregressive import AREngine, GenStats, Request
+from eaglet.engine.autoregressive import AREngine, GenStats
 from eaglet.engine.checks import ConfigError
 from eaglet.engine.common import encode_turns, random_target, resolve_hardware, target_path, trace_steps
 from eaglet.engine.config import head_dir, no_head, validate_run_spec
 from eaglet.engine.eagle import EagleEngine, SimulatedAcceptance, StepStats, TreeSpec
 from eaglet.engine.entry import console_logging
+from eaglet.engine.requests import Request
 from eaglet.engine.sampling import SamplingParams
 from eaglet.engine.signals import Interrupted, Interrupts
 from eaglet.engine.stream_plan import StreamPlan, resolve_plan

@@ -8,8 +8,9 @@ import torch
 from eaglet.models.eagle import new_draft_head
 from eaglet.models.kv_cache import KVCache
 from eaglet.models.llama import ModelArgs, Transformer
-from eaglet.engine.autoregressive import AREngine, Request
+from eaglet.engine.autoregressive import AREngine
 from eaglet.engine.eagle import EagleEngine, SimulatedAcceptance, StepStats, TreeSpec, _PhaseTimer
+from eaglet.engine.requests import Request
 
 TREES = {"chain": TreeSpec(4, 1, 5), "eagle2": TreeSpec(4, 3, 8)}
 ARGS = ModelArgs(family="llama", vocab_size=256, dim=128, n_layers=8, n_heads=2, n_kv_heads=1, head_dim=64,

@@ -100,8 +100,8 @@ SCRIPT = textwrap.dedent("""
     sys.path.insert(0, {tests!r})
     from test_eagle_engine import ARGS, PROMPTS, TREES, oracle_like, ar_outputs
     from eaglet.models.llama import Transformer
-    from eaglet.engine.autoregressive import Request
     from eaglet.engine.eagle import EagleEngine
+    from eaglet.engine.requests import Request
     from eaglet.engine.stream_plan import ResolvedPlan, StreamPlan
     torch.manual_seed(0)
     target = Transformer(ARGS).eval()
