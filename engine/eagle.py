@@ -36,12 +36,11 @@ from eaglet.kernels.verify import VerifyResult, verify_greedy, verify_sampling
 from eaglet.models.kv_cache import ForwardBatch, KVCache, slots_for, to_device
 from eaglet.models.llama import Transformer
 from eaglet.engine.cuda_graph import GraphRunner
+from eaglet.engine.phase_timer import PHASES, PhaseTimer
 from eaglet.engine.requests import (PendingTokens, Request, admit, check_request, default_min_admit, emit,
                                     pad_prompts, synchronizer)
 from eaglet.engine.sampling import SamplingParams, probs_from_logits, sample
 from eaglet.engine.stream_plan import ResolvedPlan, StreamPlan
-
-PHASES = ("draft", "plan_beside", "plan_wait", "verify", "accept", "extend")
 
 
 @dataclass(frozen=True)
@@ -160,7 +159,7 @@ class EagleEngine:
         self.kv_d = head.kv_cache(num_pages=num_pages, **kw)
         self.capture = tuple(head.capture_layers(target.args.n_layers))
         graphs = self.device.type == "cuda" if use_cuda_graph is None else use_cuda_graph
-        self.time_phases = time_phases
+        self.timer = PhaseTimer(time_phases, self.device)  # the step records into it; generate reads it
         H, F = head.hidden_size, head.feature_size
         P_t, P_d = self.kv_t.pages_per_req, self.kv_d.pages_per_req
         z = lambda *shape, dtype=torch.long: (lambda B: torch.zeros(B, *shape, dtype=dtype, device=self.device))
@@ -318,8 +317,8 @@ class EagleEngine:
         return roots, lens_t.int(), top_lp, self.head.to_target_ids(top_tok), h_last
 
     # ---- one step ----------------------------------------------------------------------------
-    def _step(self, state: dict, rows: torch.Tensor, timer: "_PhaseTimer"):
-        plan = self.stream_plan
+    def _step(self, state: dict, rows: torch.Tensor):
+        plan, timer = self.stream_plan, self.timer
         seq_lens = state["seq_lens"]
         plan.before_draft()
         t_draft = timer.mark()
@@ -330,11 +329,9 @@ class EagleEngine:
         plan.after_draft()
         plan.read_on_plan_stream(seq_lens, rows, tokens, positions, mask)
         with plan.context():
-            # copies into the verify's static buffers (graph or eager): first what needs only the previous step
-            # (slots, seq_lens, page table), then, after overlap_split's wait, the draft's tree. Each timing event on
-            # the critical path lengthens it (~3.3 µs on an H200, benchmarks/bench_stream_hop.py), so every plan has
-            # the same two there, the draft's end and the verify's start (plan_wait: what main waited for). Only the
-            # planning that runs beside the draft is timed on the plan stream, up to the draft's end at most.
+            # the verify's static inputs: first what needs only the previous step, then, after overlap_split's
+            # wait, the draft's tree. Only the planning that runs beside the draft is timed on the plan stream
+            # (engine/phase_timer.py: no timing event between the draft's end and the verify's start).
             beside = plan.draft_edge != "plan"
             t_plan = timer.mark() if beside else None
             planned = self._plan(seq_lens, rows)  # [B, N] slots, [B, P] page table
@@ -375,21 +372,21 @@ class EagleEngine:
             check_request(r, self.max_context)
         stats = StepStats() if stats is None else stats
         sync = synchronizer(self.device)
-        timer = _PhaseTimer(self.time_phases, self.device)
+        self.timer.clear()
         sync()
         t0 = time.perf_counter()
         try:
-            self._loop(requests, stats, sync, timer, on_token, on_step)
+            self._loop(requests, stats, sync, on_token, on_step)
         finally:
             sync()
             stats.total_s = time.perf_counter() - t0
             stats.new_tokens = sum(len(r.output_ids) for r in requests)
-            for p, ms in timer.totals().items():
+            for p, ms in self.timer.totals().items():
                 stats.phase_ms[p] += ms
-            stats.step_periods_ms = timer.periods("draft")
+            stats.step_periods_ms = self.timer.periods("draft")
         return stats
 
-    def _loop(self, requests: list[Request], stats: StepStats, sync, timer: "_PhaseTimer", on_token, on_step) -> None:
+    def _loop(self, requests: list[Request], stats: StepStats, sync, on_token, on_step) -> None:
         waiting, active = deque(requests), []
         state: dict[str, torch.Tensor] = {}
         inflight: deque[tuple[PendingTokens, bool]] = deque()  # (tokens, of a step rather than a prefill)
@@ -419,7 +416,7 @@ class EagleEngine:
                 for kv in (self.kv_t, self.kv_d):
                     kv.reserve_many([(row, min(bound, kv.max_context)) for row, bound in bounds])
                 rows = to_device([r.row for r in active], self.device)  # [B]
-                out = self._step(state, rows, timer)
+                out = self._step(state, rows)
                 stats.steps += 1
                 if on_step is not None:
                     on_step()
@@ -447,53 +444,3 @@ class EagleEngine:
         idx = to_device(keep, self.device)
         return [active[i] for i in keep], {k: v[idx] for k, v in state.items()}
 
-
-class _PhaseTimer:
-    """Device events at the phase boundaries, recorded on the stream a phase runs on (the plan on the plan
-    stream, the rest on main); read once at the end, no sync in the loop. `plan_wait` is the gap on main
-    between the draft's end and the verify's start: the plan time left exposed.
-
-    Two phases that meet share one event, and no event lies between the draft's end and the verify's start:
-    each timing event on the critical path lengthens it (~3.3 µs on an H200, `benchmarks/bench_stream_hop.py`).
-    With four there, overlap_split's measured exposed time was 12-14 µs at B=32 on random Llama-3.1-8B; with none,
-    7-9 µs. `plan_beside` is the planning that ran beside the draft (on the plan stream, off the critical path)."""
-
-    def __init__(self, enabled: bool, device: torch.device):
-        self.enabled = enabled
-        # CPU work is synchronous: host clock stamps time it; a GPU needs device events
-        self.mod = torch.get_device_module(device) if device.type != "cpu" else None
-        self.spans: list = []  # (phase, starts, end)
-
-    def mark(self):
-        """An event on the current stream (a host time stamp on CPU); None when timing is off."""
-        if not self.enabled:
-            return None
-        if self.mod is None:
-            return time.perf_counter()
-        e = self.mod.Event(enable_timing=True)
-        e.record()
-        return e
-
-    def span(self, phase: str, start, end) -> None:
-        """One interval of a phase, from `start` to `end`: events, or tuples of events (the latest start, the
-        earliest end)."""
-        if self.enabled:
-            self.spans.append((phase, start, end))
-
-    def _ms(self, start, end) -> float:
-        starts = start if isinstance(start, tuple) else (start,)
-        ends = end if isinstance(end, tuple) else (end,)
-        if self.mod is None:
-            return max(0.0, 1e3 * (min(ends) - max(starts)))
-        return max(0.0, min(a.elapsed_time(b) for a in starts for b in ends))
-
-    def periods(self, phase: str) -> list[float]:
-        """ms between consecutive starts of a phase: one step's period, its gaps included."""
-        starts = [s for p, s, _ in self.spans if p == phase]
-        return [self._ms(a, b) for a, b in zip(starts, starts[1:])]
-
-    def totals(self) -> dict[str, float]:
-        out = {p: 0.0 for p in PHASES}
-        for phase, starts, end in self.spans:
-            out[phase] += self._ms(starts, end)
-        return out

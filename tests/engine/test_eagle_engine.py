@@ -9,7 +9,7 @@ from eaglet.models.eagle import new_draft_head
 from eaglet.models.kv_cache import KVCache
 from eaglet.models.llama import ModelArgs, Transformer
 from eaglet.engine.autoregressive import AREngine
-from eaglet.engine.eagle import EagleEngine, SimulatedAcceptance, StepStats, TreeSpec, _PhaseTimer
+from eaglet.engine.eagle import EagleEngine, SimulatedAcceptance, StepStats, TreeSpec
 from eaglet.engine.requests import Request
 
 TREES = {"chain": TreeSpec(4, 1, 5), "eagle2": TreeSpec(4, 3, 8)}
@@ -93,22 +93,6 @@ def test_the_median_step_ignores_a_stalled_step():
     stats = StepStats(steps=5, total_s=1.0, step_periods_ms=[2.0, 2.1, 400.0, 1.9])
     summary = stats.summary(max_depth=3)
     assert summary["step_median_ms"] == 2.05 and summary["step_ms"] == 200.0  # the mean carries the stall
-
-
-def test_phase_timer_spans_from_the_latest_start_to_the_earliest_end():
-    timer = _PhaseTimer(True, torch.device("cpu"))  # host time stamps on CPU: seconds as floats
-    timer.span("draft", 1.0, 1.5)
-    timer.span("plan_beside", 1.2, (1.3, 1.5))  # beside the draft, ends before it
-    timer.span("plan_beside", 1.2, (1.7, 1.5))  # runs past the draft's end: that part is plan_wait's
-    timer.span("plan_wait", (1.4, 1.5), 1.7)  # the draft's end, whatever else is listed first
-    timer.span("plan_wait", 1.9, 1.8)  # an end before its start counts as nothing
-    timer.span("draft", 2.0, 2.5)
-    totals = timer.totals()
-    assert totals["draft"] == pytest.approx(1000.0) and totals["plan_beside"] == pytest.approx(400.0)
-    assert totals["plan_wait"] == pytest.approx(200.0) and timer.periods("draft") == [pytest.approx(1000.0)]
-    off = _PhaseTimer(False, torch.device("cpu"))
-    off.span("draft", off.mark(), off.mark())
-    assert off.mark() is None and off.totals()["draft"] == 0.0
 
 
 def test_serial_plan_time_is_all_exposed(target):
