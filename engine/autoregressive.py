@@ -50,9 +50,9 @@ class AREngine:
         P = kv.pages_per_req
         self._decode = GraphRunner(
             self._decode_fn,
-            lambda B: (torch.zeros(B, dtype=torch.long, device=self.device),
-                       torch.zeros(B, dtype=torch.long, device=self.device),
-                       torch.zeros(B, P, dtype=torch.int32, device=self.device)),
+            lambda B: dict(tokens=torch.zeros(B, dtype=torch.long, device=self.device),  # [B]
+                           positions=torch.zeros(B, dtype=torch.long, device=self.device),  # [B]
+                           page_table=torch.zeros(B, P, dtype=torch.int32, device=self.device)),  # [B, P]
             max_batch=max_batch, enabled=use_cuda_graph)
 
     def reseed(self, seed: int) -> None:

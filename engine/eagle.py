@@ -163,18 +163,21 @@ class EagleEngine:
         H, F = head.hidden_size, head.feature_size
         P_t, P_d = self.kv_t.pages_per_req, self.kv_d.pages_per_req
         z = lambda *shape, dtype=torch.long: (lambda B: torch.zeros(B, *shape, dtype=dtype, device=self.device))
-        dt, i32, b8 = target.dtype, torch.int32, torch.bool
+        dt, i32, f32, b8 = target.dtype, torch.int32, torch.float32, torch.bool
 
-        def runner(fn, *makers):
-            return GraphRunner(fn, lambda B: [m(B) for m in makers], max_batch=max_batch, enabled=graphs)
+        def runner(fn, **makers):  # one static input per parameter of fn, [B, *shape] each
+            return GraphRunner(fn, lambda B: {name: m(B) for name, m in makers.items()}, max_batch=max_batch,
+                               enabled=graphs)
 
-        self._draft = runner(self._draft_fn, z(dtype=i32), z(P_d, dtype=i32), z(K, dtype=torch.float32), z(K),
-                             z(H, dtype=dt), z())
-        self._verify = runner(self._verify_fn, z(N), z(dtype=i32), z(P_t, dtype=i32), z(N), z(N), z(N, N, dtype=b8))
-        self._accept = runner(self._accept_fn, z(N), z(N), z(N), z(N), z(N, N, dtype=b8), z(dtype=i32), z(P_t, dtype=i32),
-                              *([z(N, target.args.vocab_size, dtype=torch.float32)] if not sampling.greedy else []))
-        self._extend = runner(self._extend_fn, z(N), z(N, F, dtype=dt), z(S + 1), z(dtype=i32), z(), z(dtype=i32),
-                              z(P_d, dtype=i32))
+        self._draft = runner(self._draft_fn, seq_lens=z(dtype=i32), page_table_d=z(P_d, dtype=i32),
+                             top_lp=z(K, dtype=f32), top_tok=z(K), hidden=z(H, dtype=dt), roots=z())
+        self._verify = runner(self._verify_fn, out_slots=z(N), seq_lens=z(dtype=i32), page_table=z(P_t, dtype=i32),
+                              tokens=z(N), positions=z(N), mask=z(N, N, dtype=b8))
+        probs = {} if sampling.greedy else {"probs": z(N, target.args.vocab_size, dtype=f32)}
+        self._accept = runner(self._accept_fn, tokens=z(N), logits_or_pred=z(N), next_tok=z(N), next_sib=z(N),
+                              mask=z(N, N, dtype=b8), seq_lens=z(dtype=i32), page_table=z(P_t, dtype=i32), **probs)
+        self._extend = runner(self._extend_fn, tokens=z(N), feats=z(N, F, dtype=dt), accept_index=z(S + 1),
+                              accept_len=z(dtype=i32), bonus=z(), seq_lens=z(dtype=i32), page_table_d=z(P_d, dtype=i32))
 
     def warmup(self) -> None:
         """Capture every phase's graphs for every batch bucket before anything is timed."""
@@ -224,8 +227,9 @@ class EagleEngine:
 
     @torch.inference_mode()
     def _verify_fn(self, out_slots, seq_lens, page_table, tokens, positions, mask):
-        """-> target logits [B, N, V] fp32 and draft features at every tree node [B, N, F]. The inputs that do not
-        depend on the draft come first: the plan stages them before it waits for the draft."""
+        """-> target logits [B, N, V] fp32 and draft features at every tree node [B, N, F]. The plan stages
+        out_slots, seq_lens and page_table (they need only the previous step) before it waits for the draft, and the
+        draft's tokens, positions and mask after."""
         batch = ForwardBatch(page_table, seq_lens, out_slots, mask, self.max_context)
         hidden, captured = self.target(tokens, positions, batch, self.kv_t, capture_layers=self.capture)
         feats = self.head.target_feature(hidden, captured)  # [B, N, F]
@@ -334,20 +338,19 @@ class EagleEngine:
             # (engine/phase_timer.py: no timing event between the draft's end and the verify's start).
             beside = plan.draft_edge != "plan"
             t_plan = timer.mark() if beside else None
-            planned = self._plan(seq_lens, rows)  # [B, N] slots, [B, P] page table
-            B = self._verify.stage(planned[0], seq_lens, planned[1])
+            out_slots, pt_t = self._plan(seq_lens, rows)  # [B, N], [B, P]
+            B = self._verify.stage(out_slots=out_slots, seq_lens=seq_lens, page_table=pt_t)
             t_beside = timer.mark() if plan.draft_edge == "dependent" else None
             plan.wait_for_draft()
-            self._verify.stage(tokens, positions, mask, first=3)
+            self._verify.stage(tokens=tokens, positions=positions, mask=mask)
             if beside:
                 timer.span("plan_beside", t_plan, (t_beside if t_beside is not None else timer.mark(), t_drafted))
-        plan.before_verify(*planned)
+        plan.before_verify(out_slots, pt_t)
         t_verify = timer.mark()
         timer.span("plan_wait", t_drafted, t_verify)
         logits, feats = self._verify.replay(B)
         t_verified = timer.mark()
         timer.span("verify", t_verify, t_verified)
-        pt_t = planned[1]
         if self.sampling.greedy:
             acc = self._accept(tokens, logits.argmax(-1), next_tok, next_sib, mask, seq_lens, pt_t)
         else:
