@@ -16,6 +16,7 @@ a `root` (the bonus token) that is emitted but not yet cached.
 
 The host learns accepted tokens one step late (one non-blocking D2H copy per step, behind an
 event), as in `engine.autoregressive`; KV pages are reserved for the longest possible step.
+Request bookkeeping is engine/requests.py's, the phase timing engine/phase_timer.py's.
 """
 
 from __future__ import annotations
@@ -202,7 +203,7 @@ class EagleEngine:
         mask = torch.eye(K, dtype=torch.bool, device=dev).expand(B, K, K)  # [B, K, i*K]: the draft KV step i sees
         # nodes of depth i sit at draft position seq_len + i - 1; their KV goes to the scratch block
         # seq_len + (i-1)*K + k (overwritten by the next extend). All steps' at once: per step, this metadata
-        # was a dozen small kernels in the draft graph.
+        # would be a dozen small kernels in the draft graph.
         scratch = seq_lens[:, None].long() + torch.arange((S - 1) * K, device=dev)  # [B, (S-1)*K]
         slots = slots_for(page_table_d, scratch, self.kv_d.page_size).view(B, S - 1, K)  # [B, S-1, K]
         slots = slots.transpose(0, 1).contiguous()  # [S-1, B, K]

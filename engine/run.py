@@ -38,9 +38,6 @@ RESULTS = ("metrics.json", "outputs.jsonl", "trace.json")  # what a run writes i
 AR_PASS = "plain decoding, for speedup_vs_ar"
 
 
-
-
-
 def clear_stale(out_dir: Path) -> None:
     """Remove an earlier run's results from a reused run directory, so that none sits beside this run's config."""
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -325,9 +322,6 @@ def summarise(metrics: dict, metrics_path: Path, outputs_path: Path, wandb_where
         log.info(wandb_where)
 
 
-
-
-
 def fitting_prompts(prompts: list, tokenizer, chat_template: bool, budget: int) -> list:
     """The prompts whose first turn leaves room for the answer (`budget` = context - max_new_tokens tokens);
     says how many were skipped. Datasets of real conversations (ShareGPT) hold prompts of tens of thousands of
@@ -338,9 +332,6 @@ def fitting_prompts(prompts: list, tokenizer, chat_template: bool, budget: int) 
         log.info(f"data.skip_too_long: skipped {len(prompts) - len(kept)} of {len(prompts)} prompts whose "
                  f"first turn exceeds {budget} tokens (gen.max_context - gen.max_new_tokens)")
     return kept
-
-
-
 
 
 def build_head(draft, target_cfg, target: Transformer, dtype, device):

@@ -234,7 +234,7 @@ def test_prompt_longer_than_context_is_named(target):
 
 def test_simulated_acceptance_tolerates_rows_without_a_tree(target):
     """Bucket padding and a graph's warm-up run give rows whose tree mask is empty: they accept nothing and
-    read node 0 (an index of -1 was a device-side assert on an H200)."""
+    read node 0 (an index of -1 is a device-side assert on the GPU)."""
     head = new_draft_head("eagle1", target, dtype=torch.float32, device="cpu")
     tree = TreeSpec(3, 1, 4)
     eng = EagleEngine(target, head, tree, max_batch=2, max_context=64,
