@@ -34,7 +34,8 @@ def main():
     from eaglet.models.checkpoint import load_checkpoint, load_tokenizer
     from eaglet.models.kv_cache import KVCache
     from eaglet.models.llama import ModelArgs, Transformer, set_fused_linear
-    from eaglet.engine.autoregressive import AREngine, Request
+    from eaglet.engine.autoregressive import AREngine
+    from eaglet.engine.requests import Request
     from eaglet.engine.common import encode_turns
 
     dev, dtype = torch.device("cuda"), torch.bfloat16

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import torch
@@ -18,75 +18,9 @@ import torch
 from eaglet.models.kv_cache import ForwardBatch, KVCache, slots_for, to_device
 from eaglet.models.llama import Transformer
 from eaglet.engine.cuda_graph import GraphRunner
+from eaglet.engine.requests import (PendingTokens, Request, admit, check_request, default_min_admit, emit,
+                                    pad_prompts, synchronizer)
 from eaglet.engine.sampling import SamplingParams, sample
-
-
-@dataclass
-class Request:
-    prompt_ids: list[int]
-    max_new_tokens: int
-    rid: int = 0
-    output_ids: list[int] = field(default_factory=list)
-    finish_reason: str | None = None  # "eos" | "length"
-    row: int = -1  # KV request row while active
-    launched: int = 0  # tokens whose computation has been launched (host bookkeeping)
-
-    @property
-    def done(self) -> bool:
-        return self.finish_reason is not None
-
-
-def check_request(r: Request, context: int) -> None:
-    """Refuse an empty or too long prompt; cap the budget at the context."""
-    if not r.prompt_ids:
-        raise ValueError(f"request {r.rid} has an empty prompt")
-    if len(r.prompt_ids) >= context:
-        raise ValueError(f"request {r.rid}: the prompt has {len(r.prompt_ids)} tokens but the context is {context} "
-                         "(model.max_seq_len / gen.max_context); shorten the prompt or raise the context")
-    r.max_new_tokens = min(r.max_new_tokens, context - len(r.prompt_ids))
-
-
-def admit(waiting: deque, n_active: int, max_batch: int, min_admit: int) -> list[Request]:
-    """The waiting requests to prefill now: as many as fit, but while others decode only once `min_admit` rows
-    are free (or all that wait fit). Continuous batching that admitted every freed row alone ran one eager
-    prefill per finished request: 3.6 of 8.4 s of an H200 MT-bench run at B=8 went to prefills, against
-    ~1 ms per graph-replayed decode step."""
-    free = max_batch - n_active
-    if not waiting or free <= 0 or (n_active and free < min(min_admit, len(waiting))):
-        return []
-    return [waiting.popleft() for _ in range(min(len(waiting), free))]
-
-
-def default_min_admit(max_batch: int) -> int:
-    """A quarter of the batch: prefills of several prompts, decode rows idle only briefly."""
-    return max(1, max_batch // 4)
-
-
-def emit(r: Request, tokens: list[int], eos_ids: set[int], on_token) -> None:
-    """Append tokens to a request until it finishes (EOS or budget); later ones are dropped. on_token(r, t) runs
-    after r took t, so on its last token r.done is already true (callers record finished answers there)."""
-    for t in tokens:
-        if r.done:
-            return
-        r.output_ids.append(t)
-        if t in eos_ids:
-            r.finish_reason = "eos"
-        elif len(r.output_ids) >= r.max_new_tokens:
-            r.finish_reason = "length"
-        if on_token is not None:
-            on_token(r, t)
-
-
-def pad_prompts(reqs: list[Request], device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Ragged prompts right-padded to the longest -> tokens, positions [n, T], valid [n, T] bool, lens [n]."""
-    lens = [len(r.prompt_ids) for r in reqs]
-    T = max(lens)
-    tokens = torch.zeros(len(reqs), T, dtype=torch.long)  # [n, T]
-    for i, r in enumerate(reqs):
-        tokens[i, : lens[i]] = torch.tensor(r.prompt_ids)
-    lens_t = to_device(lens, device)  # [n]
-    positions = torch.arange(T, device=device).expand(len(reqs), T)  # [n, T]
-    return tokens.to(device), positions, positions < lens_t[:, None], lens_t
 
 
 @dataclass
@@ -99,29 +33,6 @@ class GenStats:
     @property
     def tokens_per_s(self) -> float:
         return self.new_tokens / self.total_s if self.total_s else 0.0
-
-
-def synchronizer(device: torch.device) -> Callable[[], None]:
-    """Waits for all work queued on the device (nothing to wait for on a CPU); through torch.get_device_module,
-    so the same code runs on CUDA and ROCm."""
-    return (lambda: None) if device.type == "cpu" else torch.get_device_module(device).synchronize
-
-
-class _HostCopy:
-    """Tokens of one step on their way to the host: a non-blocking copy behind an event."""
-
-    def __init__(self, tokens: torch.Tensor, reqs: list[Request]):
-        self.reqs = reqs
-        self.host = tokens.to("cpu", non_blocking=True)  # [B]
-        self.event = None
-        if tokens.device.type != "cpu":
-            self.event = torch.get_device_module(tokens.device).Event()
-            self.event.record()
-
-    def get(self) -> list[int]:
-        if self.event is not None:
-            self.event.synchronize()
-        return self.host.tolist()
 
 
 class AREngine:
@@ -139,9 +50,9 @@ class AREngine:
         P = kv.pages_per_req
         self._decode = GraphRunner(
             self._decode_fn,
-            lambda B: (torch.zeros(B, dtype=torch.long, device=self.device),
-                       torch.zeros(B, dtype=torch.long, device=self.device),
-                       torch.zeros(B, P, dtype=torch.int32, device=self.device)),
+            lambda B: dict(tokens=torch.zeros(B, dtype=torch.long, device=self.device),  # [B]
+                           positions=torch.zeros(B, dtype=torch.long, device=self.device),  # [B]
+                           page_table=torch.zeros(B, P, dtype=torch.int32, device=self.device)),  # [B, P]
             max_batch=max_batch, enabled=use_cuda_graph)
 
     def reseed(self, seed: int) -> None:
@@ -182,7 +93,7 @@ class AREngine:
         return sample(self.model.logits(last), self.sampling, self.generator)  # [n]
 
     # ---- host loop ----------------------------------------------------------------------
-    def _record(self, copy: _HostCopy, on_token: Callable[[Request, int], None] | None) -> None:
+    def _record(self, copy: PendingTokens, on_token: Callable[[Request, int], None] | None) -> None:
         for r, tok in zip(copy.reqs, copy.get()):
             emit(r, [tok], self.eos_ids, on_token)  # a request done one step earlier drops its extra token
 
@@ -220,7 +131,7 @@ class AREngine:
         active: list[Request] = []
         tokens = torch.empty(0, dtype=torch.long, device=self.device)  # [B] next input token
         positions = torch.empty(0, dtype=torch.long, device=self.device)  # [B] its position
-        inflight: deque[_HostCopy] = deque()
+        inflight: deque[PendingTokens] = deque()
         while waiting or active or inflight:
             new = admit(waiting, len(active), self.max_batch, self.min_admit)
             if new:
@@ -230,7 +141,7 @@ class AREngine:
                 self.kv.reserve_many([(r.row, len(r.prompt_ids) + 1) for r in new])
                 tp = time.perf_counter()
                 first = self._prefill(new)  # [n]
-                inflight.append(_HostCopy(first, new))
+                inflight.append(PendingTokens(first, new))
                 active += new
                 tokens = torch.cat([tokens, first])
                 positions = torch.cat([positions, to_device([len(r.prompt_ids) for r in new], self.device)])
@@ -246,7 +157,7 @@ class AREngine:
                 stats.decode_steps += 1
                 if on_step is not None:
                     on_step()
-                inflight.append(_HostCopy(nxt, list(active)))
+                inflight.append(PendingTokens(nxt, list(active)))
                 tokens, positions = nxt, positions + 1
             # read the older copies (lag 1 keeps a step queued on the GPU); all of them when idle
             while len(inflight) > (1 if active else 0):

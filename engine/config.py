@@ -192,9 +192,6 @@ def check_prompts(c: Checks) -> None:
 # Layer 3: the device, the engine's own checks, memory
 
 
-
-
-
 def target_args(tc):
     """ModelArgs of the target block without loading its weights (registry entry, config.json or GGUF header)."""
     from eaglet.models.llama import ModelArgs
@@ -212,9 +209,6 @@ def target_key(tc) -> tuple[str, str]:
         if tc.get(key):
             return f"target.{key}", tc[key]
     return "target", tc.name
-
-
-
 
 
 def meta_model(args):

@@ -1,8 +1,9 @@
-"""CUDA-graph capture of a step function over static input buffers, one graph per batch bucket.
+"""CUDA-graph capture of a step function over named static input buffers, one graph per batch bucket.
 
-Inputs are copied into the static buffers' first B rows; the rest are zeroed. Zero is the
-padding value every eaglet step accepts: token 0, position 0, page-table row 0 (the dummy page),
-so padded rows only write the KV pool's dummy page.
+The buffers are named after the function's parameters (`example_inputs(B)` returns {name: zeros}), and `stage`
+fills them by name, so a caller can stage some inputs on one stream and the rest on another. Inputs are copied
+into the static buffers' first B rows; the rest are zeroed. Zero is the padding value every eaglet step accepts:
+token 0, position 0, page-table row 0 (the dummy page), so padded rows only write the KV pool's dummy page.
 
 Disabled (eager, CPU), the runner keeps the graph's buffer semantics: `stage` copies into static input buffers,
 the function runs on their first B rows, and its outputs are copied into static output buffers (valid until the
@@ -14,7 +15,7 @@ references' tree build).
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
 import torch
 
@@ -38,13 +39,13 @@ def copy_all(dsts: Sequence[torch.Tensor], srcs: Sequence[torch.Tensor]) -> None
 
 class GraphRunner:
     def __init__(self, fn: Callable[..., torch.Tensor | tuple[torch.Tensor, ...]],
-                 example_inputs: Callable[[int], Sequence[torch.Tensor]],
+                 example_inputs: Callable[[int], Mapping[str, torch.Tensor]],
                  max_batch: int, enabled: bool, buckets: Sequence[int] = DEFAULT_BUCKETS):
         self.fn = fn
-        self.example_inputs = example_inputs  # B -> zero-filled inputs of batch B
+        self.example_inputs = example_inputs  # B -> {fn's parameter: zero-filled input of batch B}, in fn's order
         self.enabled = enabled
         self.buckets = sorted({b for b in buckets if b < max_batch} | {max_batch})
-        self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, list[torch.Tensor], tuple[torch.Tensor, ...]]] = {}
+        self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, dict[str, torch.Tensor], tuple[torch.Tensor, ...]]] = {}
         self._pool = None
         self._eager_out: tuple[torch.Tensor, ...] | None = None  # disabled: the static outputs, max_batch rows
 
@@ -55,16 +56,16 @@ class GraphRunner:
         raise ValueError(f"batch {B} exceeds the captured maximum {self.buckets[-1]}; raise gen.batch_size")
 
     def _capture(self, Bp: int):
-        static = [t.clone() for t in self.example_inputs(Bp)]
+        static = {name: t.clone() for name, t in self.example_inputs(Bp).items()}
         s = torch.cuda.Stream()
         s.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(s):  # warm-up outside the graph: autotuning, allocator, lazy init
             for _ in range(2):
-                self.fn(*static)
+                self.fn(**static)
         torch.cuda.current_stream().wait_stream(s)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._pool):
-            out = self.fn(*static)
+            out = self.fn(**static)
         self._pool = graph.pool()
         out = out if isinstance(out, tuple) else (out,)
         self._graphs[Bp] = (graph, static, out)
@@ -76,7 +77,7 @@ class GraphRunner:
                 if b not in self._graphs:
                     self._capture(b)
 
-    def _static(self, B: int) -> list[torch.Tensor]:
+    def _static(self, B: int) -> dict[str, torch.Tensor]:
         """The static input buffers B's inputs go to: its bucket's graph (captured on first use), or when
         disabled one set for the largest bucket."""
         Bp = self.bucket(B) if self.enabled else self.buckets[-1]
@@ -84,16 +85,20 @@ class GraphRunner:
             if self.enabled:
                 self._capture(Bp)
             else:
-                self._graphs[Bp] = (None, list(self.example_inputs(Bp)), ())
+                self._graphs[Bp] = (None, dict(self.example_inputs(Bp)), ())
         return self._graphs[Bp][1]
 
-    def stage(self, *inputs: torch.Tensor, first: int = 0) -> int:
-        """Copy inputs [B, ...] into the static buffers first, first+1, ... (the rows past B zeroed for a graph);
-        the copies are enqueued on the current stream, so inputs can be staged in parts, on different streams.
-        Returns B."""
-        B = inputs[0].shape[0]
-        static = self._static(B)[first:first + len(inputs)]
-        copy_all([dst[:B] for dst in static], inputs)
+    def stage(self, **inputs: torch.Tensor) -> int:
+        """Copy inputs [B, ...] into the static buffers of their names (the rows past B zeroed for a graph); the
+        copies are enqueued on the current stream, so inputs can be staged in parts, on different streams. A buffer
+        not named keeps what was staged in it last. Returns B."""
+        B = next(iter(inputs.values())).shape[0]
+        buffers = self._static(B)
+        unknown = sorted(set(inputs) - set(buffers))
+        if unknown:
+            raise ValueError(f"no static input named {', '.join(unknown)}; this runner's are {', '.join(buffers)}")
+        static = [buffers[name] for name in inputs]
+        copy_all([dst[:B] for dst in static], list(inputs.values()))
         pads = [dst[B:] for dst in static if dst.shape[0] > B] if self.enabled else []
         if pads:
             torch._foreach_zero_(pads)
@@ -103,7 +108,7 @@ class GraphRunner:
         """Run on the staged inputs, on the current stream: replay B's bucket, or call the function on the
         first B rows. Either way the outputs are views of static buffers, valid until the next call."""
         if not self.enabled:
-            return self._to_static(self.fn(*(t[:B] for t in self._static(B))), B)
+            return self._to_static(self.fn(**{name: t[:B] for name, t in self._static(B).items()}), B)
         graph, _, out = self._graphs[self.bucket(B)]
         graph.replay()
         res = tuple(o[:B] for o in out)
@@ -118,6 +123,10 @@ class GraphRunner:
         return res if len(res) > 1 else res[0]
 
     def __call__(self, *inputs: torch.Tensor):
+        """Stage every input, in the order of the buffers (fn's parameters), and run."""
         if not self.enabled:
             return self._to_static(self.fn(*inputs), inputs[0].shape[0])
-        return self.replay(self.stage(*inputs))
+        names = list(self._static(inputs[0].shape[0]))
+        if len(inputs) != len(names):
+            raise ValueError(f"{len(inputs)} inputs for the {len(names)} static inputs {', '.join(names)}")
+        return self.replay(self.stage(**dict(zip(names, inputs))))

@@ -16,6 +16,7 @@ a `root` (the bonus token) that is emitted but not yet cached.
 
 The host learns accepted tokens one step late (one non-blocking D2H copy per step, behind an
 event), as in `engine.autoregressive`; KV pages are reserved for the longest possible step.
+Request bookkeeping is engine/requests.py's, the phase timing engine/phase_timer.py's.
 """
 
 from __future__ import annotations
@@ -35,13 +36,12 @@ from eaglet.kernels.tree_mask import build_tree, num_candidates
 from eaglet.kernels.verify import VerifyResult, verify_greedy, verify_sampling
 from eaglet.models.kv_cache import ForwardBatch, KVCache, slots_for, to_device
 from eaglet.models.llama import Transformer
-from eaglet.engine.autoregressive import (Request, _HostCopy, admit, check_request, default_min_admit, emit, pad_prompts,
-                                       synchronizer)
 from eaglet.engine.cuda_graph import GraphRunner
+from eaglet.engine.phase_timer import PHASES, PhaseTimer
+from eaglet.engine.requests import (PendingTokens, Request, admit, check_request, default_min_admit, emit,
+                                    pad_prompts, synchronizer)
 from eaglet.engine.sampling import SamplingParams, probs_from_logits, sample
 from eaglet.engine.stream_plan import ResolvedPlan, StreamPlan
-
-PHASES = ("draft", "plan_beside", "plan_wait", "verify", "accept", "extend")
 
 
 @dataclass(frozen=True)
@@ -160,22 +160,25 @@ class EagleEngine:
         self.kv_d = head.kv_cache(num_pages=num_pages, **kw)
         self.capture = tuple(head.capture_layers(target.args.n_layers))
         graphs = self.device.type == "cuda" if use_cuda_graph is None else use_cuda_graph
-        self.time_phases = time_phases
+        self.timer = PhaseTimer(time_phases, self.device)  # the step records into it; generate reads it
         H, F = head.hidden_size, head.feature_size
         P_t, P_d = self.kv_t.pages_per_req, self.kv_d.pages_per_req
         z = lambda *shape, dtype=torch.long: (lambda B: torch.zeros(B, *shape, dtype=dtype, device=self.device))
-        dt, i32, b8 = target.dtype, torch.int32, torch.bool
+        dt, i32, f32, b8 = target.dtype, torch.int32, torch.float32, torch.bool
 
-        def runner(fn, *makers):
-            return GraphRunner(fn, lambda B: [m(B) for m in makers], max_batch=max_batch, enabled=graphs)
+        def runner(fn, **makers):  # one static input per parameter of fn, [B, *shape] each
+            return GraphRunner(fn, lambda B: {name: m(B) for name, m in makers.items()}, max_batch=max_batch,
+                               enabled=graphs)
 
-        self._draft = runner(self._draft_fn, z(dtype=i32), z(P_d, dtype=i32), z(K, dtype=torch.float32), z(K),
-                             z(H, dtype=dt), z())
-        self._verify = runner(self._verify_fn, z(N), z(dtype=i32), z(P_t, dtype=i32), z(N), z(N), z(N, N, dtype=b8))
-        self._accept = runner(self._accept_fn, z(N), z(N), z(N), z(N), z(N, N, dtype=b8), z(dtype=i32), z(P_t, dtype=i32),
-                              *([z(N, target.args.vocab_size, dtype=torch.float32)] if not sampling.greedy else []))
-        self._extend = runner(self._extend_fn, z(N), z(N, F, dtype=dt), z(S + 1), z(dtype=i32), z(), z(dtype=i32),
-                              z(P_d, dtype=i32))
+        self._draft = runner(self._draft_fn, seq_lens=z(dtype=i32), page_table_d=z(P_d, dtype=i32),
+                             top_lp=z(K, dtype=f32), top_tok=z(K), hidden=z(H, dtype=dt), roots=z())
+        self._verify = runner(self._verify_fn, out_slots=z(N), seq_lens=z(dtype=i32), page_table=z(P_t, dtype=i32),
+                              tokens=z(N), positions=z(N), mask=z(N, N, dtype=b8))
+        probs = {} if sampling.greedy else {"probs": z(N, target.args.vocab_size, dtype=f32)}
+        self._accept = runner(self._accept_fn, tokens=z(N), logits_or_pred=z(N), next_tok=z(N), next_sib=z(N),
+                              mask=z(N, N, dtype=b8), seq_lens=z(dtype=i32), page_table=z(P_t, dtype=i32), **probs)
+        self._extend = runner(self._extend_fn, tokens=z(N), feats=z(N, F, dtype=dt), accept_index=z(S + 1),
+                              accept_len=z(dtype=i32), bonus=z(), seq_lens=z(dtype=i32), page_table_d=z(P_d, dtype=i32))
 
     def warmup(self) -> None:
         """Capture every phase's graphs for every batch bucket before anything is timed."""
@@ -200,7 +203,7 @@ class EagleEngine:
         mask = torch.eye(K, dtype=torch.bool, device=dev).expand(B, K, K)  # [B, K, i*K]: the draft KV step i sees
         # nodes of depth i sit at draft position seq_len + i - 1; their KV goes to the scratch block
         # seq_len + (i-1)*K + k (overwritten by the next extend). All steps' at once: per step, this metadata
-        # was a dozen small kernels in the draft graph.
+        # would be a dozen small kernels in the draft graph.
         scratch = seq_lens[:, None].long() + torch.arange((S - 1) * K, device=dev)  # [B, (S-1)*K]
         slots = slots_for(page_table_d, scratch, self.kv_d.page_size).view(B, S - 1, K)  # [B, S-1, K]
         slots = slots.transpose(0, 1).contiguous()  # [S-1, B, K]
@@ -225,8 +228,9 @@ class EagleEngine:
 
     @torch.inference_mode()
     def _verify_fn(self, out_slots, seq_lens, page_table, tokens, positions, mask):
-        """-> target logits [B, N, V] fp32 and draft features at every tree node [B, N, F]. The inputs that do not
-        depend on the draft come first: the plan stages them before it waits for the draft."""
+        """-> target logits [B, N, V] fp32 and draft features at every tree node [B, N, F]. The plan stages
+        out_slots, seq_lens and page_table (they need only the previous step) before it waits for the draft, and the
+        draft's tokens, positions and mask after."""
         batch = ForwardBatch(page_table, seq_lens, out_slots, mask, self.max_context)
         hidden, captured = self.target(tokens, positions, batch, self.kv_t, capture_layers=self.capture)
         feats = self.head.target_feature(hidden, captured)  # [B, N, F]
@@ -318,8 +322,8 @@ class EagleEngine:
         return roots, lens_t.int(), top_lp, self.head.to_target_ids(top_tok), h_last
 
     # ---- one step ----------------------------------------------------------------------------
-    def _step(self, state: dict, rows: torch.Tensor, timer: "_PhaseTimer"):
-        plan = self.stream_plan
+    def _step(self, state: dict, rows: torch.Tensor):
+        plan, timer = self.stream_plan, self.timer
         seq_lens = state["seq_lens"]
         plan.before_draft()
         t_draft = timer.mark()
@@ -330,27 +334,24 @@ class EagleEngine:
         plan.after_draft()
         plan.read_on_plan_stream(seq_lens, rows, tokens, positions, mask)
         with plan.context():
-            # copies into the verify's static buffers (graph or eager): first what needs only the previous step
-            # (slots, seq_lens, page table), then, after overlap_split's wait, the draft's tree. Each timing event on
-            # the critical path lengthens it (~3.3 µs on an H200, benchmarks/bench_stream_hop.py), so every plan has
-            # the same two there, the draft's end and the verify's start (plan_wait: what main waited for). Only the
-            # planning that runs beside the draft is timed on the plan stream, up to the draft's end at most.
+            # the verify's static inputs: first what needs only the previous step, then, after overlap_split's
+            # wait, the draft's tree. Only the planning that runs beside the draft is timed on the plan stream
+            # (engine/phase_timer.py: no timing event between the draft's end and the verify's start).
             beside = plan.draft_edge != "plan"
             t_plan = timer.mark() if beside else None
-            planned = self._plan(seq_lens, rows)  # [B, N] slots, [B, P] page table
-            B = self._verify.stage(planned[0], seq_lens, planned[1])
+            out_slots, pt_t = self._plan(seq_lens, rows)  # [B, N], [B, P]
+            B = self._verify.stage(out_slots=out_slots, seq_lens=seq_lens, page_table=pt_t)
             t_beside = timer.mark() if plan.draft_edge == "dependent" else None
             plan.wait_for_draft()
-            self._verify.stage(tokens, positions, mask, first=3)
+            self._verify.stage(tokens=tokens, positions=positions, mask=mask)
             if beside:
                 timer.span("plan_beside", t_plan, (t_beside if t_beside is not None else timer.mark(), t_drafted))
-        plan.before_verify(*planned)
+        plan.before_verify(out_slots, pt_t)
         t_verify = timer.mark()
         timer.span("plan_wait", t_drafted, t_verify)
         logits, feats = self._verify.replay(B)
         t_verified = timer.mark()
         timer.span("verify", t_verify, t_verified)
-        pt_t = planned[1]
         if self.sampling.greedy:
             acc = self._accept(tokens, logits.argmax(-1), next_tok, next_sib, mask, seq_lens, pt_t)
         else:
@@ -375,24 +376,24 @@ class EagleEngine:
             check_request(r, self.max_context)
         stats = StepStats() if stats is None else stats
         sync = synchronizer(self.device)
-        timer = _PhaseTimer(self.time_phases, self.device)
+        self.timer.clear()
         sync()
         t0 = time.perf_counter()
         try:
-            self._loop(requests, stats, sync, timer, on_token, on_step)
+            self._loop(requests, stats, sync, on_token, on_step)
         finally:
             sync()
             stats.total_s = time.perf_counter() - t0
             stats.new_tokens = sum(len(r.output_ids) for r in requests)
-            for p, ms in timer.totals().items():
+            for p, ms in self.timer.totals().items():
                 stats.phase_ms[p] += ms
-            stats.step_periods_ms = timer.periods("draft")
+            stats.step_periods_ms = self.timer.periods("draft")
         return stats
 
-    def _loop(self, requests: list[Request], stats: StepStats, sync, timer: "_PhaseTimer", on_token, on_step) -> None:
+    def _loop(self, requests: list[Request], stats: StepStats, sync, on_token, on_step) -> None:
         waiting, active = deque(requests), []
         state: dict[str, torch.Tensor] = {}
-        inflight: deque[tuple[_HostCopy, bool]] = deque()
+        inflight: deque[tuple[PendingTokens, bool]] = deque()  # (tokens, of a step rather than a prefill)
         S = self.tree.steps
         while waiting or active or inflight:
             new = admit(waiting, len(active), self.max_batch, self.min_admit)
@@ -405,7 +406,7 @@ class EagleEngine:
                     kv.reserve_many([(r.row, len(r.prompt_ids) + 1) for r in new])
                 tp = time.perf_counter()
                 roots, lens, top_lp, top_tok, hidden = self._prefill(new)
-                inflight.append((_HostCopy(roots, new), False))
+                inflight.append((PendingTokens(roots, new), False))
                 part = dict(roots=roots, seq_lens=lens, top_lp=top_lp, top_tok=top_tok, hidden=hidden)
                 state = {k: torch.cat([state[k], v]) for k, v in part.items()} if state else part
                 active += new
@@ -419,11 +420,11 @@ class EagleEngine:
                 for kv in (self.kv_t, self.kv_d):
                     kv.reserve_many([(row, min(bound, kv.max_context)) for row, bound in bounds])
                 rows = to_device([r.row for r in active], self.device)  # [B]
-                out = self._step(state, rows, timer)
+                out = self._step(state, rows)
                 stats.steps += 1
                 if on_step is not None:
                     on_step()
-                inflight.append((_HostCopy(out, list(active)), True))
+                inflight.append((PendingTokens(out, list(active)), True))
             while len(inflight) > (1 if active else 0):
                 copy, is_step = inflight.popleft()
                 for r, row in zip(copy.reqs, copy.get()):
@@ -447,53 +448,3 @@ class EagleEngine:
         idx = to_device(keep, self.device)
         return [active[i] for i in keep], {k: v[idx] for k, v in state.items()}
 
-
-class _PhaseTimer:
-    """Device events at the phase boundaries, recorded on the stream a phase runs on (the plan on the plan
-    stream, the rest on main); read once at the end, no sync in the loop. `plan_wait` is the gap on main
-    between the draft's end and the verify's start: the plan time left exposed.
-
-    Two phases that meet share one event, and no event lies between the draft's end and the verify's start:
-    each timing event on the critical path lengthens it (~3.3 µs on an H200, `benchmarks/bench_stream_hop.py`).
-    With four there, overlap_split's measured exposed time was 12-14 µs at B=32 on random Llama-3.1-8B; with none,
-    7-9 µs. `plan_beside` is the planning that ran beside the draft (on the plan stream, off the critical path)."""
-
-    def __init__(self, enabled: bool, device: torch.device):
-        self.enabled = enabled
-        # CPU work is synchronous: host clock stamps time it; a GPU needs device events
-        self.mod = torch.get_device_module(device) if device.type != "cpu" else None
-        self.spans: list = []  # (phase, starts, end)
-
-    def mark(self):
-        """An event on the current stream (a host time stamp on CPU); None when timing is off."""
-        if not self.enabled:
-            return None
-        if self.mod is None:
-            return time.perf_counter()
-        e = self.mod.Event(enable_timing=True)
-        e.record()
-        return e
-
-    def span(self, phase: str, start, end) -> None:
-        """One interval of a phase, from `start` to `end`: events, or tuples of events (the latest start, the
-        earliest end)."""
-        if self.enabled:
-            self.spans.append((phase, start, end))
-
-    def _ms(self, start, end) -> float:
-        starts = start if isinstance(start, tuple) else (start,)
-        ends = end if isinstance(end, tuple) else (end,)
-        if self.mod is None:
-            return max(0.0, 1e3 * (min(ends) - max(starts)))
-        return max(0.0, min(a.elapsed_time(b) for a in starts for b in ends))
-
-    def periods(self, phase: str) -> list[float]:
-        """ms between consecutive starts of a phase: one step's period, its gaps included."""
-        starts = [s for p, s, _ in self.spans if p == phase]
-        return [self._ms(a, b) for a, b in zip(starts, starts[1:])]
-
-    def totals(self) -> dict[str, float]:
-        out = {p: 0.0 for p in PHASES}
-        for phase, starts, end in self.spans:
-            out[phase] += self._ms(starts, end)
-        return out

@@ -21,12 +21,13 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 from eaglet.kernels._utils import copy_bandwidth
 from eaglet.models.kv_cache import KVCache
 from eaglet.models.llama import Transformer
-from eaglet.engine.autoregressive import AREngine, GenStats, Request
+from eaglet.engine.autoregressive import AREngine, GenStats
 from eaglet.engine.checks import ConfigError
 from eaglet.engine.common import encode_turns, random_target, resolve_hardware, target_path, trace_steps
 from eaglet.engine.config import head_dir, no_head, validate_run_spec
 from eaglet.engine.eagle import EagleEngine, SimulatedAcceptance, StepStats, TreeSpec
 from eaglet.engine.entry import console_logging
+from eaglet.engine.requests import Request
 from eaglet.engine.sampling import SamplingParams
 from eaglet.engine.signals import Interrupted, Interrupts
 from eaglet.engine.stream_plan import StreamPlan, resolve_plan
@@ -35,9 +36,6 @@ from eaglet.engine.tracking import Tracker, environment
 log = logging.getLogger("eaglet")
 RESULTS = ("metrics.json", "outputs.jsonl", "trace.json")  # what a run writes in its directory (W&B runs aside)
 AR_PASS = "plain decoding, for speedup_vs_ar"
-
-
-
 
 
 def clear_stale(out_dir: Path) -> None:
@@ -324,9 +322,6 @@ def summarise(metrics: dict, metrics_path: Path, outputs_path: Path, wandb_where
         log.info(wandb_where)
 
 
-
-
-
 def fitting_prompts(prompts: list, tokenizer, chat_template: bool, budget: int) -> list:
     """The prompts whose first turn leaves room for the answer (`budget` = context - max_new_tokens tokens);
     says how many were skipped. Datasets of real conversations (ShareGPT) hold prompts of tens of thousands of
@@ -337,9 +332,6 @@ def fitting_prompts(prompts: list, tokenizer, chat_template: bool, budget: int) 
         log.info(f"data.skip_too_long: skipped {len(prompts) - len(kept)} of {len(prompts)} prompts whose "
                  f"first turn exceeds {budget} tokens (gen.max_context - gen.max_new_tokens)")
     return kept
-
-
-
 
 
 def build_head(draft, target_cfg, target: Transformer, dtype, device):

@@ -18,10 +18,9 @@ draft head (single- and multi-layer): the engine calls the same hooks, in this o
     before_verify(...); <verify on main>
 
 The host enqueues all planning after the draft, in every plan: the engine's host work before the draft's
-first launch is GPU idle time whenever the host is not ahead of the GPU. overlap_split first enqueued its
-independent part before the draft: on an H200 its step was 0.2-0.9 ms longer than serial's (0.94-0.97x on
-random Llama-3.1-8B), then 0.998-1.021x once it moved after the draft (with the decode loop's per-step sync
-removed in the same change). Its stream order, not its host order, is what lets it run beside the draft.
+first launch is GPU idle time whenever the host is not ahead of the GPU (overlap_split's independent part
+enqueued before the draft makes its step 0.2-0.9 ms longer than serial's on an H200, random Llama-3.1-8B).
+overlap_split's stream order, not its host order, is what lets that part run beside the draft.
 
 The user decides, never the platform: overlap is on or off by config, and the environment
 variable EAGLET_ENABLE_OVERLAP_PLAN_STREAM=0|1 overrides it. Nothing here looks at the vendor:

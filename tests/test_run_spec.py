@@ -94,7 +94,8 @@ def test_divergence_margin_points_at_the_first_difference():
 
     from eaglet.models.kv_cache import KVCache
     from eaglet.models.llama import ModelArgs, Transformer
-    from eaglet.engine.autoregressive import AREngine, Request
+    from eaglet.engine.autoregressive import AREngine
+    from eaglet.engine.requests import Request
     from eaglet.engine.run import divergence_margin
 
     torch.manual_seed(0)

@@ -38,7 +38,8 @@ from eaglet.data.assets import asset_path
 from eaglet.data.prompts import Conversation, load_sharegpt_conversations, sharegpt_split
 from eaglet.models.kv_cache import KVCache
 from eaglet.models.llama import Transformer
-from eaglet.engine.autoregressive import AREngine, Request
+from eaglet.engine.autoregressive import AREngine
+from eaglet.engine.requests import Request
 from eaglet.engine.common import encode_turns
 from eaglet.engine.sampling import SamplingParams
 

@@ -54,7 +54,7 @@ def evaluate_tau(target: Transformer, head: DraftHead, tree_cfg, prompts: list[l
     answer depends on the head's accept pattern (the verify's shapes), so two evaluations one optimiser step apart
     could score different texts (an H200 run logged eval/acc_0 0.482 and 0.464 at steps 1,526 and 1,527; how much
     of that was the texts was not measured)."""
-    from eaglet.engine.autoregressive import Request
+    from eaglet.engine.requests import Request
     from eaglet.engine.eagle import EagleEngine, TreeSpec
 
     tree = TreeSpec(tree_cfg.steps, tree_cfg.topk, tree_cfg.num_draft_tokens)

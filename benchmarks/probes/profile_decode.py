@@ -12,7 +12,8 @@ import torch
 
 from eaglet.models.kv_cache import KVCache
 from eaglet.models.llama import ModelArgs, Transformer
-from eaglet.engine.autoregressive import AREngine, Request
+from eaglet.engine.autoregressive import AREngine
+from eaglet.engine.requests import Request
 
 
 def main():

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import torch
 
-from eaglet.engine.autoregressive import AREngine, Request
+from eaglet.engine.autoregressive import AREngine
+from eaglet.engine.requests import Request
 from eaglet.engine.eagle import TreeSpec
 from eaglet.models.eagle import new_draft_head
 from eaglet.models.kv_cache import KVCache

@@ -14,7 +14,7 @@ import argparse
 
 import torch
 
-from eaglet.engine.autoregressive import Request
+from eaglet.engine.requests import Request
 from eaglet.engine.eagle import EagleEngine
 from eaglet.engine.stream_plan import ResolvedPlan, StreamPlan
 from engine_testing import PROMPTS, TREES, ar_outputs, oracle_like, oracle_target

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from collections import deque
-
 import pytest
 import torch
 
 from eaglet.models.kv_cache import KVCache, KVPoolExhausted
 from eaglet.models.llama import ModelArgs, Transformer
-from eaglet.engine.autoregressive import AREngine, Request, admit
+from eaglet.engine.autoregressive import AREngine
+from eaglet.engine.requests import Request
 from eaglet.engine.sampling import SamplingParams, probs_from_logits, sample
 
 
@@ -86,15 +85,6 @@ def test_smollm2_knows_the_capital_of_france(smollm2, tokenizer):
     text = tokenizer.decode(r.output_ids, skip_special_tokens=True)
     assert "Paris" in text, text
     assert r.finish_reason == "eos"
-
-
-def test_admission_waits_for_a_batch_of_free_rows():
-    w = deque(range(10))
-    assert admit(w, 0, 8, 2) == list(range(8))  # nothing runs: fill every row
-    assert admit(w, 7, 8, 2) == [] and len(w) == 2  # one free row while others decode: wait
-    assert admit(w, 6, 8, 2) == [8, 9]  # two free rows: prefill both
-    assert admit(deque([5]), 7, 8, 2) == [5]  # all that wait fit: no reason to wait
-    assert admit(deque([5]), 8, 8, 1) == []  # no free row
 
 
 def test_batched_admission_prefills_less_and_decodes_the_same(tiny, monkeypatch):

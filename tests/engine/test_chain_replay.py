@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from eaglet.engine.autoregressive import Request
 from eaglet.engine.eagle import EagleEngine
+from eaglet.engine.requests import Request
 from eaglet.training.chain_replay import chain_rates, replay_chain, step_hits
 from eaglet.training.features import OnlineFeatures
 from engine_testing import PROMPTS, TREES, ar_outputs, oracle_like

@@ -1,4 +1,4 @@
-"""GraphRunner without graphs (CPU, eager): stage + replay is the function on the staged inputs."""
+"""GraphRunner without graphs (CPU, eager): stage + replay is the function on the inputs staged by name."""
 
 import pytest
 import torch
@@ -13,10 +13,10 @@ def test_disabled_runner_stages_into_static_buffers_and_runs_on_them():
         calls.append((a.data_ptr(), a.shape[0]))
         return a * 2 + b  # [B, 3]
 
-    runner = GraphRunner(fn, lambda B: [torch.zeros(B, 3), torch.zeros(B, 3)], max_batch=4, enabled=False)
+    runner = GraphRunner(fn, lambda B: dict(a=torch.zeros(B, 3), b=torch.zeros(B, 3)), max_batch=4, enabled=False)
     for B in (3, 1, 4):
         a, b = torch.randn(B, 3), torch.randn(B, 3)
-        out = runner.replay(runner.stage(a, b))
+        out = runner.replay(runner.stage(a=a, b=b))
         assert torch.equal(out, a * 2 + b)
     # every call read the one set of static buffers (sized for the largest bucket), not the caller's tensors
     assert len({ptr for ptr, _ in calls}) == 1 and [n for _, n in calls] == [3, 1, 4]
@@ -26,12 +26,14 @@ def test_disabled_runner_stages_into_static_buffers_and_runs_on_them():
 def test_inputs_staged_in_parts_equal_staged_at_once():
     """The verify stages its draft-independent inputs before the draft ends and the rest after (overlap_split)."""
     fn = lambda a, b, c: a * 100 + b * 10 + c  # [B, 2]
-    runner = GraphRunner(fn, lambda B: [torch.zeros(B, 2) for _ in range(3)], max_batch=4, enabled=False)
+    runner = GraphRunner(fn, lambda B: {name: torch.zeros(B, 2) for name in "abc"}, max_batch=4, enabled=False)
     a, b, c = (torch.randn(3, 2) for _ in range(3))
-    assert runner.stage(a) == 3 and runner.stage(b, c, first=1) == 3
+    assert runner.stage(a=a) == 3 and runner.stage(c=c, b=b) == 3  # by name, in any order
     assert torch.equal(runner.replay(3), fn(a, b, c))
-    runner.stage(a, first=2)  # a later part replaces only its own buffers
+    runner.stage(c=a)  # a later part replaces only its own buffers
     assert torch.equal(runner.replay(3), fn(a, b, a))
+    with pytest.raises(ValueError, match="no static input named d"):
+        runner.stage(d=a)
 
 
 def _pairs(device):

@@ -117,7 +117,8 @@ def test_decode_with_cache_equals_full_forward():
 
 
 def test_ragged_batch_equals_each_alone():
-    from eaglet.engine.autoregressive import AREngine, Request
+    from eaglet.engine.autoregressive import AREngine
+    from eaglet.engine.requests import Request
 
     model = to_eaglet(tiny_hf("llama"))
     g = torch.Generator().manual_seed(4)

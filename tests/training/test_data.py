@@ -11,7 +11,8 @@ import torch
 from omegaconf import OmegaConf
 
 from eaglet.models.kv_cache import KVCache
-from eaglet.engine.autoregressive import AREngine, Request
+from eaglet.engine.autoregressive import AREngine
+from eaglet.engine.requests import Request
 from eaglet.training.data import (
     AnswerGenerator,
     BatchSchedule,
