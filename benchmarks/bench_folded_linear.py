@@ -29,7 +29,7 @@ from _common import fmt, provenance, rel_err, report
 from bench_linear import BYTES, DEV, DTYPE, GRAPH_REPEATS, bench_graph, weights
 
 import eaglet.kernels.folded_linear as fl
-from eaglet.kernels._utils import copy_bandwidth
+from eaglet.kernels._utils import copy_bandwidth, sm_count
 from eaglet.kernels.activation import silu_and_mul
 from eaglet.kernels.rmsnorm import rmsnorm
 from eaglet.kernels.rope import rope_qkv_store
@@ -105,7 +105,7 @@ def _add_err(x, a, w) -> float:
 
 def config(proj: str, N: int, K: int) -> str:
     epi = {"qkv": fl._ROPE, "gate_up": fl._SILU}.get(proj, fl._ADD)
-    c = fl._config(epi, N, K, DTYPE, fl._num_sms(torch.cuda.current_device()))
+    c = fl._config(epi, N, K, DTYPE, sm_count(torch.cuda.current_device()))
     return f"{c['BLOCK_N']}x{c['BLOCK_K']} w{c['num_warps']}s{c['num_stages']}"
 
 

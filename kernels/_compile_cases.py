@@ -34,6 +34,11 @@ import torch
 MODULES = ("activation", "draft_expand", "folded_linear", "kv_ops", "linear", "projection", "rmsnorm", "rope", "topk",
            "tree_attention", "tree_mask", "verify")
 
+# The SM (CU) count the launch planners fill when a case is built for a GPU this machine lacks: H100 / H200 (sm_90,
+# 132 SMs) when False, MI300X (gfx942, 304 CUs) when `hip`.
+TARGET_SMS = {False: 132, True: 304}
+
+
 @dataclass(frozen=True)
 class Ptr:
     """A tensor argument: its element type, and whether its address is 16-byte aligned (views at an odd offset are

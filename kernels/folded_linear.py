@@ -36,8 +36,6 @@ by 4% (4.43 to 4.59 ms); the rule holds the tiles of the fastest verify measured
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import torch.nn.functional as F
 import triton
@@ -45,8 +43,8 @@ import triton.language as tl
 from triton.language.extra import libdevice
 
 from eaglet.kernels import rope as _rope
-from eaglet.kernels._compile_cases import CompileCase, Ptr, model_shapes
-from eaglet.kernels._utils import is_hip, is_interpret, use_triton
+from eaglet.kernels._compile_cases import TARGET_SMS, CompileCase, Ptr, model_shapes
+from eaglet.kernels._utils import is_hip, is_interpret, sm_count, use_triton
 from eaglet.kernels.activation import silu_and_mul, silu_and_mul_ref
 from eaglet.kernels.linear import _check_input, _check_weight
 from eaglet.kernels.rmsnorm import row_rstd_ref
@@ -106,11 +104,6 @@ def _config(epi: int, N: int, K: int, dtype: torch.dtype, sms: int, hip: bool | 
         return dict(BLOCK_N=128, BLOCK_K=128, num_warps=8, num_stages=3)
     wide = epi == _ADD and K >= 8192 and dtype.itemsize == 2
     return dict(BLOCK_N=64, BLOCK_K=256 if wide else 128, num_warps=4, num_stages=5)
-
-
-@functools.lru_cache(maxsize=None)
-def _num_sms(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -267,7 +260,7 @@ def _launch(epi: int, x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, 
     hq, hkv, d = heads
     K = x.shape[1]
     # the interpreter (CPU) takes the widest tiles
-    cfg = _config(epi, weight.shape[0], K, x.dtype, _num_sms(x.device.index or 0) if x.is_cuda else 0)
+    cfg = _config(epi, weight.shape[0], K, x.dtype, sm_count(x.device.index or 0) if x.is_cuda else 0)
     _folded_kernel[(triton.cdiv(grid_rows, cfg["BLOCK_N"]),)](
         x, x2, weight, res, out, positions, inv_freq, out_slots, k_cache, v_cache,
         x.shape[0], weight.shape[0], K, weight.shape[1] - K, x.stride(0), x2.stride(0), weight.stride(0),
@@ -362,7 +355,6 @@ def linear_add(res: torch.Tensor, a: torch.Tensor, weight: torch.Tensor) -> torc
 # ----------------------------------------------------------------------------------------------------
 # Compile cases (kernels/_compile_cases.py)
 
-_TARGET_SMS = {False: 132, True: 304}  # the SMs (CUs) `_config` sizes for: H100 / H200 (sm_90), MI300X (gfx942)
 
 
 def _case(epi: int, M: int, N: int, K: int, K2: int, heads: tuple, sms: int, hip: bool, used_by: str) -> CompileCase:
@@ -395,6 +387,6 @@ def compile_cases(hip: bool) -> list[CompileCase]:
         )
         for M in (1, 8):
             for name, epi, N, K, K2 in launches:
-                cases.append(_case(epi, M, N, K, K2, heads if epi == _ROPE else (1, 1, 1), _TARGET_SMS[hip], hip,
+                cases.append(_case(epi, M, N, K, K2, heads if epi == _ROPE else (1, 1, 1), TARGET_SMS[hip], hip,
                                    f"{s.name} {name} M={M}"))
     return cases

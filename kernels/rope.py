@@ -26,10 +26,9 @@ import triton.language as tl
 from triton.language.extra import libdevice
 
 from eaglet.kernels._compile_cases import CompileCase, Ptr, model_shapes
-from eaglet.kernels._utils import is_interpret, use_triton
+from eaglet.kernels._utils import FLOAT_DTYPES, is_interpret, use_triton
 from eaglet.kernels.rmsnorm import MAX_HIDDEN, rmsnorm_ref, row_rstd, row_rstd_ref
 
-_FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _INDEX_DTYPES = (torch.int32, torch.int64)
 
 
@@ -91,7 +90,7 @@ def _check_args(qkv, positions, inv_freq, k_cache, v_cache, out_slots, n_heads, 
             f"qkv must be [M, (n_heads + 2*n_kv_heads) * head_dim] = [M, {width}] for n_heads={n_heads}, "
             f"n_kv_heads={n_kv_heads}, head_dim={head_dim}; got shape {tuple(qkv.shape)}"
         )
-    if qkv.dtype not in _FLOAT_DTYPES:
+    if qkv.dtype not in FLOAT_DTYPES:
         raise ValueError(f"qkv must be float32/bfloat16/float16, got {qkv.dtype}")
     M = qkv.shape[0]
     for name, t in (("positions", positions), ("out_slots", out_slots)):
@@ -106,7 +105,7 @@ def _check_args(qkv, positions, inv_freq, k_cache, v_cache, out_slots, n_heads, 
                              f"[pages, page_size, {n_kv_heads}, {head_dim}]), got {tuple(t.shape)}")
         if not t.is_contiguous():
             raise ValueError(f"{name} must be contiguous: it is written in place through flat slots")
-        if t.dtype not in _FLOAT_DTYPES:
+        if t.dtype not in FLOAT_DTYPES:
             raise ValueError(f"{name} must be float32/bfloat16/float16, got {t.dtype}")
     if k_cache.shape != v_cache.shape:
         raise ValueError(f"k_cache {tuple(k_cache.shape)} and v_cache {tuple(v_cache.shape)} must have one shape")
@@ -117,7 +116,7 @@ def _check_args(qkv, positions, inv_freq, k_cache, v_cache, out_slots, n_heads, 
             raise ValueError(f"{name} must be [head_dim] = [{head_dim}] in qkv's dtype {qkv.dtype}, "
                              f"got {tuple(t.shape)} {t.dtype}")
     if row_norm_of is not None and (row_norm_of.dim() != 2 or row_norm_of.shape[0] != M
-                                    or not 0 < row_norm_of.shape[1] <= MAX_HIDDEN or row_norm_of.dtype not in _FLOAT_DTYPES):
+                                    or not 0 < row_norm_of.shape[1] <= MAX_HIDDEN or row_norm_of.dtype not in FLOAT_DTYPES):
         raise ValueError(f"row_norm_of must be float [M, H] = [{M}, H] with 0 < H <= {MAX_HIDDEN} (the rows whose "
                          f"1/rms scales qkv's rows), got {tuple(row_norm_of.shape)} {row_norm_of.dtype}")
     for name, t in (("positions", positions), ("inv_freq", inv_freq), ("k_cache", k_cache), ("v_cache", v_cache),

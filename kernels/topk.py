@@ -27,10 +27,9 @@ import triton
 import triton.language as tl
 
 from eaglet.kernels._compile_cases import TREES, CompileCase, Ptr, model_shapes
-from eaglet.kernels._utils import use_triton
+from eaglet.kernels._utils import FLOAT_DTYPES, use_triton
 from eaglet.kernels.tree_mask import _score_key
 
-_FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 # Rows up to this many ids run as one chunk: one launch instead of two. Above it, more programs win over the
 # second launch (H200, 4 rows of 8,192 ids, top-4, from a graph: 7.26 µs as one chunk, 4.64 µs in chunks of 1,024).
 _SINGLE_CHUNK = 1024
@@ -152,7 +151,7 @@ def topk_logprobs(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Ten
     TRITON_INTERPRET=1) for k <= MAX_K, else the reference. No host sync: CUDA-graph capturable."""
     if logits.dim() < 1 or logits.shape[-1] < 1:
         raise ValueError(f"logits must be [..., V] with V >= 1, got shape {tuple(logits.shape)}")
-    if logits.dtype not in _FLOAT_DTYPES:
+    if logits.dtype not in FLOAT_DTYPES:
         raise ValueError(f"logits must be float32/bfloat16/float16, got {logits.dtype}")
     V = logits.shape[-1]
     if not isinstance(k, int) or not 1 <= k <= V:

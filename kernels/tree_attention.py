@@ -51,9 +51,9 @@ import torch
 import triton
 import triton.language as tl
 
-from eaglet.kernels._compile_cases import TREES, CompileCase, Ptr, model_shapes
+from eaglet.kernels._compile_cases import TARGET_SMS, TREES, CompileCase, Ptr, model_shapes
 from eaglet.kernels._fixed_order import fixed_sum0
-from eaglet.kernels._utils import autotune_configs, is_hip, is_interpret, use_triton
+from eaglet.kernels._utils import autotune_configs, is_hip, is_interpret, sm_count, use_triton
 
 SUPPORTED_HEAD_DIMS = (64, 128)
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -624,11 +624,6 @@ def _merge_kernel(
     tl.store(OUT + out_row * HEAD_DIM + offs_d, out.to(OUT.dtype.element_ty))
 
 
-@functools.lru_cache(maxsize=None)
-def _num_sms(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
-
-
 @functools.lru_cache(maxsize=1024)
 def _plan(B: int, N: int, Hq: int, Hkv: int, kv_max: int, nk: int, num_sms: int) -> tuple[int, int, int, int, bool]:
     """Host-side grid plan -> (BLOCK_M, row tiles, num_splits, chunk, tree_apart). kv_max is a host upper
@@ -771,7 +766,7 @@ def _prepare(q, k, v, pt, pl, mask, sm_scale, max_prefix_len, interpret: bool, i
         ws_numel = B * Hkv * num_splits * N * group * (D + 1) if split else 0  # partial outputs + LSEs
         return _inv_fwd_kernel, grid, fwd_args, fwd_kw, ws_numel, merge
     if num_sms is None:  # interpreter: few SMs, still splits (a CPU call without it takes the reference)
-        num_sms = _num_sms(q_dev.index) if q_dev.type == "cuda" and not interpret else 8
+        num_sms = sm_count(q_dev.index) if q_dev.type == "cuda" and not interpret else 8
     block_m, m_tiles, num_splits, chunk, apart = _plan(B, N, Hq, Hkv, kv_max, NK, num_sms)
     split = num_splits > 1
     fwd_args = (scale * _LOG2E, chunk, num_splits, N, NK, Hkv, *strides, pt[0][1] * page_size)  # kv_cap last
@@ -841,8 +836,6 @@ def tree_attention(
 # ----------------------------------------------------------------------------------------------------
 # Compile cases (kernels/_compile_cases.py)
 
-# The SMs (CUs) `_plan` fills: H100 / H200 (sm_90) and MI300X (gfx942)
-_TARGET_SMS = {False: 132, True: 304}
 _CASE_PAGE = 16  # the KV pool's page size (KVCache's default)
 _CASE_PREFIX = 1024  # the decode and verify cases' prefix (and max_prefix_len)
 
@@ -892,6 +885,6 @@ def compile_cases(hip: bool) -> list[CompileCase]:
     for s in model_shapes():
         for label, B, N, tree, prefix in calls:
             for invariant in (False, True):
-                cases += _call_cases(s, B, N, tree, prefix, invariant, _TARGET_SMS[hip], hip,
+                cases += _call_cases(s, B, N, tree, prefix, invariant, TARGET_SMS[hip], hip,
                                      f"{s.name} {label}{' invariant' if invariant else ''}")
     return cases
