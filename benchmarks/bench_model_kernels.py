@@ -34,7 +34,7 @@ from eaglet.kernels.rmsnorm import rmsnorm, rmsnorm_ref
 from eaglet.kernels.rope import rope_qkv_store, rope_qkv_store_ref
 from eaglet.kernels.draft_expand import expand_step, expand_step_ref
 from eaglet.kernels.topk import topk_logprobs
-from eaglet.kernels.tree_mask import num_candidates
+from eaglet.kernels.build_tree import num_candidates
 
 DEV = "cuda"
 DTYPE = torch.bfloat16

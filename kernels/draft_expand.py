@@ -5,7 +5,7 @@
 
 At draft step i >= 1 each of the K nodes kept at step i-1 proposed K children: lp, ids [B, K, K], the head's
 `topk_logprobs` (draft-vocabulary ids). The step's K*K candidates take flat indices base + j, base = K + (i-1)*K*K
-(kernels/tree_mask.py's candidate layout), and are written into the draft's candidate tensors [B, C]:
+(kernels/build_tree.py's candidate layout), and are written into the draft's candidate tensors [B, C]:
   scores[:, base + j]   cur_lp[b, j // K] + lp[b, j // K, j % K] (cumulative log-probabilities);
   tokens[:, base + j]   the target id: ids + d2t[ids] with a reduced draft vocabulary (d2t, EAGLE-3), else ids;
   parents[:, base + j]  cur_flat[b, j // K], the flat index of the node that proposed it.
@@ -28,7 +28,7 @@ import triton.language as tl
 from eaglet.kernels._compile_cases import TREES, CompileCase, Ptr, model_shapes
 from eaglet.kernels._utils import use_triton
 from eaglet.kernels.topk import _decode_keys, _keys, _top_keys, top_ids_ref
-from eaglet.kernels.tree_mask import num_candidates
+from eaglet.kernels.build_tree import num_candidates
 
 
 def expand_step_ref(cur_lp, lp, ids, cur_flat, mask, h, scores, tokens, parents, base, d2t=None,

@@ -10,7 +10,7 @@ draft graph (32,000-token draft vocabulary, B=1, 6 steps) spent 8.1 µs per soft
 13 kernels.
 
 Kernels. Each program packs a logit and its id into one int64 key: the fp32 value's order-preserving int32
-(`tree_mask._score_key`; -0.0 and 0.0 tie) in the high half, 2**31 - 1 - id in the low half. A larger key is a
+(`build_tree._score_key`; -0.0 and 0.0 tie) in the high half, 2**31 - 1 - id in the low half. A larger key is a
 larger logit, or the same logit at a lower id, and k rounds of "take the max, remove it" give the top k in order.
   * `_chunk_kernel` (grid rows x chunks of BLOCK_V ids, `_block_v`): the chunk's max and sum of exp(x - max), and its k
     largest keys. A row of one chunk (V <= _SINGLE_CHUNK) finishes here;
@@ -28,7 +28,7 @@ import triton.language as tl
 
 from eaglet.kernels._compile_cases import TREES, CompileCase, Ptr, model_shapes
 from eaglet.kernels._utils import FLOAT_DTYPES, use_triton
-from eaglet.kernels.tree_mask import _score_key
+from eaglet.kernels.build_tree import _score_key
 
 # Rows up to this many ids run as one chunk: one launch instead of two. Above it, more programs win over the
 # second launch (H200, 4 rows of 8,192 ids, top-4, from a graph: 7.26 µs as one chunk, 4.64 µs in chunks of 1,024).
