@@ -1,8 +1,8 @@
 """The projections of a block whose RMSNorm weights are folded into them (`Transformer.fold_norm_weights`), at small M
 (the verify of a tree at batch 1), each fused with the op next to it:
 
-    qkv_rope_store(x, weight, positions, inv_freq, k_cache, v_cache, out_slots, n_heads, n_kv_heads, head_dim, eps)
-        = rope_qkv_store(x @ weight.T, ..., row_norm_of=x): the input norm's 1/rms, RoPE, the K/V store -> q [M, Hq, D]
+    proj_rope_store(x, weight, positions, inv_freq, k_cache, v_cache, out_slots, n_heads, n_kv_heads, head_dim, eps)
+        = rope_store(x @ weight.T, ..., row_norm_of=x): the input norm's 1/rms, RoPE, the K/V store -> q [M, Hq, D]
         (x2=...: the projection of cat(norm(x), norm(x2)), an EAGLE-3 midlayer's [embeds | hidden] input)
     gate_up_silu(x, weight, eps) = silu_and_mul(x @ weight.T, row_norm_of=x)                         -> a [M, I]
     linear_add_(out, a, weight):   out += a @ weight.T in place (o_proj and down: the residual adds)   -> out
@@ -10,7 +10,7 @@
 
 x is the residual stream [M, H]; the `*_ref` functions are the spec (the unfused ops, rounded as they round).
 
-Why: in Llama-3-8B's B=1 verify (8 tree tokens) each layer ran qkv (cuBLAS), rope_qkv_store, o (cuBLAS split-K GEMM
+Why: in Llama-3-8B's B=1 verify (8 tree tokens) each layer ran qkv (cuBLAS), rope_store, o (cuBLAS split-K GEMM
 + its reduce kernel), gate_up, silu_and_mul, down (+ reduce): 8 launches for the projections, each ~0.5 µs of graph
 gap besides its run time, and the small GEMMs far from the weight-read floor (qkv 16.0 µs = 3.1 TB/s, o 12.8 µs
 = 2.6 TB/s). Here 4 launches do the same work: a layer's projections at M=8 take 117.2 instead of 129.2 µs (floor
@@ -27,7 +27,7 @@ x [16, BK] @ w^T, and 0.6 µs faster than split-K with the last program reducing
 result (gate j with up j; dim i with dim i + D/2 of a head): their programs load the rows in interleaved pairs, so
 that splitting the accumulator's row pairs gives both halves, and the folded weights keep the layout every other
 path reads. Above 16 rows (B > 1 verifies, prefill) the launchers run the references' composition: cuBLAS, then
-`rope_qkv_store` / `silu_and_mul` (their Triton kernels on the GPU).
+`rope_store` / `silu_and_mul` (their Triton kernels on the GPU).
 
 Launch configs are fixed per (epilogue, shape, dtype) (`_config`), not autotuned: the autotuner's picks varied
 between processes (its cold single-call timings differ by < 1 µs between the good tiles), and the 8B verify with them
@@ -48,7 +48,7 @@ from eaglet.kernels._utils import is_hip, is_interpret, sm_count, use_triton
 from eaglet.kernels.activation import silu_and_mul, silu_and_mul_ref
 from eaglet.kernels.linear import _check_input, _check_weight
 from eaglet.kernels.rmsnorm import row_rstd_ref
-from eaglet.kernels.rope import rope_qkv_store, rope_qkv_store_ref
+from eaglet.kernels.rope import rope_store, rope_store_ref
 
 MAX_M = 16  # rows the fused kernels take: one 16-wide MMA tile of x (the B=1 verify of <= 16 tree tokens)
 _ADD, _SILU, _ROPE = 0, 1, 2  # the epilogue
@@ -58,16 +58,16 @@ _ADD, _SILU, _ROPE = 0, 1, 2  # the epilogue
 # Torch references (the spec)
 
 
-def qkv_rope_store_ref(x, weight, positions, inv_freq, k_cache, v_cache, out_slots, n_heads, n_kv_heads, head_dim,
-                       eps, x2=None):
-    """`F.linear` then `rope_qkv_store_ref` with x's rows as the row scale: writes the caches, returns q [M, Hq, D].
+def proj_rope_store_ref(x, weight, positions, inv_freq, k_cache, v_cache, out_slots, n_heads, n_kv_heads, head_dim,
+                        eps, x2=None):
+    """`F.linear` then `rope_store_ref` with x's rows as the row scale: writes the caches, returns q [M, Hq, D].
     With x2 (weight = [W1 | W2], W1 over x's columns): the projection is x @ W1.T and x2 @ W2.T, each rounded and
     scaled by its own rows' 1/rms, summed in fp32 and rounded once (the projection of cat(norm(x), norm(x2)))."""
     if x2 is None:
-        return rope_qkv_store_ref(F.linear(x, weight), positions, inv_freq, k_cache, v_cache, out_slots, n_heads,
-                                  n_kv_heads, head_dim, norm_eps=eps, row_norm_of=x)
-    return rope_qkv_store_ref(_two_input_proj(x, x2, weight, eps), positions, inv_freq, k_cache, v_cache, out_slots,
-                              n_heads, n_kv_heads, head_dim)
+        return rope_store_ref(F.linear(x, weight), positions, inv_freq, k_cache, v_cache, out_slots, n_heads,
+                              n_kv_heads, head_dim, norm_eps=eps, row_norm_of=x)
+    return rope_store_ref(_two_input_proj(x, x2, weight, eps), positions, inv_freq, k_cache, v_cache, out_slots,
+                          n_heads, n_kv_heads, head_dim)
 
 
 def _two_input_proj(x, x2, weight, eps):
@@ -269,7 +269,7 @@ def _launch(epi: int, x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, 
     )
 
 
-def qkv_rope_store(
+def proj_rope_store(
     x: torch.Tensor,
     weight: torch.Tensor,
     positions: torch.Tensor,
@@ -285,7 +285,7 @@ def qkv_rope_store(
 ) -> torch.Tensor:
     """The folded qkv projection of the residual stream x [M, H] (weight [(Hq + 2 Hkv) D, H], the input norm's
     weight folded in), scaled by each row's 1/rms(x) (eps), RoPE on q and k, k and v stored at out_slots [M] of the
-    caches; returns q [M, Hq, D]. Arguments and caches as in `kernels.rope.rope_qkv_store`. Fused for M <= MAX_M
+    caches; returns q [M, Hq, D]. Arguments and caches as in `kernels.rope.rope_store`. Fused for M <= MAX_M
     and head_dim a multiple of 64 (a 64-row tile holds 32 rotary pairs of one head).
     x2 [M, H2]: a second input with its own norm, whose columns follow x's (weight [(Hq + 2 Hkv) D, H + H2]): the
     projection of cat(norm(x), norm(x2)), as in an EAGLE-3 midlayer (embeddings, then hidden states). Its fallback
@@ -299,8 +299,8 @@ def qkv_rope_store(
     rope_args = (positions, inv_freq, k_cache, v_cache, out_slots, n_heads, n_kv_heads, head_dim)
     if not (_fused(x, weight, positions, inv_freq, k_cache, v_cache, out_slots) and head_dim % 64 == 0):
         if x2 is None:
-            return rope_qkv_store(F.linear(x, weight), *rope_args, norm_eps=eps, row_norm_of=x)
-        return rope_qkv_store(_two_input_proj(x, x2, weight, eps), *rope_args)
+            return rope_store(F.linear(x, weight), *rope_args, norm_eps=eps, row_norm_of=x)
+        return rope_store(_two_input_proj(x, x2, weight, eps), *rope_args)
     q = torch.empty(x.shape[0], n_heads, head_dim, dtype=x.dtype, device=x.device)  # [M, Hq, D]
     _launch(_ROPE, x, weight, q, weight.shape[0], eps=eps, x2=x2,
             rope=(positions.contiguous(), inv_freq.contiguous(), out_slots.contiguous(), k_cache, v_cache),

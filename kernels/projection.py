@@ -1,8 +1,8 @@
 """Every projection of a block, batch-invariant, with the op next to it fused in:
 
     linear(x, weight, bias=None, norm_weight=None, eps=0)       [rmsnorm(x) or x] @ W.T (+ b)         -> [M, N]
-    qkv_rope_store(x, norm_weight, weight, bias, positions, inv_freq, k_cache, v_cache, out_slots, Hq, Hkv, D, eps,
-                   x2=None, norm_weight2=None)                   qkv of rmsnorm(x), RoPE, K/V store  -> q [M, Hq, D]
+    proj_rope_store(x, norm_weight, weight, bias, positions, inv_freq, k_cache, v_cache, out_slots, Hq, Hkv, D, eps,
+                    x2=None, norm_weight2=None)                   qkv of rmsnorm(x), RoPE, K/V store  -> q [M, Hq, D]
     gate_up_silu(x, norm_weight, weight, eps)                    silu(gate) * up of rmsnorm(x)       -> [M, I]
     linear_add_(out, a, weight, bias=None)                       out += a @ W.T (+ b), in place      -> out
     linear_add(res, a, weight, bias=None)                        res + a @ W.T (+ b), a new tensor   -> [M, N]
@@ -50,7 +50,7 @@ from eaglet.kernels._fixed_order import fixed_sum0
 from eaglet.kernels._utils import FLOAT_DTYPES, check_like, is_hip, is_interpret, sm_count, use_triton
 from eaglet.kernels.activation import silu_and_mul_ref
 from eaglet.kernels.rmsnorm import row_rstd_ref
-from eaglet.kernels.rope import rope_qkv_store, rope_qkv_store_ref
+from eaglet.kernels.rope import rope_store_ref
 
 # norm_weight=FOLDED: the RMSNorm's weight is already inside the projection's weight (W' = W diag(g),
 # `Transformer.fold_norm_weights`): only the row scale 1/rms(x) remains, and the K loop multiplies nothing
@@ -90,13 +90,13 @@ def linear_ref(x, weight, bias=None, norm_weight=None, eps=0.0) -> torch.Tensor:
     return y if bias is None else (y.float() + bias.float()).to(x.dtype)
 
 
-def qkv_rope_store_ref(x, norm_weight, weight, bias, positions, inv_freq, k_cache, v_cache, out_slots, n_heads,
-                       n_kv_heads, head_dim, eps, x2=None, norm_weight2=None) -> torch.Tensor:
-    """`proj_ref` (+ bias), then `rope_qkv_store_ref`: writes the caches, returns q [M, Hq, D]."""
+def proj_rope_store_ref(x, norm_weight, weight, bias, positions, inv_freq, k_cache, v_cache, out_slots, n_heads,
+                        n_kv_heads, head_dim, eps, x2=None, norm_weight2=None) -> torch.Tensor:
+    """`proj_ref` (+ bias), then `rope_store_ref`: writes the caches, returns q [M, Hq, D]."""
     qkv = proj_ref(x, weight, norm_weight, eps, x2, norm_weight2)  # [M, (Hq+2Hkv)*D]
     if bias is not None:
         qkv = (qkv.float() + bias.float()).to(x.dtype)
-    return rope_qkv_store_ref(qkv, positions, inv_freq, k_cache, v_cache, out_slots, n_heads, n_kv_heads, head_dim)
+    return rope_store_ref(qkv, positions, inv_freq, k_cache, v_cache, out_slots, n_heads, n_kv_heads, head_dim)
 
 
 def gate_up_silu_ref(x, norm_weight, weight, eps) -> torch.Tensor:
@@ -519,9 +519,9 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     return out
 
 
-def qkv_rope_store(x, norm_weight, weight, bias, positions, inv_freq, k_cache, v_cache, out_slots, n_heads: int,
-                   n_kv_heads: int, head_dim: int, eps: float, x2=None, norm_weight2=None,
-                   cfg: dict | None = None) -> torch.Tensor:
+def proj_rope_store(x, norm_weight, weight, bias, positions, inv_freq, k_cache, v_cache, out_slots, n_heads: int,
+                    n_kv_heads: int, head_dim: int, eps: float, x2=None, norm_weight2=None,
+                    cfg: dict | None = None) -> torch.Tensor:
     """The qkv projection of rmsnorm(x) (x [M, H], norm_weight [H]; None: of x itself), weight
     [(Hq + 2 Hkv) D, H], bias or None, then RoPE on q and k (positions [M], inv_freq [D/2] fp32), k and v stored at
     out_slots [M] of k_cache / v_cache ([slots, Hkv, D] or paged); returns q [M, Hq, D]. With x2 [M, H2] (and
@@ -532,11 +532,11 @@ def qkv_rope_store(x, norm_weight, weight, bias, positions, inv_freq, k_cache, v
     _rope._check_args(qkv_like, positions, inv_freq, k_cache, v_cache, out_slots, n_heads, n_kv_heads, head_dim,
                       None, None, None)
     if head_dim % 64:
-        raise ValueError(f"qkv_rope_store needs head_dim a multiple of 64, got {head_dim}")
+        raise ValueError(f"proj_rope_store needs head_dim a multiple of 64, got {head_dim}")
     tensors = _tensors(bias, norm_weight, x2, norm_weight2)
     if not use_triton(x, weight, positions, inv_freq, k_cache, v_cache, out_slots, *tensors):
-        return qkv_rope_store_ref(x, norm_weight, weight, bias, positions, inv_freq, k_cache, v_cache, out_slots,
-                                  n_heads, n_kv_heads, head_dim, eps, x2, norm_weight2)
+        return proj_rope_store_ref(x, norm_weight, weight, bias, positions, inv_freq, k_cache, v_cache, out_slots,
+                                   n_heads, n_kv_heads, head_dim, eps, x2, norm_weight2)
     q = torch.empty(x.shape[0], n_heads, head_dim, dtype=x.dtype, device=x.device)  # [M, Hq, D]
     if x.shape[0]:
         _launch(_ROPE, x, weight, q, norm_weight=norm_weight, eps=eps, x2=x2, norm_weight2=norm_weight2, bias=bias,

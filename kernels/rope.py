@@ -1,5 +1,6 @@
-"""Split the fused qkv projection, (optionally) q/k RMSNorm, rotary embedding, KV-cache store:
-one launch instead of ~20 torch kernels per layer.
+"""rope_store: the rotary embedding and KV-cache store of an already-projected qkv (split into heads, optionally
+q/k RMSNorm), one launch instead of ~20 torch kernels per layer. `proj_rope_store` (kernels/projection.py,
+kernels/folded_linear.py) computes the qkv projection too, in the same launch.
 
 Per token row m of qkv [M, (Hq + 2*Hkv) * D] (q heads, then k heads, then v heads):
   0. With `row_norm_of` (a layer whose input RMSNorm is folded into the projection): the row is scaled by
@@ -38,7 +39,7 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x2, x1), dim=-1)  # [..., D]
 
 
-def rope_qkv_store_ref(
+def rope_store_ref(
     qkv: torch.Tensor,
     positions: torch.Tensor,
     inv_freq: torch.Tensor,
@@ -53,7 +54,7 @@ def rope_qkv_store_ref(
     norm_eps: float = 1e-6,
     row_norm_of: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Torch reference (the spec) of `rope_qkv_store`: HF's apply_rotary_pos_emb with the
+    """Torch reference (the spec) of `rope_store`: HF's apply_rotary_pos_emb with the
     rotation in fp32. Writes k_cache/v_cache in place, returns q [M, Hq, D]."""
     _check_args(qkv, positions, inv_freq, k_cache, v_cache, out_slots, n_heads, n_kv_heads, head_dim,
                 q_norm_weight, k_norm_weight, row_norm_of)
@@ -163,7 +164,7 @@ def _norm_rope(row_ptr, w_ptr, eps, cos, sin, scale,
 
 
 @triton.jit
-def _rope_qkv_store_kernel(
+def _rope_store_kernel(
     qkv_ptr, pos_ptr, inv_freq_ptr, k_cache_ptr, v_cache_ptr, slots_ptr, q_ptr, qw_ptr, kw_ptr, x_ptr,
     stride_qkv, stride_x, H, eps,
     HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr,
@@ -215,7 +216,7 @@ def _rope_qkv_store_kernel(
         tl.store(v_cache_ptr + slot * (HKV * D) + voffs, v.to(v_cache_ptr.dtype.element_ty), mask=vmask)
 
 
-def rope_qkv_store(
+def rope_store(
     qkv: torch.Tensor,
     positions: torch.Tensor,
     inv_freq: torch.Tensor,
@@ -245,8 +246,8 @@ def rope_qkv_store(
                 q_norm_weight, k_norm_weight, row_norm_of)
     extra = [t for t in (q_norm_weight, k_norm_weight, row_norm_of) if t is not None]
     if not use_triton(qkv, positions, inv_freq, k_cache, v_cache, out_slots, *extra):
-        return rope_qkv_store_ref(qkv, positions, inv_freq, k_cache, v_cache, out_slots, n_heads, n_kv_heads,
-                                  head_dim, q_norm_weight, k_norm_weight, norm_eps, row_norm_of)
+        return rope_store_ref(qkv, positions, inv_freq, k_cache, v_cache, out_slots, n_heads, n_kv_heads,
+                              head_dim, q_norm_weight, k_norm_weight, norm_eps, row_norm_of)
     M, D = qkv.shape[0], head_dim
     q = torch.empty(M, n_heads, D, dtype=qkv.dtype, device=qkv.device)  # [M, Hq, D]
     if M == 0:
@@ -257,7 +258,7 @@ def rope_qkv_store(
     x = q  # [M, H] rows of the row scale, else a dummy pointer
     if scale:
         x = row_norm_of if row_norm_of.stride(1) == 1 else row_norm_of.contiguous()
-    _rope_qkv_store_kernel[(M, 3)](
+    _rope_store_kernel[(M, 3)](
         qkv, positions.contiguous(), inv_freq.contiguous(), k_cache, v_cache, out_slots.contiguous(), q,
         q_norm_weight.contiguous() if has_norm else q, k_norm_weight.contiguous() if has_norm else q, x,
         qkv.stride(0), x.stride(0) if scale else 0, x.shape[1] if scale else 1, float(norm_eps),
@@ -284,7 +285,7 @@ def compile_cases(hip: bool) -> list[CompileCase]:
     for s in model_shapes():
         for H in (None, s.hidden):
             cases.append(CompileCase.of(
-                _rope_qkv_store_kernel, (s.name,), qkv_ptr=p, pos_ptr=i64, inv_freq_ptr=Ptr(torch.float32),
+                _rope_store_kernel, (s.name,), qkv_ptr=p, pos_ptr=i64, inv_freq_ptr=Ptr(torch.float32),
                 k_cache_ptr=p, v_cache_ptr=p, slots_ptr=i64, q_ptr=p, qw_ptr=p, kw_ptr=p, x_ptr=p,
                 stride_qkv=(s.n_heads + 2 * s.n_kv_heads) * s.head_dim, stride_x=H or 0, H=H or 1, eps=1e-5,
                 PRECISE_TRIG=True, **_launch_meta(s.n_heads, s.n_kv_heads, s.head_dim, False, H)))
