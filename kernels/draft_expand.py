@@ -14,7 +14,7 @@ tokens and flat indices; h_next, the head's hidden state h [B, K, H] of each one
 parent's row of mask [B, K, W] (the draft KV each node sees; all False when keep_ancestors is False: a
 multi-layer head caches ancestors in other layers) followed by the identity [K, K] (the node itself).
 
-Why: in torch this was 12 small kernels a step (add, d2t gather and add, parent expand copy, topk, div, three
+Why: in torch this is 12 small kernels a step (add, d2t gather and add, parent expand copy, topk, div, three
 gathers, an add, a mask gather and a cat) and three cats at the end. The kernel is one program per request;
 the top K take K rounds of a max over packed (score, index) keys (kernels/topk.py).
 """

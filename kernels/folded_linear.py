@@ -10,12 +10,12 @@
 
 x is the residual stream [M, H]; the `*_ref` functions are the spec (the unfused ops, rounded as they round).
 
-Why: in Llama-3-8B's B=1 verify (8 tree tokens) each layer ran qkv (cuBLAS), rope_store, o (cuBLAS split-K GEMM
+Why: unfused, Llama-3-8B's B=1 verify (8 tree tokens) runs per layer qkv (cuBLAS), rope_store, o (cuBLAS split-K GEMM
 + its reduce kernel), gate_up, silu_and_mul, down (+ reduce): 8 launches for the projections, each ~0.5 µs of graph
 gap besides its run time, and the small GEMMs far from the weight-read floor (qkv 16.0 µs = 3.1 TB/s, o 12.8 µs
 = 2.6 TB/s). Here 4 launches do the same work: a layer's projections at M=8 take 117.2 instead of 129.2 µs (floor
 103.5; CUDA graphs, cold weights, H200: `benchmarks/results/folded_linear_h200.md`), and the verify 4.36 instead of
-4.84 ms (`benchmarks/results/verify_8b_h200/README.md`, session 14). A folded EAGLE-3 draft head's midlayer
+4.84 ms (`benchmarks/results/verify_8b_h200/README.md`). A folded EAGLE-3 draft head's midlayer
 (`DraftHead.fold_norm_weights`) runs the same launches: 129.0 instead of 146.4 µs a draft step for the 8B head.
 
 Kernel (`_folded_kernel`): one program per BLOCK_N weight rows, over the whole K, so every output element is reduced

@@ -5,7 +5,7 @@
 The k largest logits of each row, largest first (ties: the lower id first), and their log-probabilities
 log_softmax(logits)[ids] in fp32. Every draft step of the EAGLE-2 tree, the draft-extend and the prefill take
 these from the draft head's logits. In torch that is `log_softmax` then `topk`: a softmax kernel and a radix
-select of 13 kernels (4 digit passes of 3 kernels, a gather). The session-11 profile of the random 8B head's
+select of 13 kernels (4 digit passes of 3 kernels, a gather). A profile of the random 8B head's
 draft graph (32,000-token draft vocabulary, B=1, 6 steps) spent 8.1 µs per softmax and 27.5 µs per top-k in those
 13 kernels.
 

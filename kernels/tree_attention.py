@@ -63,7 +63,7 @@ _LOG2E = 1.4426950408889634
 # and the chunk length, an autotune key, takes few values).
 _CHUNK_ALIGN = 128
 # Up to one program per SM, chunks may be this short (B=1, L=1k, N=8: 8 splits of 128 keys ran in 17.0 µs
-# against 19.5 µs for 4 of 256, session 10's variant probe; L=4k, N=16: 11 splits of 384 keys 23 µs against 27
+# against 19.5 µs for 4 of 256; L=4k, N=16: 11 splits of 384 keys 23 µs against 27
 # for 7 of 640).
 _MIN_CHUNK = 128
 # Beyond one wave a split must be longer: each split writes, and the merge reads, rows * D
