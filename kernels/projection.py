@@ -1,3 +1,4 @@
+# One module past ~500 lines: every projection runs the one `_proj_kernel`, whose launch table fixes its reduction order.
 """Every projection of a block, batch-invariant, with the op next to it fused in:
 
     linear(x, weight, bias=None, norm_weight=None, eps=0)       [rmsnorm(x) or x] @ W.T (+ b)         -> [M, N]

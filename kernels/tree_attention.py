@@ -1,3 +1,4 @@
+# One module past ~500 lines: split-KV and invariant mode are one op (one launcher, `_prepare`, reference, cases).
 """Tree attention over a paged KV pool.
 
 For each request b the N query tokens (tree nodes, or a prefill chunk) attend
