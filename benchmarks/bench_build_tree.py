@@ -19,13 +19,8 @@ interpreter's, not a GPU's; it proves that the script and the check run.
 
 from __future__ import annotations
 
-import argparse
-import os
-import time
-
 import torch
-import triton.testing
-from _common import bench, fmt, provenance, report
+from _common import SMOKE_HEADER, fmt, graph_us, kernel_bench_args, provenance, report, timed
 
 from eaglet.kernels._compile_cases import TREES
 from eaglet.kernels._utils import copy_bandwidth
@@ -34,16 +29,6 @@ from eaglet.kernels.build_tree import build_tree, build_tree_ref, num_candidates
 BATCHES = (1, 8, 64)
 PREFIX = (100, 2000)  # seq_lens drawn from [100, 2000)
 SMOKE = dict(batches=(2,), trees=("chain", "eagle2"))
-
-
-def timed(fn, smoke: bool, device_fn: bool = True) -> float:
-    """Median µs: do_bench for a GPU call; else (a host call, or --smoke) the wall time of one call after a first."""
-    if device_fn and not smoke:
-        return bench(fn)
-    fn()
-    t = time.perf_counter()
-    fn()
-    return (time.perf_counter() - t) * 1e6
 
 
 def formats(N: int) -> list[str]:
@@ -65,9 +50,8 @@ def run(B: int, tree, fmt_name: str, dev: str, bw: float | None, smoke: bool) ->
     moved = sum(t.numel() * t.element_size() for t in (*host, *want))  # bytes read + written
     r = dict(B=B, tree=f"{tree.name} {S}/{K}/{N}", fmt=fmt_name, C=num_candidates(K, S), err=0.0 if ok else 1.0)
     r["eaglet"] = timed(lambda: build_tree(*inputs, N, K, S, fmt_name, *extra), smoke)
-    r["graph"] = "not run" if smoke else triton.testing.do_bench_cudagraph(
-        lambda: build_tree(*inputs, N, K, S, fmt_name, *extra), rep=50, return_mode="median") * 1e3
-    r["ref"] = timed(lambda: build_tree_ref(*host, N, K, S, fmt_name, *extra), smoke, device_fn=False)
+    r["graph"] = graph_us(lambda: build_tree(*inputs, N, K, S, fmt_name, *extra), smoke)
+    r["ref"] = timed(lambda: build_tree_ref(*host, N, K, S, fmt_name, *extra), smoke, host=True)
     r["floor"] = "n/a" if bw is None else moved / bw * 1e6
     return r
 
@@ -84,18 +68,13 @@ def table(rows: list[dict]) -> str:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--md", default=None, help="also write the table as markdown here")
-    ap.add_argument("--smoke", action="store_true", help="CPU under TRITON_INTERPRET=1, tiny shapes (no GPU numbers)")
-    args = ap.parse_args()
-    if args.smoke and os.environ.get("TRITON_INTERPRET") != "1":
-        raise SystemExit("--smoke runs the kernel in Triton's interpreter: set TRITON_INTERPRET=1")
+    args = kernel_bench_args(__doc__)
     dev = "cpu" if args.smoke else "cuda"
     bw = None if args.smoke else copy_bandwidth()
     batches = SMOKE["batches"] if args.smoke else BATCHES
     trees = [t for t in TREES if t.name in SMOKE["trees"]] if args.smoke else TREES
     rows = [run(B, t, f, dev, bw, args.smoke) for t in trees for B in batches for f in formats(t.num_draft_tokens)]
-    header = ("Smoke run: CPU, Triton interpreter (times are not kernel times)\n" if args.smoke else
+    header = (SMOKE_HEADER if args.smoke else
               provenance() + f"Measured copy bandwidth {bw / 1e12:.2f} TB/s (read+write); median µs via "
               "triton.testing.do_bench (cold L2), 'graph' = CUDA-graph replay; the reference timed as one host call.\n")
     report(header, table(rows), args.md, rows)
