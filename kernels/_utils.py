@@ -35,7 +35,7 @@ def is_interpret() -> bool:
 
 @functools.lru_cache(maxsize=None)
 def sm_count(device_index: int) -> int:
-    """SMs (CUs on ROCm) of a CUDA device: what the launch planners fill. Cached: the property query costs µs a call."""
+    """SMs (CUs on ROCm) of a CUDA device: what the launch planners fill. Cached: launchers ask on every call."""
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 

@@ -3,7 +3,7 @@
 
     linear(x, weight, bias=None, norm_weight=None, eps=0)       [rmsnorm(x) or x] @ W.T (+ b)         -> [M, N]
     proj_rope_store(x, norm_weight, weight, bias, positions, inv_freq, k_cache, v_cache, out_slots, Hq, Hkv, D, eps,
-                    x2=None, norm_weight2=None)                   qkv of rmsnorm(x), RoPE, K/V store  -> q [M, Hq, D]
+                    x2=None, norm_weight2=None)                  qkv of rmsnorm(x), RoPE, K/V store  -> q [M, Hq, D]
     gate_up_silu(x, norm_weight, weight, eps)                    silu(gate) * up of rmsnorm(x)       -> [M, I]
     linear_add_(out, a, weight, bias=None)                       out += a @ W.T (+ b), in place      -> out
     linear_add(res, a, weight, bias=None)                        res + a @ W.T (+ b), a new tensor   -> [M, N]
