@@ -14,8 +14,8 @@ Why: unfused, Llama-3-8B's B=1 verify (8 tree tokens) runs per layer qkv (cuBLAS
 + its reduce kernel), gate_up, silu_and_mul, down (+ reduce): 8 launches for the projections, each ~0.5 µs of graph
 gap besides its run time, and the small GEMMs far from the weight-read floor (qkv 16.0 µs = 3.1 TB/s, o 12.8 µs
 = 2.6 TB/s). Here 4 launches do the same work: a layer's projections at M=8 take 117.2 instead of 129.2 µs (floor
-103.5; CUDA graphs, cold weights, H200: `benchmarks/results/folded_linear_h200.md`), and the verify 4.36 instead of
-4.84 ms (`benchmarks/results/verify_8b_h200/README.md`). A folded EAGLE-3 draft head's midlayer
+103.5; CUDA graphs, cold weights, H200: `results/folded_linear_h200.md`), and the verify 4.36 instead of
+4.84 ms (`results/verify_8b_h200/README.md`). A folded EAGLE-3 draft head's midlayer
 (`DraftHead.fold_norm_weights`) runs the same launches: 129.0 instead of 146.4 µs a draft step for the 8B head.
 
 Kernel (`_folded_kernel`): one program per BLOCK_N weight rows, over the whole K, so every output element is reduced
@@ -23,7 +23,7 @@ by one program (no split-K reduce kernel) and the folded norm's sum of squares c
 loads anyway. The product is acc [BLOCK_N, 16] = w [BLOCK_N, BK] @ x^T [BK, 16]: the weight rows are the MMA's M
 dimension and x's M <= 16 rows its N (padded), which a probe at M=8 found 0.1-0.5 µs faster per projection than
 x [16, BK] @ w^T, and 0.6 µs faster than split-K with the last program reducing
-(`benchmarks/results/verify_8b_h200/s14_skinny_probe.txt`). The SiLU and RoPE epilogues need two weight rows per
+(`results/verify_8b_h200/s14_skinny_probe.txt`). The SiLU and RoPE epilogues need two weight rows per
 result (gate j with up j; dim i with dim i + D/2 of a head): their programs load the rows in interleaved pairs, so
 that splitting the accumulator's row pairs gives both halves, and the folded weights keep the layout every other
 path reads. Above 16 rows (B > 1 verifies, prefill) the launchers run the references' composition: cuBLAS, then
@@ -95,7 +95,7 @@ def linear_add_ref(res: torch.Tensor, a: torch.Tensor, weight: torch.Tensor) -> 
 def _config(epi: int, N: int, K: int, dtype: torch.dtype, sms: int, hip: bool | None = None) -> dict:
     """BLOCK_N / BLOCK_K / warps / stages. CUDA: the autotuner's picks in the fastest of four Llama-3-8B verify
     processes at M=8 on an H200 (4.43 ms; fixed, 4.364-4.369 ms in five runs): 64x128 w4 s5 (qkv, o), 64x256 w4 s5
-    (down, K=14336), 128x128 w8 s3 (gate_up, 224 tiles; `benchmarks/results/verify_8b_h200/s14_autotune_picks.txt`).
+    (down, K=14336), 128x128 w8 s3 (gate_up, 224 tiles; `results/verify_8b_h200/s14_autotune_picks.txt`).
     64 rows: every head_dim the RoPE epilogue takes is a multiple of it. fp32 inputs take BLOCK_K=128 (a 64x256 fp32
     tile in 5 stages is 400 KB of shared memory). `hip`: MI300's (None: the running torch)."""
     if is_hip() if hip is None else hip:  # MI300: not measured; 2 stages as in kernels/linear.py

@@ -102,7 +102,7 @@ def _mma_configs(block_m: int | None = None, hip: bool | None = None) -> list:
             for bn, bk, w in ((32, 128, 4), (16, 256, 4), (64, 128, 4), (32, 128, 8))
         ]
     # Stage counts at which ptxas spills in no mode at either row tile (sm_90, PORTABILITY.md): 32 x 256 in 3 stages
-    # (the autotuner's pick for the 8B qkv and o at M=8, benchmarks/results/linear_8b_h200.md) spilled 12 B a thread
+    # (the autotuner's pick for the 8B qkv and o at M=8, results/linear_8b_h200.md) spilled 12 B a thread
     # in the plain mode, 128 x 128 in 3 (gate_up's pick) 8 B; 16 x 128 spilled 8-16 B at 32 rows in each stage count
     # from 2 to 5, so that entry is 16 x 64.
     return [

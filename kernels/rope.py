@@ -173,7 +173,7 @@ def _rope_store_kernel(
 ):
     """Grid (M, 3): program (m, 0) writes row m's q, (m, 1) its k, (m, 2) its v, side by side. At M=8 on an H200
     (Llama-3-8B heads, 20 calls in a graph) one program per row doing all three took 3.03 µs a call, this grid
-    2.49 µs (benchmarks/results/verify_8b_h200/README.md, "In-place adds")."""
+    2.49 µs (results/verify_8b_h200/README.md, "In-place adds")."""
     m = tl.program_id(0).to(tl.int64)
     part = tl.program_id(1)
     HALF: tl.constexpr = D // 2

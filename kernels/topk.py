@@ -36,7 +36,7 @@ _SINGLE_CHUNK = 1024
 
 
 def _block_v(V: int) -> int:
-    """Chunk length of a row of V > _SINGLE_CHUNK ids, from the H200 sweep in benchmarks/results/draft_kernels_h200.md:
+    """Chunk length of a row of V > _SINGLE_CHUNK ids, from the H200 sweep in results/draft_kernels_h200.md:
     1,024 up to 32k ids (V=32,000, 4 rows: 5.16 µs against 5.36 with 2,048 and 6.55 with 4,096), 2,048 beyond
     (V=128,256, 32 rows: 17.70 µs against 20.15 with 1,024; 4 rows: 6.69 against 7.10 with 4,096)."""
     return 1024 if V <= 32768 else 2048

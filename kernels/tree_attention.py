@@ -39,7 +39,7 @@ in every row's sequence (below the prefix; causal: below the tile's first token)
 the splits that reach the tree are attended per token (one sub-program each, its ancestors gathered into depth order).
 The merge takes a row's splits in blocks of `_INVARIANT_MERGE`, each summed in `fixed_sum0`'s order, so a verify,
 a decode step and a prefill reduce alike. On an H200 a decode costs 1.07-1.13x the split-KV kernel and a B=1 verify of
-8 tokens 1.24-1.40x (benchmarks/results/invariant_h200/).
+8 tokens 1.24-1.40x (results/invariant_h200/).
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ from eaglet.kernels._utils import autotune_configs, is_hip, is_interpret, sm_cou
 SUPPORTED_HEAD_DIMS = (64, 128)
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _LOG2E = 1.4426950408889634
-# Split plan (`_plan`), tuned on an H200 (benchmarks/results/tree_attention_h200.md, sweep):
+# Split plan (`_plan`), tuned on an H200 (results/tree_attention_h200.md, sweep):
 # Chunks are powers of two, at least this long (so split boundaries fall on tile boundaries
 # and the chunk length, an autotune key, takes few values).
 _CHUNK_ALIGN = 128
