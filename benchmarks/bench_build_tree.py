@@ -1,7 +1,7 @@
 """Tree-build benchmark: eaglet `build_tree` (Triton) vs its reference vs the HBM floor.
 
-    python benchmarks/bench_build_tree.py --md benchmarks/results/build_tree_h200.md
-    TRITON_INTERPRET=1 python benchmarks/bench_build_tree.py --smoke     # CPU: the script and the check, tiny shapes
+    python -m benchmarks.bench_build_tree --md results/build_tree_h200.md
+    TRITON_INTERPRET=1 python -m benchmarks.bench_build_tree --smoke     # CPU: the script and the check, tiny shapes
 
 Rows: B requests, the trees eaglet runs (`kernels/_compile_cases.TREES`: conf/tree's and the EAGLE-2 paper's, steps S
 / top-k K / N draft tokens), each mask format N allows (QLEN_ONLY: what `tree_attention` reads; BITPACKED for N <= 32;
@@ -20,11 +20,12 @@ interpreter's, not a GPU's; it proves that the script and the check run.
 from __future__ import annotations
 
 import torch
-from _common import SMOKE_HEADER, fmt, graph_us, kernel_bench_args, provenance, report, timed
 
 from eaglet.kernels._compile_cases import TREES
 from eaglet.kernels._utils import copy_bandwidth
 from eaglet.kernels.build_tree import build_tree, build_tree_ref, num_candidates, random_candidates
+
+from benchmarks._common import SMOKE_HEADER, fmt, graph_us, kernel_bench_args, provenance, report, timed
 
 BATCHES = (1, 8, 64)
 PREFIX = (100, 2000)  # seq_lens drawn from [100, 2000)

@@ -1,7 +1,7 @@
 """Draft top-k benchmark: eaglet `topk_logprobs` (Triton) vs its torch reference vs the HBM floor.
 
-    python benchmarks/bench_topk.py --md benchmarks/results/topk_h200.md
-    TRITON_INTERPRET=1 python benchmarks/bench_topk.py --smoke     # CPU: the script and the check, tiny shapes
+    python -m benchmarks.bench_topk --md results/topk_h200.md
+    TRITON_INTERPRET=1 python -m benchmarks.bench_topk --smoke     # CPU: the script and the check, tiny shapes
 
 Rows: the draft's top-k calls, `rows` logit rows (B * K tree nodes of a draft step; 1 for a root) of V ids (the
 EAGLE-3 draft vocabularies of SmolLM2 and Llama-3-8B, SmolLM2's and Llama-3's full vocabularies), top k.
@@ -16,10 +16,11 @@ interpreter's, not a GPU's; it proves that the script and the check run.
 from __future__ import annotations
 
 import torch
-from _common import SMOKE_HEADER, fmt, graph_us, kernel_bench_args, provenance, rel_err, report, timed
 
 from eaglet.kernels._utils import copy_bandwidth
 from eaglet.kernels.topk import topk_logprobs, topk_logprobs_ref
+
+from benchmarks._common import SMOKE_HEADER, fmt, graph_us, kernel_bench_args, provenance, rel_err, report, timed
 
 CONFIGS = [(rows, V, k) for V in (8192, 32000, 49152, 128256) for rows, k in ((1, 4), (4, 4), (64, 4), (640, 10))]
 SMOKE_CONFIGS = [(2, 1000, 4), (2, 3000, 4)]  # one chunk (V <= 1,024 ids), and chunks + the rows kernel
