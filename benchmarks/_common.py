@@ -4,12 +4,15 @@
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import os
 import sys
+import time
 
 import torch
 import triton
+import triton.testing
 
 
 def command() -> str:
@@ -51,3 +54,33 @@ def report(header: str, md: str, md_path: str | None, rows: list[dict]) -> None:
     bad = [r for r in rows if not r["err"] < 1e-2]
     if bad:
         raise SystemExit(f"eaglet disagrees with the torch reference in {len(bad)} rows")
+
+
+# --smoke: a kernel benchmark run on CPU in Triton's interpreter at tiny shapes, to show that it and its check run.
+SMOKE_HEADER = "Smoke run: CPU, Triton interpreter (times are not kernel times)\n"
+
+
+def kernel_bench_args(doc: str) -> argparse.Namespace:
+    """The arguments of a kernel benchmark: --md (write the table there too) and --smoke."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    ap.add_argument("--md", default=None, help="also write the table as markdown here")
+    ap.add_argument("--smoke", action="store_true", help="CPU under TRITON_INTERPRET=1, tiny shapes (no GPU numbers)")
+    args = ap.parse_args()
+    if args.smoke and os.environ.get("TRITON_INTERPRET") != "1":
+        raise SystemExit("--smoke runs the kernels in Triton's interpreter: set TRITON_INTERPRET=1")
+    return args
+
+
+def timed(fn, smoke: bool, host: bool = False) -> float:
+    """Median µs of a GPU call (`bench`); for a host call, or under --smoke, one call's wall time after a first."""
+    if not (smoke or host):
+        return bench(fn)
+    fn()
+    t = time.perf_counter()
+    fn()
+    return (time.perf_counter() - t) * 1e6
+
+
+def graph_us(fn, smoke: bool) -> float | str:
+    """Median µs of CUDA-graph replays of fn (how the decode step runs: no launch cost); "not run" under --smoke."""
+    return "not run" if smoke else triton.testing.do_bench_cudagraph(fn, rep=50, return_mode="median") * 1e3

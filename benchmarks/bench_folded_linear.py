@@ -8,7 +8,7 @@ Llama-3.1-8B EAGLE-3 head's midlayer: Llama-3-8B's shapes, but qkv over [embeds 
 with its own 1/rms (unfused: two norm kernels, cat, cuBLAS, RoPE), and o out of place (`linear_add`)) and
 M rows (8 = the B=1 verify of 8 tree tokens), bf16, the four projections of a folded block (norm weights folded
 into qkv_proj and gate_up_proj; x is the residual stream):
-  qkv      qkv_rope_store(x, W)   vs  F.linear (cuBLAS) -> rope_qkv_store(row_norm_of=x)   (1/rms, RoPE, K/V store)
+  qkv      proj_rope_store(x, W)   vs  F.linear (cuBLAS) -> rope_store(row_norm_of=x)   (1/rms, RoPE, K/V store)
   o        linear_add_(x, o, W)   vs  x.addmm_(o, W.T)                                       (x += o @ W.T)
   gate_up  gate_up_silu(x, W)     vs  F.linear -> silu_and_mul(row_norm_of=x)
   down     linear_add_(x, a, W)   vs  x.addmm_(a, W.T)
@@ -27,10 +27,10 @@ import torch
 import torch.nn.functional as F
 
 import eaglet.kernels.folded_linear as fl
-from eaglet.kernels._utils import copy_bandwidth
+from eaglet.kernels._utils import copy_bandwidth, sm_count
 from eaglet.kernels.activation import silu_and_mul
 from eaglet.kernels.rmsnorm import rmsnorm
-from eaglet.kernels.rope import rope_qkv_store
+from eaglet.kernels.rope import rope_store
 
 from benchmarks._common import fmt, provenance, rel_err, report
 from benchmarks.bench_linear import BYTES, DEV, DTYPE, GRAPH_REPEATS, bench_graph, weights
@@ -68,15 +68,15 @@ def cases(model: str, M: int):
     def qkv_unfused(i):
         if eagle3:
             a = torch.cat([rmsnorm(e, ones, EPS), rmsnorm(x, ones, EPS)], dim=-1)  # [M, 2H]
-            return rope_qkv_store(F.linear(a, ws[i]), *rope)
-        return rope_qkv_store(F.linear(x, ws[i]), *rope, norm_eps=EPS, row_norm_of=x)
+            return rope_store(F.linear(a, ws[i]), *rope)
+        return rope_store(F.linear(x, ws[i]), *rope, norm_eps=EPS, row_norm_of=x)
 
     def qkv_err():
-        got = fl.qkv_rope_store(first, ws[0], *rope, EPS, **extra), kc.clone(), vc.clone()
-        want = fl.qkv_rope_store_ref(first, ws[0], *rope, EPS, **extra), kc, vc
+        got = fl.proj_rope_store(first, ws[0], *rope, EPS, **extra), kc.clone(), vc.clone()
+        want = fl.proj_rope_store_ref(first, ws[0], *rope, EPS, **extra), kc, vc
         return max(rel_err(g, w) for g, w in zip(got, want))
 
-    yield ("qkv", ws[0].shape[0], ws[0].shape[1], lambda i: fl.qkv_rope_store(first, ws[i], *rope, EPS, **extra),
+    yield ("qkv", ws[0].shape[0], ws[0].shape[1], lambda i: fl.proj_rope_store(first, ws[i], *rope, EPS, **extra),
            qkv_unfused, qkv_err, ws[0].numel() * BYTES + act * (2 if eagle3 else 1) + M * ws[0].shape[0] * BYTES,
            len(ws))  # x (and e) in; q, k, v out
     o = torch.randn(M, Hq * D, device=DEV, dtype=DTYPE) * 0.1  # [M, Hq*D]
@@ -106,7 +106,7 @@ def _add_err(x, a, w) -> float:
 
 def config(proj: str, N: int, K: int) -> str:
     epi = {"qkv": fl._ROPE, "gate_up": fl._SILU}.get(proj, fl._ADD)
-    c = fl._config(epi, N, K, DTYPE, fl._num_sms(torch.cuda.current_device()))
+    c = fl._config(epi, N, K, DTYPE, sm_count(torch.cuda.current_device()))
     return f"{c['BLOCK_N']}x{c['BLOCK_K']} w{c['num_warps']}s{c['num_stages']}"
 
 

@@ -34,7 +34,7 @@ import eaglet.kernels.projection as P
 from eaglet.kernels._utils import copy_bandwidth
 from eaglet.kernels.activation import silu_and_mul
 from eaglet.kernels.rmsnorm import rmsnorm
-from eaglet.kernels.rope import rope_qkv_store
+from eaglet.kernels.rope import rope_store
 from eaglet.kernels.tree_attention import tree_attention
 
 from benchmarks._common import bench, fmt, provenance, rel_err
@@ -72,15 +72,15 @@ def proj_cases(c: dict, M: int):
 
     ws = weights((Hq + 2 * Hkv) * D, H)
     qkv = {
-        "invariant": lambda i: P.qkv_rope_store(x, g, ws[i], None, *rope, EPS),
-        "inv_folded": lambda i: P.qkv_rope_store(x, P.FOLDED, ws[i], None, *rope, EPS),
-        "cublas": lambda i: rope_qkv_store(F.linear(rmsnorm(x, g, EPS, residual=res)[0], ws[i]), *rope),
-        "fused": (lambda i: rope_qkv_store(lin.norm_linear(x, g, EPS, ws[i], residual=res)[0], *rope))
+        "invariant": lambda i: P.proj_rope_store(x, g, ws[i], None, *rope, EPS),
+        "inv_folded": lambda i: P.proj_rope_store(x, P.FOLDED, ws[i], None, *rope, EPS),
+        "cublas": lambda i: rope_store(F.linear(rmsnorm(x, g, EPS, residual=res)[0], ws[i]), *rope),
+        "fused": (lambda i: rope_store(lin.norm_linear(x, g, EPS, ws[i], residual=res)[0], *rope))
         if M <= lin.MAX_FAST_M else None,
-        "folded": (lambda i: fl.qkv_rope_store(x, ws[i], *rope, EPS)) if small
-        else (lambda i: rope_qkv_store(F.linear(x, ws[i]), *rope, norm_eps=EPS, row_norm_of=x)),
+        "folded": (lambda i: fl.proj_rope_store(x, ws[i], *rope, EPS)) if small
+        else (lambda i: rope_store(F.linear(x, ws[i]), *rope, norm_eps=EPS, row_norm_of=x)),
     }
-    ref_q = P.qkv_rope_store_ref(x, g, ws[0], None, *rope, EPS)
+    ref_q = P.proj_rope_store_ref(x, g, ws[0], None, *rope, EPS)
     yield "qkv", len(ws), ws[0].numel() * BYTES + 2 * act, qkv, rel_err(qkv["invariant"](0), ref_q)
 
     o = torch.randn(M, Hq * D, device=DEV, dtype=DTYPE) * 0.1  # [M, Hq*D]
@@ -336,7 +336,7 @@ def run_sweep(models: list[str]) -> str:
 
                 def call(i, cfg):
                     if epi == P._ROPE:
-                        return P.qkv_rope_store(x, g, ws[i], None, *rope, EPS, cfg=cfg)
+                        return P.proj_rope_store(x, g, ws[i], None, *rope, EPS, cfg=cfg)
                     if epi == P._SILU:
                         return P.gate_up_silu(x, g, ws[i], EPS, cfg=cfg)
                     if epi == P._ADD:

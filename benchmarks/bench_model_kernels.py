@@ -2,7 +2,7 @@
 
     python -m benchmarks.bench_model_kernels --md results/model_kernels_h200.md
 
-Kernels (bf16): `rmsnorm` with the residual add fused (kernels/rmsnorm.py), `rope_qkv_store`
+Kernels (bf16): `rmsnorm` with the residual add fused (kernels/rmsnorm.py), `rope_store`
 (qkv split + RoPE + KV-cache store, kernels/rope.py) and `silu_and_mul` (kernels/activation.py),
 each against the torch reference the tests use, at decode shapes (M = 1, 8, 64 tokens) and a
 prefill shape (M = 4096), for SmolLM2-135M (H=576, 9/3 heads, D=64, I=1536) and Llama-3-8B
@@ -30,10 +30,10 @@ import torch
 from eaglet.kernels._utils import copy_bandwidth
 from eaglet.kernels.activation import silu_and_mul, silu_and_mul_ref
 from eaglet.kernels.rmsnorm import rmsnorm, rmsnorm_ref
-from eaglet.kernels.rope import rope_qkv_store, rope_qkv_store_ref
+from eaglet.kernels.rope import rope_store, rope_store_ref
 from eaglet.kernels.draft_expand import expand_step, expand_step_ref
 from eaglet.kernels.topk import topk_logprobs
-from eaglet.kernels.tree_mask import num_candidates
+from eaglet.kernels.build_tree import num_candidates
 
 from benchmarks._common import bench, fmt, provenance, rel_err, report
 
@@ -104,12 +104,12 @@ def cases(model: str, M: int):
     heads = dict(n_heads=Hq, n_kv_heads=Hkv, head_dim=D)
 
     def rope_eaglet():
-        return rope_qkv_store(qkv, positions, inv_freq, k_cache, v_cache, slots, **heads), k_cache, v_cache
+        return rope_store(qkv, positions, inv_freq, k_cache, v_cache, slots, **heads), k_cache, v_cache
 
     def rope_torch():
-        return rope_qkv_store_ref(qkv, positions, inv_freq, k_ref, v_ref, slots, **heads), k_ref, v_ref
+        return rope_store_ref(qkv, positions, inv_freq, k_ref, v_ref, slots, **heads), k_ref, v_ref
 
-    yield ("rope_qkv_store", rope_eaglet, rope_torch,
+    yield ("rope_store", rope_eaglet, rope_torch,
            M * W * BYTES + M * 16 + D // 2 * 4 + M * (Hq + 2 * Hkv) * D * BYTES,
            lambda a, b: max(rel_err(a[0], b[0]), rel_err(a[1], b[1]), rel_err(a[2], b[2])))
 

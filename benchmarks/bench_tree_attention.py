@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 
 import eaglet.kernels.tree_attention as ta
+from eaglet.kernels._utils import sm_count
 from eaglet.kernels.tree_attention import tree_attention
 
 from benchmarks._common import bench, fmt, provenance, rel_err
@@ -132,7 +133,7 @@ def run_row(B, L, N, providers, ceilings, sweep):
     def eaglet():
         return tree_attention(q, k_cache, v_cache, page_table, prefix_lens, tree_mask, max_prefix_len=L)
 
-    num_sms = ta._num_sms(0)
+    num_sms = sm_count(0)
     out = eaglet()  # [B, N, Hq, D]; the first call of a shape class autotunes
     row["config"] = str(ta._fwd_kernel.best_config)
     for variant in sweep:  # host-side plan knobs, e.g. {"_PROGRAMS_PER_SM": 2}, timed as graph replays

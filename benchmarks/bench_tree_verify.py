@@ -22,7 +22,7 @@ import triton
 import triton.testing
 
 from eaglet.kernels.kv_ops import commit_kv, commit_kv_ref
-from eaglet.kernels.tree_mask import build_tree, build_tree_ref, random_candidates
+from eaglet.kernels.build_tree import build_tree, build_tree_ref, random_candidates
 from eaglet.kernels.verify import verify_greedy, verify_greedy_ref, verify_sampling, verify_sampling_ref
 
 from benchmarks._common import command

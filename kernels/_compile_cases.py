@@ -31,8 +31,13 @@ from typing import Any, NamedTuple
 
 import torch
 
-MODULES = ("activation", "draft_expand", "folded_linear", "kv_ops", "linear", "projection", "rmsnorm", "rope", "topk",
-           "tree_attention", "tree_mask", "verify")
+MODULES = ("activation", "build_tree", "draft_expand", "folded_linear", "kv_ops", "linear", "projection", "rmsnorm",
+           "rope", "topk", "tree_attention", "verify")
+
+# The SM (CU) count the launch planners fill when a case is built for a GPU this machine lacks: H100 / H200 (sm_90,
+# 132 SMs) when False, MI300X (gfx942, 304 CUs) when `hip`.
+TARGET_SMS = {False: 132, True: 304}
+
 
 @dataclass(frozen=True)
 class Ptr:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
+
+FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # the activations' dtypes every float kernel takes
 
 
 def use_triton(*tensors: torch.Tensor) -> bool:
@@ -28,6 +31,22 @@ def is_hip() -> bool:
 def is_interpret() -> bool:
     """True when Triton kernels run in the CPU interpreter (CI)."""
     return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+@functools.lru_cache(maxsize=None)
+def sm_count(device_index: int) -> int:
+    """SMs (CUs on ROCm) of a CUDA device: what the launch planners fill. Cached: launchers ask on every call."""
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def check_like(name: str, t: torch.Tensor, shape: tuple, x: torch.Tensor) -> None:
+    """Raise ValueError unless t has `shape` and x's dtype and device."""
+    if tuple(t.shape) != shape:
+        raise ValueError(f"{name} must have shape {list(shape)}, got {list(t.shape)}")
+    if t.dtype != x.dtype:
+        raise ValueError(f"{name} dtype {t.dtype} != input dtype {x.dtype}: cast {name} to {x.dtype}")
+    if t.device != x.device:
+        raise ValueError(f"{name} is on {t.device}, the input on {x.device}: move it to {x.device}")
 
 
 def autotune_configs(configs: list) -> list:

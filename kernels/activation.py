@@ -13,10 +13,9 @@ import triton
 import triton.language as tl
 
 from eaglet.kernels._compile_cases import CompileCase, Ptr, model_shapes
-from eaglet.kernels._utils import use_triton
+from eaglet.kernels._utils import FLOAT_DTYPES, use_triton
 from eaglet.kernels.rmsnorm import MAX_HIDDEN, row_rstd, row_rstd_ref
 
-_FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _BLOCK = 1024  # columns per program: Llama-3-8B's I=14336 is 14 programs a row
 
 
@@ -54,9 +53,9 @@ def silu_and_mul(x: torch.Tensor, row_norm_of: torch.Tensor | None = None, eps: 
     whose norm weight is folded into gate_up (x = row_norm_of @ W'^T)."""
     if x.dim() < 1 or x.shape[-1] % 2 != 0:
         raise ValueError(f"x must be [..., 2*I] (gate then up), got shape {tuple(x.shape)}: last dim must be even")
-    if x.dtype not in _FLOAT_DTYPES:
+    if x.dtype not in FLOAT_DTYPES:
         raise ValueError(f"x must be float32/bfloat16/float16, got {x.dtype}")
-    if row_norm_of is not None and (row_norm_of.shape[:-1] != x.shape[:-1] or row_norm_of.dtype not in _FLOAT_DTYPES
+    if row_norm_of is not None and (row_norm_of.shape[:-1] != x.shape[:-1] or row_norm_of.dtype not in FLOAT_DTYPES
                                     or not 0 < row_norm_of.shape[-1] <= MAX_HIDDEN
                                     or row_norm_of.device != x.device):
         raise ValueError(f"row_norm_of must be float [..., H] with x's leading shape {tuple(x.shape[:-1])}, "

@@ -5,7 +5,7 @@
 
 At draft step i >= 1 each of the K nodes kept at step i-1 proposed K children: lp, ids [B, K, K], the head's
 `topk_logprobs` (draft-vocabulary ids). The step's K*K candidates take flat indices base + j, base = K + (i-1)*K*K
-(kernels/tree_mask.py's candidate layout), and are written into the draft's candidate tensors [B, C]:
+(kernels/build_tree.py's candidate layout), and are written into the draft's candidate tensors [B, C]:
   scores[:, base + j]   cur_lp[b, j // K] + lp[b, j // K, j % K] (cumulative log-probabilities);
   tokens[:, base + j]   the target id: ids + d2t[ids] with a reduced draft vocabulary (d2t, EAGLE-3), else ids;
   parents[:, base + j]  cur_flat[b, j // K], the flat index of the node that proposed it.
@@ -14,7 +14,7 @@ tokens and flat indices; h_next, the head's hidden state h [B, K, H] of each one
 parent's row of mask [B, K, W] (the draft KV each node sees; all False when keep_ancestors is False: a
 multi-layer head caches ancestors in other layers) followed by the identity [K, K] (the node itself).
 
-Why: in torch this was 12 small kernels a step (add, d2t gather and add, parent expand copy, topk, div, three
+Why: in torch this is 12 small kernels a step (add, d2t gather and add, parent expand copy, topk, div, three
 gathers, an add, a mask gather and a cat) and three cats at the end. The kernel is one program per request;
 the top K take K rounds of a max over packed (score, index) keys (kernels/topk.py).
 """
@@ -28,7 +28,7 @@ import triton.language as tl
 from eaglet.kernels._compile_cases import TREES, CompileCase, Ptr, model_shapes
 from eaglet.kernels._utils import use_triton
 from eaglet.kernels.topk import _decode_keys, _keys, _top_keys, top_ids_ref
-from eaglet.kernels.tree_mask import num_candidates
+from eaglet.kernels.build_tree import num_candidates
 
 
 def expand_step_ref(cur_lp, lp, ids, cur_flat, mask, h, scores, tokens, parents, base, d2t=None,

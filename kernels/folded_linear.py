@@ -1,8 +1,8 @@
 """The projections of a block whose RMSNorm weights are folded into them (`Transformer.fold_norm_weights`), at small M
 (the verify of a tree at batch 1), each fused with the op next to it:
 
-    qkv_rope_store(x, weight, positions, inv_freq, k_cache, v_cache, out_slots, n_heads, n_kv_heads, head_dim, eps)
-        = rope_qkv_store(x @ weight.T, ..., row_norm_of=x): the input norm's 1/rms, RoPE, the K/V store -> q [M, Hq, D]
+    proj_rope_store(x, weight, positions, inv_freq, k_cache, v_cache, out_slots, n_heads, n_kv_heads, head_dim, eps)
+        = rope_store(x @ weight.T, ..., row_norm_of=x): the input norm's 1/rms, RoPE, the K/V store -> q [M, Hq, D]
         (x2=...: the projection of cat(norm(x), norm(x2)), an EAGLE-3 midlayer's [embeds | hidden] input)
     gate_up_silu(x, weight, eps) = silu_and_mul(x @ weight.T, row_norm_of=x)                         -> a [M, I]
     linear_add_(out, a, weight):   out += a @ weight.T in place (o_proj and down: the residual adds)   -> out
@@ -10,12 +10,12 @@
 
 x is the residual stream [M, H]; the `*_ref` functions are the spec (the unfused ops, rounded as they round).
 
-Why: in Llama-3-8B's B=1 verify (8 tree tokens) each layer ran qkv (cuBLAS), rope_qkv_store, o (cuBLAS split-K GEMM
+Why: unfused, Llama-3-8B's B=1 verify (8 tree tokens) runs per layer qkv (cuBLAS), rope_store, o (cuBLAS split-K GEMM
 + its reduce kernel), gate_up, silu_and_mul, down (+ reduce): 8 launches for the projections, each ~0.5 µs of graph
 gap besides its run time, and the small GEMMs far from the weight-read floor (qkv 16.0 µs = 3.1 TB/s, o 12.8 µs
 = 2.6 TB/s). Here 4 launches do the same work: a layer's projections at M=8 take 117.2 instead of 129.2 µs (floor
-103.5; CUDA graphs, cold weights, H200: `benchmarks/results/folded_linear_h200.md`), and the verify 4.36 instead of
-4.84 ms (`benchmarks/results/verify_8b_h200/README.md`, session 14). A folded EAGLE-3 draft head's midlayer
+103.5; CUDA graphs, cold weights, H200: `results/folded_linear_h200.md`), and the verify 4.36 instead of
+4.84 ms (`results/verify_8b_h200/README.md`). A folded EAGLE-3 draft head's midlayer
 (`DraftHead.fold_norm_weights`) runs the same launches: 129.0 instead of 146.4 µs a draft step for the 8B head.
 
 Kernel (`_folded_kernel`): one program per BLOCK_N weight rows, over the whole K, so every output element is reduced
@@ -23,11 +23,11 @@ by one program (no split-K reduce kernel) and the folded norm's sum of squares c
 loads anyway. The product is acc [BLOCK_N, 16] = w [BLOCK_N, BK] @ x^T [BK, 16]: the weight rows are the MMA's M
 dimension and x's M <= 16 rows its N (padded), which a probe at M=8 found 0.1-0.5 µs faster per projection than
 x [16, BK] @ w^T, and 0.6 µs faster than split-K with the last program reducing
-(`benchmarks/results/verify_8b_h200/s14_skinny_probe.txt`). The SiLU and RoPE epilogues need two weight rows per
+(`results/verify_8b_h200/s14_skinny_probe.txt`). The SiLU and RoPE epilogues need two weight rows per
 result (gate j with up j; dim i with dim i + D/2 of a head): their programs load the rows in interleaved pairs, so
 that splitting the accumulator's row pairs gives both halves, and the folded weights keep the layout every other
 path reads. Above 16 rows (B > 1 verifies, prefill) the launchers run the references' composition: cuBLAS, then
-`rope_qkv_store` / `silu_and_mul` (their Triton kernels on the GPU).
+`rope_store` / `silu_and_mul` (their Triton kernels on the GPU).
 
 Launch configs are fixed per (epilogue, shape, dtype) (`_config`), not autotuned: the autotuner's picks varied
 between processes (its cold single-call timings differ by < 1 µs between the good tiles), and the 8B verify with them
@@ -36,8 +36,6 @@ by 4% (4.43 to 4.59 ms); the rule holds the tiles of the fastest verify measured
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import torch.nn.functional as F
 import triton
@@ -45,12 +43,12 @@ import triton.language as tl
 from triton.language.extra import libdevice
 
 from eaglet.kernels import rope as _rope
-from eaglet.kernels._compile_cases import CompileCase, Ptr, model_shapes
-from eaglet.kernels._utils import is_hip, is_interpret, use_triton
+from eaglet.kernels._compile_cases import TARGET_SMS, CompileCase, Ptr, model_shapes
+from eaglet.kernels._utils import is_hip, is_interpret, sm_count, use_triton
 from eaglet.kernels.activation import silu_and_mul, silu_and_mul_ref
 from eaglet.kernels.linear import _check_input, _check_weight
 from eaglet.kernels.rmsnorm import row_rstd_ref
-from eaglet.kernels.rope import rope_qkv_store, rope_qkv_store_ref
+from eaglet.kernels.rope import rope_store, rope_store_ref
 
 MAX_M = 16  # rows the fused kernels take: one 16-wide MMA tile of x (the B=1 verify of <= 16 tree tokens)
 _ADD, _SILU, _ROPE = 0, 1, 2  # the epilogue
@@ -60,16 +58,16 @@ _ADD, _SILU, _ROPE = 0, 1, 2  # the epilogue
 # Torch references (the spec)
 
 
-def qkv_rope_store_ref(x, weight, positions, inv_freq, k_cache, v_cache, out_slots, n_heads, n_kv_heads, head_dim,
-                       eps, x2=None):
-    """`F.linear` then `rope_qkv_store_ref` with x's rows as the row scale: writes the caches, returns q [M, Hq, D].
+def proj_rope_store_ref(x, weight, positions, inv_freq, k_cache, v_cache, out_slots, n_heads, n_kv_heads, head_dim,
+                        eps, x2=None):
+    """`F.linear` then `rope_store_ref` with x's rows as the row scale: writes the caches, returns q [M, Hq, D].
     With x2 (weight = [W1 | W2], W1 over x's columns): the projection is x @ W1.T and x2 @ W2.T, each rounded and
     scaled by its own rows' 1/rms, summed in fp32 and rounded once (the projection of cat(norm(x), norm(x2)))."""
     if x2 is None:
-        return rope_qkv_store_ref(F.linear(x, weight), positions, inv_freq, k_cache, v_cache, out_slots, n_heads,
-                                  n_kv_heads, head_dim, norm_eps=eps, row_norm_of=x)
-    return rope_qkv_store_ref(_two_input_proj(x, x2, weight, eps), positions, inv_freq, k_cache, v_cache, out_slots,
-                              n_heads, n_kv_heads, head_dim)
+        return rope_store_ref(F.linear(x, weight), positions, inv_freq, k_cache, v_cache, out_slots, n_heads,
+                              n_kv_heads, head_dim, norm_eps=eps, row_norm_of=x)
+    return rope_store_ref(_two_input_proj(x, x2, weight, eps), positions, inv_freq, k_cache, v_cache, out_slots,
+                          n_heads, n_kv_heads, head_dim)
 
 
 def _two_input_proj(x, x2, weight, eps):
@@ -97,7 +95,7 @@ def linear_add_ref(res: torch.Tensor, a: torch.Tensor, weight: torch.Tensor) -> 
 def _config(epi: int, N: int, K: int, dtype: torch.dtype, sms: int, hip: bool | None = None) -> dict:
     """BLOCK_N / BLOCK_K / warps / stages. CUDA: the autotuner's picks in the fastest of four Llama-3-8B verify
     processes at M=8 on an H200 (4.43 ms; fixed, 4.364-4.369 ms in five runs): 64x128 w4 s5 (qkv, o), 64x256 w4 s5
-    (down, K=14336), 128x128 w8 s3 (gate_up, 224 tiles; `benchmarks/results/verify_8b_h200/s14_autotune_picks.txt`).
+    (down, K=14336), 128x128 w8 s3 (gate_up, 224 tiles; `results/verify_8b_h200/s14_autotune_picks.txt`).
     64 rows: every head_dim the RoPE epilogue takes is a multiple of it. fp32 inputs take BLOCK_K=128 (a 64x256 fp32
     tile in 5 stages is 400 KB of shared memory). `hip`: MI300's (None: the running torch)."""
     if is_hip() if hip is None else hip:  # MI300: not measured; 2 stages as in kernels/linear.py
@@ -106,11 +104,6 @@ def _config(epi: int, N: int, K: int, dtype: torch.dtype, sms: int, hip: bool | 
         return dict(BLOCK_N=128, BLOCK_K=128, num_warps=8, num_stages=3)
     wide = epi == _ADD and K >= 8192 and dtype.itemsize == 2
     return dict(BLOCK_N=64, BLOCK_K=256 if wide else 128, num_warps=4, num_stages=5)
-
-
-@functools.lru_cache(maxsize=None)
-def _num_sms(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -267,7 +260,7 @@ def _launch(epi: int, x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, 
     hq, hkv, d = heads
     K = x.shape[1]
     # the interpreter (CPU) takes the widest tiles
-    cfg = _config(epi, weight.shape[0], K, x.dtype, _num_sms(x.device.index or 0) if x.is_cuda else 0)
+    cfg = _config(epi, weight.shape[0], K, x.dtype, sm_count(x.device.index or 0) if x.is_cuda else 0)
     _folded_kernel[(triton.cdiv(grid_rows, cfg["BLOCK_N"]),)](
         x, x2, weight, res, out, positions, inv_freq, out_slots, k_cache, v_cache,
         x.shape[0], weight.shape[0], K, weight.shape[1] - K, x.stride(0), x2.stride(0), weight.stride(0),
@@ -276,7 +269,7 @@ def _launch(epi: int, x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, 
     )
 
 
-def qkv_rope_store(
+def proj_rope_store(
     x: torch.Tensor,
     weight: torch.Tensor,
     positions: torch.Tensor,
@@ -292,7 +285,7 @@ def qkv_rope_store(
 ) -> torch.Tensor:
     """The folded qkv projection of the residual stream x [M, H] (weight [(Hq + 2 Hkv) D, H], the input norm's
     weight folded in), scaled by each row's 1/rms(x) (eps), RoPE on q and k, k and v stored at out_slots [M] of the
-    caches; returns q [M, Hq, D]. Arguments and caches as in `kernels.rope.rope_qkv_store`. Fused for M <= MAX_M
+    caches; returns q [M, Hq, D]. Arguments and caches as in `kernels.rope.rope_store`. Fused for M <= MAX_M
     and head_dim a multiple of 64 (a 64-row tile holds 32 rotary pairs of one head).
     x2 [M, H2]: a second input with its own norm, whose columns follow x's (weight [(Hq + 2 Hkv) D, H + H2]): the
     projection of cat(norm(x), norm(x2)), as in an EAGLE-3 midlayer (embeddings, then hidden states). Its fallback
@@ -306,8 +299,8 @@ def qkv_rope_store(
     rope_args = (positions, inv_freq, k_cache, v_cache, out_slots, n_heads, n_kv_heads, head_dim)
     if not (_fused(x, weight, positions, inv_freq, k_cache, v_cache, out_slots) and head_dim % 64 == 0):
         if x2 is None:
-            return rope_qkv_store(F.linear(x, weight), *rope_args, norm_eps=eps, row_norm_of=x)
-        return rope_qkv_store(_two_input_proj(x, x2, weight, eps), *rope_args)
+            return rope_store(F.linear(x, weight), *rope_args, norm_eps=eps, row_norm_of=x)
+        return rope_store(_two_input_proj(x, x2, weight, eps), *rope_args)
     q = torch.empty(x.shape[0], n_heads, head_dim, dtype=x.dtype, device=x.device)  # [M, Hq, D]
     _launch(_ROPE, x, weight, q, weight.shape[0], eps=eps, x2=x2,
             rope=(positions.contiguous(), inv_freq.contiguous(), out_slots.contiguous(), k_cache, v_cache),
@@ -362,7 +355,6 @@ def linear_add(res: torch.Tensor, a: torch.Tensor, weight: torch.Tensor) -> torc
 # ----------------------------------------------------------------------------------------------------
 # Compile cases (kernels/_compile_cases.py)
 
-_TARGET_SMS = {False: 132, True: 304}  # the SMs (CUs) `_config` sizes for: H100 / H200 (sm_90), MI300X (gfx942)
 
 
 def _case(epi: int, M: int, N: int, K: int, K2: int, heads: tuple, sms: int, hip: bool, used_by: str) -> CompileCase:
@@ -395,6 +387,6 @@ def compile_cases(hip: bool) -> list[CompileCase]:
         )
         for M in (1, 8):
             for name, epi, N, K, K2 in launches:
-                cases.append(_case(epi, M, N, K, K2, heads if epi == _ROPE else (1, 1, 1), _TARGET_SMS[hip], hip,
+                cases.append(_case(epi, M, N, K, K2, heads if epi == _ROPE else (1, 1, 1), TARGET_SMS[hip], hip,
                                    f"{s.name} {name} M={M}"))
     return cases

@@ -44,19 +44,16 @@ config instead. No autograd: use the `*_ref` functions where gradients are neede
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from eaglet.kernels._compile_cases import CompileCase, Ptr, model_shapes
-from eaglet.kernels._utils import autotune_configs, is_hip, use_triton
+from eaglet.kernels._compile_cases import TARGET_SMS, CompileCase, Ptr, model_shapes
+from eaglet.kernels._utils import FLOAT_DTYPES, autotune_configs, check_like, is_hip, sm_count, use_triton
 from eaglet.kernels.activation import silu_and_mul, silu_and_mul_ref
 from eaglet.kernels.rmsnorm import MAX_HIDDEN, _as_rows, rmsnorm, rmsnorm_ref
 
-_FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 MAX_FAST_M = 64  # rows up to which the fused kernels run; beyond, the GEMM is compute-bound: cuBLAS
 _PLAIN, _NORM, _SILU = 0, 1, 2  # what the kernel computes on the input tile before the product
 
@@ -105,7 +102,7 @@ def _mma_configs(block_m: int | None = None, hip: bool | None = None) -> list:
             for bn, bk, w in ((32, 128, 4), (16, 256, 4), (64, 128, 4), (32, 128, 8))
         ]
     # Stage counts at which ptxas spills in no mode at either row tile (sm_90, PORTABILITY.md): 32 x 256 in 3 stages
-    # (the autotuner's pick for the 8B qkv and o at M=8, benchmarks/results/linear_8b_h200.md) spilled 12 B a thread
+    # (the autotuner's pick for the 8B qkv and o at M=8, results/linear_8b_h200.md) spilled 12 B a thread
     # in the plain mode, 128 x 128 in 3 (gate_up's pick) 8 B; 16 x 128 spilled 8-16 B at 32 rows in each stage count
     # from 2 to 5, so that entry is 16 x 64.
     return [
@@ -136,15 +133,10 @@ def _m1_configs(hip: bool | None = None) -> list:
     ] + _mma_configs(16, hip)[:3]
 
 
-@functools.lru_cache(maxsize=None)
-def _num_sms(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
-
-
 def _prune_configs(configs: list, named_args: dict, **kwargs) -> list:
     """The autotuner's pruning: `_kept_configs` on the launch's device."""
     return _kept_configs(configs, named_args["M"], named_args["N"], named_args["K"], kwargs.get("BLOCK_M"),
-                         _num_sms(named_args["y_ptr"].device.index or 0))
+                         sm_count(named_args["y_ptr"].device.index or 0))
 
 
 def _kept_configs(configs: list, M: int, N: int, K: int, launch_block_m: int | None, sms: int) -> list:
@@ -306,32 +298,22 @@ _mma_kernel = triton.autotune(configs=autotune_configs(_mma_configs()), key=_KEY
 # Launchers
 
 
-def _check(name: str, t: torch.Tensor | None, shape: tuple, x: torch.Tensor) -> None:
-    """t must have `shape` and x's dtype and device."""
-    if tuple(t.shape) != shape:
-        raise ValueError(f"{name} must have shape {list(shape)}, got {list(t.shape)}")
-    if t.dtype != x.dtype:
-        raise ValueError(f"{name} dtype {t.dtype} != input dtype {x.dtype}: cast {name} to {x.dtype}")
-    if t.device != x.device:
-        raise ValueError(f"{name} is on {t.device}, the input on {x.device}: move it to {x.device}")
-
-
 def _check_input(name: str, x: torch.Tensor) -> None:
     if x.dim() < 1 or x.shape[-1] == 0:
         raise ValueError(f"{name} must be [..., K] with K >= 1, got shape {list(x.shape)}")
-    if x.dtype not in _FLOAT_DTYPES:
+    if x.dtype not in FLOAT_DTYPES:
         raise ValueError(f"{name} must be float32/bfloat16/float16, got {x.dtype}")
 
 
 def _check_weight(weight: torch.Tensor, K: int, x: torch.Tensor, bias: torch.Tensor | None) -> None:
     if weight.dim() != 2 or weight.shape[0] == 0 or weight.shape[1] != K:
         raise ValueError(f"weight must be [N, {K}] with N >= 1 (nn.Linear layout), got shape {list(weight.shape)}")
-    _check("weight", weight, tuple(weight.shape), x)
+    check_like("weight", weight, tuple(weight.shape), x)
     if weight.stride(1) != 1:
         raise ValueError(f"weight must be row-major (stride 1 along K), got strides {weight.stride()}: "
                          "call .contiguous() once at load time, not per call")
     if bias is not None:
-        _check("bias", bias, (weight.shape[0],), x)
+        check_like("bias", bias, (weight.shape[0],), x)
 
 
 def _kernel_for(M: int):
@@ -382,10 +364,10 @@ def norm_linear(
     and y computed from rmsnorm(new_residual), as `kernels.rmsnorm.rmsnorm` returns them."""
     _check_input("x", x)
     K = x.shape[-1]
-    _check("norm_weight", norm_weight, (K,), x)
+    check_like("norm_weight", norm_weight, (K,), x)
     _check_weight(weight, K, x, bias)
     if residual is not None:
-        _check("residual", residual, tuple(x.shape), x)
+        check_like("residual", residual, tuple(x.shape), x)
     extra = [t for t in (bias, residual) if t is not None]
     if not use_triton(x, norm_weight, weight, *extra):
         return norm_linear_ref(x, norm_weight, eps, weight, bias, residual)
@@ -429,7 +411,6 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 # ----------------------------------------------------------------------------------------------------
 # Compile cases (kernels/_compile_cases.py)
 
-_TARGET_SMS = {False: 132, True: 304}  # the SMs (CUs) `_kept_configs` fills: H100 / H200 (sm_90), MI300X (gfx942)
 _CASE_ROWS = (1, 8, 32)  # the GEMV and M == 1 tiles, then tl.dot with BLOCK_M 16 and 32
 
 
@@ -451,7 +432,7 @@ def compile_cases(hip: bool) -> list[CompileCase]:
             configs = _m1_configs(hip) if kernel is _m1_kernel else _mma_configs(hip=hip)
             for name, mode, N, K, res in launches:
                 args = _case_args(mode, M, N, K, res)
-                for c in _kept_configs(configs, M, N, K, kw.get("BLOCK_M"), _TARGET_SMS[hip]):
+                for c in _kept_configs(configs, M, N, K, kw.get("BLOCK_M"), TARGET_SMS[hip]):
                     cases.append(CompileCase.from_config(kernel.fn, args, c, (f"{s.name} {name} M={M}",)))
     return cases
 

@@ -1,8 +1,9 @@
+# One module past ~500 lines: every projection runs the one `_proj_kernel`, whose launch table fixes its reduction order.
 """Every projection of a block, batch-invariant, with the op next to it fused in:
 
     linear(x, weight, bias=None, norm_weight=None, eps=0)       [rmsnorm(x) or x] @ W.T (+ b)         -> [M, N]
-    qkv_rope_store(x, norm_weight, weight, bias, positions, inv_freq, k_cache, v_cache, out_slots, Hq, Hkv, D, eps,
-                   x2=None, norm_weight2=None)                   qkv of rmsnorm(x), RoPE, K/V store  -> q [M, Hq, D]
+    proj_rope_store(x, norm_weight, weight, bias, positions, inv_freq, k_cache, v_cache, out_slots, Hq, Hkv, D, eps,
+                    x2=None, norm_weight2=None)                  qkv of rmsnorm(x), RoPE, K/V store  -> q [M, Hq, D]
     gate_up_silu(x, norm_weight, weight, eps)                    silu(gate) * up of rmsnorm(x)       -> [M, I]
     linear_add_(out, a, weight, bias=None)                       out += a @ W.T (+ b), in place      -> out
     linear_add(res, a, weight, bias=None)                        res + a @ W.T (+ b), a new tensor   -> [M, N]
@@ -38,8 +39,6 @@ programs load the rows in interleaved pairs, so that splitting the accumulator's
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import torch.nn.functional as F
 import triton
@@ -47,14 +46,13 @@ import triton.language as tl
 from triton.language.extra import libdevice
 
 from eaglet.kernels import rope as _rope
-from eaglet.kernels._compile_cases import CompileCase, Ptr, model_shapes
+from eaglet.kernels._compile_cases import TARGET_SMS, CompileCase, Ptr, model_shapes
 from eaglet.kernels._fixed_order import fixed_sum0
-from eaglet.kernels._utils import is_hip, is_interpret, use_triton
+from eaglet.kernels._utils import FLOAT_DTYPES, check_like, is_hip, is_interpret, sm_count, use_triton
 from eaglet.kernels.activation import silu_and_mul_ref
 from eaglet.kernels.rmsnorm import row_rstd_ref
-from eaglet.kernels.rope import rope_qkv_store, rope_qkv_store_ref
+from eaglet.kernels.rope import rope_store_ref
 
-_FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 # norm_weight=FOLDED: the RMSNorm's weight is already inside the projection's weight (W' = W diag(g),
 # `Transformer.fold_norm_weights`): only the row scale 1/rms(x) remains, and the K loop multiplies nothing
 FOLDED = "folded"
@@ -93,13 +91,13 @@ def linear_ref(x, weight, bias=None, norm_weight=None, eps=0.0) -> torch.Tensor:
     return y if bias is None else (y.float() + bias.float()).to(x.dtype)
 
 
-def qkv_rope_store_ref(x, norm_weight, weight, bias, positions, inv_freq, k_cache, v_cache, out_slots, n_heads,
-                       n_kv_heads, head_dim, eps, x2=None, norm_weight2=None) -> torch.Tensor:
-    """`proj_ref` (+ bias), then `rope_qkv_store_ref`: writes the caches, returns q [M, Hq, D]."""
+def proj_rope_store_ref(x, norm_weight, weight, bias, positions, inv_freq, k_cache, v_cache, out_slots, n_heads,
+                        n_kv_heads, head_dim, eps, x2=None, norm_weight2=None) -> torch.Tensor:
+    """`proj_ref` (+ bias), then `rope_store_ref`: writes the caches, returns q [M, Hq, D]."""
     qkv = proj_ref(x, weight, norm_weight, eps, x2, norm_weight2)  # [M, (Hq+2Hkv)*D]
     if bias is not None:
         qkv = (qkv.float() + bias.float()).to(x.dtype)
-    return rope_qkv_store_ref(qkv, positions, inv_freq, k_cache, v_cache, out_slots, n_heads, n_kv_heads, head_dim)
+    return rope_store_ref(qkv, positions, inv_freq, k_cache, v_cache, out_slots, n_heads, n_kv_heads, head_dim)
 
 
 def gate_up_silu_ref(x, norm_weight, weight, eps) -> torch.Tensor:
@@ -117,11 +115,6 @@ def linear_add_ref(res, a, weight, bias=None) -> torch.Tensor:
 
 # ----------------------------------------------------------------------------------------------------
 # Launch configs: the one table
-
-
-@functools.lru_cache(maxsize=None)
-def _num_sms(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
 def _config(N: int, K: int, epi: int, dtype: torch.dtype, sms: int, hip: bool) -> dict:
@@ -177,7 +170,7 @@ def _table(N: int, K: int, M: int, epi: int, dtype: torch.dtype, sms: int, hip: 
 def launch_config(N: int, K: int, M: int, epi: int, dtype: torch.dtype, device: torch.device,
                   head_dim: int = 64) -> dict:
     """The config a call runs with on `device` (public for the benchmarks): `_table` at its SM count."""
-    sms = _num_sms(device.index or 0) if device.type == "cuda" else 8  # the interpreter: few SMs, still splits
+    sms = sm_count(device.index or 0) if device.type == "cuda" else 8  # the interpreter: few SMs, still splits
     return _table(N, K, M, epi, dtype, sms, is_hip(), head_dim)
 
 
@@ -424,19 +417,10 @@ def _counters(device: torch.device, n: int) -> torch.Tensor:
     return buf
 
 
-def _check(name: str, t: torch.Tensor, shape: tuple, x: torch.Tensor) -> None:
-    if tuple(t.shape) != shape:
-        raise ValueError(f"{name} must have shape {list(shape)}, got {list(t.shape)}")
-    if t.dtype != x.dtype:
-        raise ValueError(f"{name} dtype {t.dtype} != input dtype {x.dtype}: cast {name} to {x.dtype}")
-    if t.device != x.device:
-        raise ValueError(f"{name} is on {t.device}, the input on {x.device}: move it to {x.device}")
-
-
 def _check_rows(name: str, x: torch.Tensor) -> None:
     if x.dim() != 2 or x.shape[1] == 0:
         raise ValueError(f"{name} must be [M, K] with K >= 1, got shape {list(x.shape)}")
-    if x.dtype not in _FLOAT_DTYPES:
+    if x.dtype not in FLOAT_DTYPES:
         raise ValueError(f"{name} must be float32/bfloat16/float16, got {x.dtype}")
 
 
@@ -453,18 +437,18 @@ def _check_proj(x, weight, bias=None, norm_weight=None, x2=None, norm_weight2=No
         K += x2.shape[1]
     if weight.dim() != 2 or weight.shape[0] == 0 or weight.shape[1] != K:
         raise ValueError(f"weight must be [N, {K}] with N >= 1 (nn.Linear layout), got shape {list(weight.shape)}")
-    _check("weight", weight, tuple(weight.shape), x)
+    check_like("weight", weight, tuple(weight.shape), x)
     if weight.stride(1) != 1:
         raise ValueError(f"weight must be row-major (stride 1 along K), got strides {weight.stride()}: "
                          "call .contiguous() once at load time, not per call")
     if bias is not None:
-        _check("bias", bias, (weight.shape[0],), x)
+        check_like("bias", bias, (weight.shape[0],), x)
     for name, g, width in (("norm_weight", norm_weight, K if x2 is None else x.shape[1]),
                            ("norm_weight2", norm_weight2, None if x2 is None else x2.shape[1])):
         if isinstance(g, str) and g != FOLDED:
             raise ValueError(f"{name} must be a tensor, None or projection.FOLDED, got {g!r}")
         if _norm_mode(g) == 2:
-            _check(name, g, (width,), x)
+            check_like(name, g, (width,), x)
 
 
 def _tensors(*ts) -> list[torch.Tensor]:
@@ -536,9 +520,9 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     return out
 
 
-def qkv_rope_store(x, norm_weight, weight, bias, positions, inv_freq, k_cache, v_cache, out_slots, n_heads: int,
-                   n_kv_heads: int, head_dim: int, eps: float, x2=None, norm_weight2=None,
-                   cfg: dict | None = None) -> torch.Tensor:
+def proj_rope_store(x, norm_weight, weight, bias, positions, inv_freq, k_cache, v_cache, out_slots, n_heads: int,
+                    n_kv_heads: int, head_dim: int, eps: float, x2=None, norm_weight2=None,
+                    cfg: dict | None = None) -> torch.Tensor:
     """The qkv projection of rmsnorm(x) (x [M, H], norm_weight [H]; None: of x itself), weight
     [(Hq + 2 Hkv) D, H], bias or None, then RoPE on q and k (positions [M], inv_freq [D/2] fp32), k and v stored at
     out_slots [M] of k_cache / v_cache ([slots, Hkv, D] or paged); returns q [M, Hq, D]. With x2 [M, H2] (and
@@ -549,11 +533,11 @@ def qkv_rope_store(x, norm_weight, weight, bias, positions, inv_freq, k_cache, v
     _rope._check_args(qkv_like, positions, inv_freq, k_cache, v_cache, out_slots, n_heads, n_kv_heads, head_dim,
                       None, None, None)
     if head_dim % 64:
-        raise ValueError(f"qkv_rope_store needs head_dim a multiple of 64, got {head_dim}")
+        raise ValueError(f"proj_rope_store needs head_dim a multiple of 64, got {head_dim}")
     tensors = _tensors(bias, norm_weight, x2, norm_weight2)
     if not use_triton(x, weight, positions, inv_freq, k_cache, v_cache, out_slots, *tensors):
-        return qkv_rope_store_ref(x, norm_weight, weight, bias, positions, inv_freq, k_cache, v_cache, out_slots,
-                                  n_heads, n_kv_heads, head_dim, eps, x2, norm_weight2)
+        return proj_rope_store_ref(x, norm_weight, weight, bias, positions, inv_freq, k_cache, v_cache, out_slots,
+                                   n_heads, n_kv_heads, head_dim, eps, x2, norm_weight2)
     q = torch.empty(x.shape[0], n_heads, head_dim, dtype=x.dtype, device=x.device)  # [M, Hq, D]
     if x.shape[0]:
         _launch(_ROPE, x, weight, q, norm_weight=norm_weight, eps=eps, x2=x2, norm_weight2=norm_weight2, bias=bias,
@@ -615,8 +599,6 @@ def linear_add(res: torch.Tensor, a: torch.Tensor, weight: torch.Tensor, bias: t
 # ----------------------------------------------------------------------------------------------------
 # Compile cases (kernels/_compile_cases.py)
 
-# The SMs (CUs) the split-K rule fills: H100 / H200 (sm_90) and MI300X (gfx942)
-_TARGET_SMS = {False: 132, True: 304}
 _CASE_ROWS = (1, 32, 64, 2048)  # one per row bucket of `_table`: the 16-, 32- and 64-row split-K tiles, prefill
 
 
@@ -670,5 +652,5 @@ def compile_cases(hip: bool) -> list[CompileCase]:
         for M in _CASE_ROWS:
             for name, epi, N, K, K2, norm, norm2, bias in launches:
                 cases.append(_case(epi, M, N, K, K2, norm, norm2, bias, heads if epi == _ROPE else (1, 1, 1),
-                                   _TARGET_SMS[hip], hip, f"{s.name} {name} M={M}"))
+                                   TARGET_SMS[hip], hip, f"{s.name} {name} M={M}"))
     return cases

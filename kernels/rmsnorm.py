@@ -16,9 +16,8 @@ import triton
 import triton.language as tl
 
 from eaglet.kernels._compile_cases import CompileCase, Ptr, model_shapes
-from eaglet.kernels._utils import use_triton
+from eaglet.kernels._utils import FLOAT_DTYPES, use_triton
 
-_FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 MAX_HIDDEN = 16384  # one row lives in registers: 16384 fp32 over 16 warps is 32 values a thread
 
 
@@ -52,7 +51,7 @@ def _check_args(x, weight, residual) -> None:
     if x.dim() < 1 or x.shape[-1] == 0:
         raise ValueError(f"x must be [..., H] with H >= 1, got shape {tuple(x.shape)}")
     H = x.shape[-1]
-    if x.dtype not in _FLOAT_DTYPES:
+    if x.dtype not in FLOAT_DTYPES:
         raise ValueError(f"x must be float32/bfloat16/float16, got {x.dtype}")
     if H > MAX_HIDDEN:
         raise ValueError(f"x hidden size H={H} exceeds {MAX_HIDDEN} (one row must fit in registers)")

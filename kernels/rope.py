@@ -1,5 +1,6 @@
-"""Split the fused qkv projection, (optionally) q/k RMSNorm, rotary embedding, KV-cache store:
-one launch instead of ~20 torch kernels per layer.
+"""rope_store: the rotary embedding and KV-cache store of an already-projected qkv (split into heads, optionally
+q/k RMSNorm), one launch instead of ~20 torch kernels per layer. `proj_rope_store` (kernels/projection.py,
+kernels/folded_linear.py) computes the qkv projection too, in the same launch.
 
 Per token row m of qkv [M, (Hq + 2*Hkv) * D] (q heads, then k heads, then v heads):
   0. With `row_norm_of` (a layer whose input RMSNorm is folded into the projection): the row is scaled by
@@ -26,10 +27,9 @@ import triton.language as tl
 from triton.language.extra import libdevice
 
 from eaglet.kernels._compile_cases import CompileCase, Ptr, model_shapes
-from eaglet.kernels._utils import is_interpret, use_triton
+from eaglet.kernels._utils import FLOAT_DTYPES, is_interpret, use_triton
 from eaglet.kernels.rmsnorm import MAX_HIDDEN, rmsnorm_ref, row_rstd, row_rstd_ref
 
-_FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _INDEX_DTYPES = (torch.int32, torch.int64)
 
 
@@ -39,7 +39,7 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x2, x1), dim=-1)  # [..., D]
 
 
-def rope_qkv_store_ref(
+def rope_store_ref(
     qkv: torch.Tensor,
     positions: torch.Tensor,
     inv_freq: torch.Tensor,
@@ -54,7 +54,7 @@ def rope_qkv_store_ref(
     norm_eps: float = 1e-6,
     row_norm_of: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Torch reference (the spec) of `rope_qkv_store`: HF's apply_rotary_pos_emb with the
+    """Torch reference (the spec) of `rope_store`: HF's apply_rotary_pos_emb with the
     rotation in fp32. Writes k_cache/v_cache in place, returns q [M, Hq, D]."""
     _check_args(qkv, positions, inv_freq, k_cache, v_cache, out_slots, n_heads, n_kv_heads, head_dim,
                 q_norm_weight, k_norm_weight, row_norm_of)
@@ -91,7 +91,7 @@ def _check_args(qkv, positions, inv_freq, k_cache, v_cache, out_slots, n_heads, 
             f"qkv must be [M, (n_heads + 2*n_kv_heads) * head_dim] = [M, {width}] for n_heads={n_heads}, "
             f"n_kv_heads={n_kv_heads}, head_dim={head_dim}; got shape {tuple(qkv.shape)}"
         )
-    if qkv.dtype not in _FLOAT_DTYPES:
+    if qkv.dtype not in FLOAT_DTYPES:
         raise ValueError(f"qkv must be float32/bfloat16/float16, got {qkv.dtype}")
     M = qkv.shape[0]
     for name, t in (("positions", positions), ("out_slots", out_slots)):
@@ -106,7 +106,7 @@ def _check_args(qkv, positions, inv_freq, k_cache, v_cache, out_slots, n_heads, 
                              f"[pages, page_size, {n_kv_heads}, {head_dim}]), got {tuple(t.shape)}")
         if not t.is_contiguous():
             raise ValueError(f"{name} must be contiguous: it is written in place through flat slots")
-        if t.dtype not in _FLOAT_DTYPES:
+        if t.dtype not in FLOAT_DTYPES:
             raise ValueError(f"{name} must be float32/bfloat16/float16, got {t.dtype}")
     if k_cache.shape != v_cache.shape:
         raise ValueError(f"k_cache {tuple(k_cache.shape)} and v_cache {tuple(v_cache.shape)} must have one shape")
@@ -117,7 +117,7 @@ def _check_args(qkv, positions, inv_freq, k_cache, v_cache, out_slots, n_heads, 
             raise ValueError(f"{name} must be [head_dim] = [{head_dim}] in qkv's dtype {qkv.dtype}, "
                              f"got {tuple(t.shape)} {t.dtype}")
     if row_norm_of is not None and (row_norm_of.dim() != 2 or row_norm_of.shape[0] != M
-                                    or not 0 < row_norm_of.shape[1] <= MAX_HIDDEN or row_norm_of.dtype not in _FLOAT_DTYPES):
+                                    or not 0 < row_norm_of.shape[1] <= MAX_HIDDEN or row_norm_of.dtype not in FLOAT_DTYPES):
         raise ValueError(f"row_norm_of must be float [M, H] = [{M}, H] with 0 < H <= {MAX_HIDDEN} (the rows whose "
                          f"1/rms scales qkv's rows), got {tuple(row_norm_of.shape)} {row_norm_of.dtype}")
     for name, t in (("positions", positions), ("inv_freq", inv_freq), ("k_cache", k_cache), ("v_cache", v_cache),
@@ -164,7 +164,7 @@ def _norm_rope(row_ptr, w_ptr, eps, cos, sin, scale,
 
 
 @triton.jit
-def _rope_qkv_store_kernel(
+def _rope_store_kernel(
     qkv_ptr, pos_ptr, inv_freq_ptr, k_cache_ptr, v_cache_ptr, slots_ptr, q_ptr, qw_ptr, kw_ptr, x_ptr,
     stride_qkv, stride_x, H, eps,
     HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr,
@@ -173,7 +173,7 @@ def _rope_qkv_store_kernel(
 ):
     """Grid (M, 3): program (m, 0) writes row m's q, (m, 1) its k, (m, 2) its v, side by side. At M=8 on an H200
     (Llama-3-8B heads, 20 calls in a graph) one program per row doing all three took 3.03 µs a call, this grid
-    2.49 µs (benchmarks/results/verify_8b_h200/README.md, "In-place adds")."""
+    2.49 µs (results/verify_8b_h200/README.md, "In-place adds")."""
     m = tl.program_id(0).to(tl.int64)
     part = tl.program_id(1)
     HALF: tl.constexpr = D // 2
@@ -216,7 +216,7 @@ def _rope_qkv_store_kernel(
         tl.store(v_cache_ptr + slot * (HKV * D) + voffs, v.to(v_cache_ptr.dtype.element_ty), mask=vmask)
 
 
-def rope_qkv_store(
+def rope_store(
     qkv: torch.Tensor,
     positions: torch.Tensor,
     inv_freq: torch.Tensor,
@@ -246,8 +246,8 @@ def rope_qkv_store(
                 q_norm_weight, k_norm_weight, row_norm_of)
     extra = [t for t in (q_norm_weight, k_norm_weight, row_norm_of) if t is not None]
     if not use_triton(qkv, positions, inv_freq, k_cache, v_cache, out_slots, *extra):
-        return rope_qkv_store_ref(qkv, positions, inv_freq, k_cache, v_cache, out_slots, n_heads, n_kv_heads,
-                                  head_dim, q_norm_weight, k_norm_weight, norm_eps, row_norm_of)
+        return rope_store_ref(qkv, positions, inv_freq, k_cache, v_cache, out_slots, n_heads, n_kv_heads,
+                              head_dim, q_norm_weight, k_norm_weight, norm_eps, row_norm_of)
     M, D = qkv.shape[0], head_dim
     q = torch.empty(M, n_heads, D, dtype=qkv.dtype, device=qkv.device)  # [M, Hq, D]
     if M == 0:
@@ -258,7 +258,7 @@ def rope_qkv_store(
     x = q  # [M, H] rows of the row scale, else a dummy pointer
     if scale:
         x = row_norm_of if row_norm_of.stride(1) == 1 else row_norm_of.contiguous()
-    _rope_qkv_store_kernel[(M, 3)](
+    _rope_store_kernel[(M, 3)](
         qkv, positions.contiguous(), inv_freq.contiguous(), k_cache, v_cache, out_slots.contiguous(), q,
         q_norm_weight.contiguous() if has_norm else q, k_norm_weight.contiguous() if has_norm else q, x,
         qkv.stride(0), x.stride(0) if scale else 0, x.shape[1] if scale else 1, float(norm_eps),
@@ -285,7 +285,7 @@ def compile_cases(hip: bool) -> list[CompileCase]:
     for s in model_shapes():
         for H in (None, s.hidden):
             cases.append(CompileCase.of(
-                _rope_qkv_store_kernel, (s.name,), qkv_ptr=p, pos_ptr=i64, inv_freq_ptr=Ptr(torch.float32),
+                _rope_store_kernel, (s.name,), qkv_ptr=p, pos_ptr=i64, inv_freq_ptr=Ptr(torch.float32),
                 k_cache_ptr=p, v_cache_ptr=p, slots_ptr=i64, q_ptr=p, qw_ptr=p, kw_ptr=p, x_ptr=p,
                 stride_qkv=(s.n_heads + 2 * s.n_kv_heads) * s.head_dim, stride_x=H or 0, H=H or 1, eps=1e-5,
                 PRECISE_TRIG=True, **_launch_meta(s.n_heads, s.n_kv_heads, s.head_dim, False, H)))

@@ -5,12 +5,12 @@
 The k largest logits of each row, largest first (ties: the lower id first), and their log-probabilities
 log_softmax(logits)[ids] in fp32. Every draft step of the EAGLE-2 tree, the draft-extend and the prefill take
 these from the draft head's logits. In torch that is `log_softmax` then `topk`: a softmax kernel and a radix
-select of 13 kernels (4 digit passes of 3 kernels, a gather). The session-11 profile of the random 8B head's
+select of 13 kernels (4 digit passes of 3 kernels, a gather). A profile of the random 8B head's
 draft graph (32,000-token draft vocabulary, B=1, 6 steps) spent 8.1 µs per softmax and 27.5 µs per top-k in those
 13 kernels.
 
 Kernels. Each program packs a logit and its id into one int64 key: the fp32 value's order-preserving int32
-(`tree_mask._score_key`; -0.0 and 0.0 tie) in the high half, 2**31 - 1 - id in the low half. A larger key is a
+(`build_tree._score_key`; -0.0 and 0.0 tie) in the high half, 2**31 - 1 - id in the low half. A larger key is a
 larger logit, or the same logit at a lower id, and k rounds of "take the max, remove it" give the top k in order.
   * `_chunk_kernel` (grid rows x chunks of BLOCK_V ids, `_block_v`): the chunk's max and sum of exp(x - max), and its k
     largest keys. A row of one chunk (V <= _SINGLE_CHUNK) finishes here;
@@ -27,17 +27,16 @@ import triton
 import triton.language as tl
 
 from eaglet.kernels._compile_cases import TREES, CompileCase, Ptr, model_shapes
-from eaglet.kernels._utils import use_triton
-from eaglet.kernels.tree_mask import _score_key
+from eaglet.kernels._utils import FLOAT_DTYPES, use_triton
+from eaglet.kernels.build_tree import _score_key
 
-_FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 # Rows up to this many ids run as one chunk: one launch instead of two. Above it, more programs win over the
 # second launch (H200, 4 rows of 8,192 ids, top-4, from a graph: 7.26 µs as one chunk, 4.64 µs in chunks of 1,024).
 _SINGLE_CHUNK = 1024
 
 
 def _block_v(V: int) -> int:
-    """Chunk length of a row of V > _SINGLE_CHUNK ids, from the H200 sweep in benchmarks/results/draft_kernels_h200.md:
+    """Chunk length of a row of V > _SINGLE_CHUNK ids, from the H200 sweep in results/draft_kernels_h200.md:
     1,024 up to 32k ids (V=32,000, 4 rows: 5.16 µs against 5.36 with 2,048 and 6.55 with 4,096), 2,048 beyond
     (V=128,256, 32 rows: 17.70 µs against 20.15 with 1,024; 4 rows: 6.69 against 7.10 with 4,096)."""
     return 1024 if V <= 32768 else 2048
@@ -152,7 +151,7 @@ def topk_logprobs(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Ten
     TRITON_INTERPRET=1) for k <= MAX_K, else the reference. No host sync: CUDA-graph capturable."""
     if logits.dim() < 1 or logits.shape[-1] < 1:
         raise ValueError(f"logits must be [..., V] with V >= 1, got shape {tuple(logits.shape)}")
-    if logits.dtype not in _FLOAT_DTYPES:
+    if logits.dtype not in FLOAT_DTYPES:
         raise ValueError(f"logits must be float32/bfloat16/float16, got {logits.dtype}")
     V = logits.shape[-1]
     if not isinstance(k, int) or not 1 <= k <= V:

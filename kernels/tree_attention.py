@@ -1,3 +1,4 @@
+# One module past ~500 lines: split-KV and invariant mode are one op (one launcher, `_prepare`, reference, cases).
 """Tree attention over a paged KV pool.
 
 For each request b the N query tokens (tree nodes, or a prefill chunk) attend
@@ -38,7 +39,7 @@ in every row's sequence (below the prefix; causal: below the tile's first token)
 the splits that reach the tree are attended per token (one sub-program each, its ancestors gathered into depth order).
 The merge takes a row's splits in blocks of `_INVARIANT_MERGE`, each summed in `fixed_sum0`'s order, so a verify,
 a decode step and a prefill reduce alike. On an H200 a decode costs 1.07-1.13x the split-KV kernel and a B=1 verify of
-8 tokens 1.24-1.40x (benchmarks/results/invariant_h200/).
+8 tokens 1.24-1.40x (results/invariant_h200/).
 """
 
 from __future__ import annotations
@@ -51,19 +52,19 @@ import torch
 import triton
 import triton.language as tl
 
-from eaglet.kernels._compile_cases import TREES, CompileCase, Ptr, model_shapes
+from eaglet.kernels._compile_cases import TARGET_SMS, TREES, CompileCase, Ptr, model_shapes
 from eaglet.kernels._fixed_order import fixed_sum0
-from eaglet.kernels._utils import autotune_configs, is_hip, is_interpret, use_triton
+from eaglet.kernels._utils import autotune_configs, is_hip, is_interpret, sm_count, use_triton
 
 SUPPORTED_HEAD_DIMS = (64, 128)
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _LOG2E = 1.4426950408889634
-# Split plan (`_plan`), tuned on an H200 (benchmarks/results/tree_attention_h200.md, sweep):
+# Split plan (`_plan`), tuned on an H200 (results/tree_attention_h200.md, sweep):
 # Chunks are powers of two, at least this long (so split boundaries fall on tile boundaries
 # and the chunk length, an autotune key, takes few values).
 _CHUNK_ALIGN = 128
 # Up to one program per SM, chunks may be this short (B=1, L=1k, N=8: 8 splits of 128 keys ran in 17.0 µs
-# against 19.5 µs for 4 of 256, session 10's variant probe; L=4k, N=16: 11 splits of 384 keys 23 µs against 27
+# against 19.5 µs for 4 of 256; L=4k, N=16: 11 splits of 384 keys 23 µs against 27
 # for 7 of 640).
 _MIN_CHUNK = 128
 # Beyond one wave a split must be longer: each split writes, and the merge reads, rows * D
@@ -624,11 +625,6 @@ def _merge_kernel(
     tl.store(OUT + out_row * HEAD_DIM + offs_d, out.to(OUT.dtype.element_ty))
 
 
-@functools.lru_cache(maxsize=None)
-def _num_sms(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
-
-
 @functools.lru_cache(maxsize=1024)
 def _plan(B: int, N: int, Hq: int, Hkv: int, kv_max: int, nk: int, num_sms: int) -> tuple[int, int, int, int, bool]:
     """Host-side grid plan -> (BLOCK_M, row tiles, num_splits, chunk, tree_apart). kv_max is a host upper
@@ -771,7 +767,7 @@ def _prepare(q, k, v, pt, pl, mask, sm_scale, max_prefix_len, interpret: bool, i
         ws_numel = B * Hkv * num_splits * N * group * (D + 1) if split else 0  # partial outputs + LSEs
         return _inv_fwd_kernel, grid, fwd_args, fwd_kw, ws_numel, merge
     if num_sms is None:  # interpreter: few SMs, still splits (a CPU call without it takes the reference)
-        num_sms = _num_sms(q_dev.index) if q_dev.type == "cuda" and not interpret else 8
+        num_sms = sm_count(q_dev.index) if q_dev.type == "cuda" and not interpret else 8
     block_m, m_tiles, num_splits, chunk, apart = _plan(B, N, Hq, Hkv, kv_max, NK, num_sms)
     split = num_splits > 1
     fwd_args = (scale * _LOG2E, chunk, num_splits, N, NK, Hkv, *strides, pt[0][1] * page_size)  # kv_cap last
@@ -841,8 +837,6 @@ def tree_attention(
 # ----------------------------------------------------------------------------------------------------
 # Compile cases (kernels/_compile_cases.py)
 
-# The SMs (CUs) `_plan` fills: H100 / H200 (sm_90) and MI300X (gfx942)
-_TARGET_SMS = {False: 132, True: 304}
 _CASE_PAGE = 16  # the KV pool's page size (KVCache's default)
 _CASE_PREFIX = 1024  # the decode and verify cases' prefix (and max_prefix_len)
 
@@ -892,6 +886,6 @@ def compile_cases(hip: bool) -> list[CompileCase]:
     for s in model_shapes():
         for label, B, N, tree, prefix in calls:
             for invariant in (False, True):
-                cases += _call_cases(s, B, N, tree, prefix, invariant, _TARGET_SMS[hip], hip,
+                cases += _call_cases(s, B, N, tree, prefix, invariant, TARGET_SMS[hip], hip,
                                      f"{s.name} {label}{' invariant' if invariant else ''}")
     return cases

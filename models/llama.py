@@ -23,11 +23,11 @@ import torch
 from torch import nn
 
 from eaglet.kernels.activation import silu_and_mul
-from eaglet.kernels.folded_linear import gate_up_silu, linear_add, linear_add_, qkv_rope_store
+from eaglet.kernels.folded_linear import gate_up_silu, linear_add, linear_add_, proj_rope_store
 from eaglet.kernels import projection as proj
 from eaglet.kernels.linear import norm_linear, silu_mul_linear
 from eaglet.kernels.rmsnorm import rmsnorm
-from eaglet.kernels.rope import rope_qkv_store
+from eaglet.kernels.rope import rope_store
 from eaglet.kernels.tree_attention import tree_attention
 from eaglet.models.kv_cache import ForwardBatch, KVCache
 
@@ -202,16 +202,16 @@ class Attention(nn.Module):
             # the stream updated in place must be x's own memory; a draft layer's x may be a strided view
             x2d = x.view(B * T, -1) if in_place else x.reshape(B * T, -1)  # [B*T, H]
             if embeds is None:
-                q = qkv_rope_store(x2d, self.qkv_proj.weight, *rope_args, self.norm_eps)  # [B*T, Hq, D]
+                q = proj_rope_store(x2d, self.qkv_proj.weight, *rope_args, self.norm_eps)  # [B*T, Hq, D]
             else:
-                q = qkv_rope_store(embeds.reshape(B * T, -1), self.qkv_proj.weight, *rope_args, self.norm_eps,
-                                   x2=x2d)  # [B*T, Hq, D]
+                q = proj_rope_store(embeds.reshape(B * T, -1), self.qkv_proj.weight, *rope_args, self.norm_eps,
+                                    x2=x2d)  # [B*T, Hq, D]
         else:
             qkv = (self.qkv_proj(x) if qkv is None else qkv).view(B * T, -1)  # [B*T, (Hq+2Hkv)*D]
             # q/k norm (Qwen3) + RoPE + the K/V store into the pool, one launch
-            q = rope_qkv_store(qkv, *rope_args, q_norm_weight=None if self.q_norm is None else self.q_norm.weight,
-                               k_norm_weight=None if self.k_norm is None else self.k_norm.weight,
-                               norm_eps=self.norm_eps)  # [B*T, Hq, D]
+            q = rope_store(qkv, *rope_args, q_norm_weight=None if self.q_norm is None else self.q_norm.weight,
+                           k_norm_weight=None if self.k_norm is None else self.k_norm.weight,
+                           norm_eps=self.norm_eps)  # [B*T, Hq, D]
         o = tree_attention(q.view(B, T, self.n_heads, D), k_cache, v_cache, batch.page_table, batch.prefix_lens,
                            batch.attn_mask, max_prefix_len=batch.max_prefix_len)  # [B, T, Hq, D]
         if folded:  # the residual add in the GEMM's epilogue
@@ -234,13 +234,13 @@ class Attention(nn.Module):
         w, b = self.qkv_proj.weight, self.qkv_proj.bias
         if self.q_norm is not None:  # Qwen3: the per-head q/k norms sit between the projection and RoPE
             qkv = proj.linear(x2d, w, b, norm_weight=g, eps=self.norm_eps)  # [B*T, (Hq+2Hkv)*D]
-            q = rope_qkv_store(qkv, *rope_args, q_norm_weight=self.q_norm.weight, k_norm_weight=self.k_norm.weight,
-                               norm_eps=self.norm_eps)  # [B*T, Hq, D]
+            q = rope_store(qkv, *rope_args, q_norm_weight=self.q_norm.weight, k_norm_weight=self.k_norm.weight,
+                           norm_eps=self.norm_eps)  # [B*T, Hq, D]
         elif embeds2d is not None:
-            q = proj.qkv_rope_store(embeds2d, g, w, b, *rope_args, self.norm_eps, x2=x2d,
-                                    norm_weight2=norm_weight2)  # [B*T, Hq, D]
+            q = proj.proj_rope_store(embeds2d, g, w, b, *rope_args, self.norm_eps, x2=x2d,
+                                     norm_weight2=norm_weight2)  # [B*T, Hq, D]
         else:
-            q = proj.qkv_rope_store(x2d, g, w, b, *rope_args, self.norm_eps)  # [B*T, Hq, D]
+            q = proj.proj_rope_store(x2d, g, w, b, *rope_args, self.norm_eps)  # [B*T, Hq, D]
         T = x2d.shape[0] // B
         o = tree_attention(q.view(B, T, self.n_heads, D), k_cache, v_cache, batch.page_table, batch.prefix_lens,
                            batch.attn_mask, max_prefix_len=batch.max_prefix_len, invariant=True)  # [B, T, Hq, D]

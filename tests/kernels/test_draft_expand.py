@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from eaglet.kernels.draft_expand import expand_step, expand_step_ref
-from eaglet.kernels.tree_mask import num_candidates
+from eaglet.kernels.build_tree import num_candidates
 from kernel_testing import DEVICE, gpu_only, needs_kernel
 
 

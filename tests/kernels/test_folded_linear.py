@@ -1,5 +1,5 @@
-"""The folded block's fused projections (kernels/folded_linear.py) against their torch references: qkv_rope_store
-(F.linear + rope_qkv_store_ref with x's 1/rms; with a second input, an EAGLE-3 midlayer's), gate_up_silu (F.linear +
+"""The folded block's fused projections (kernels/folded_linear.py) against their torch references: proj_rope_store
+(F.linear + rope_store_ref with x's 1/rms; with a second input, an EAGLE-3 midlayer's), gate_up_silu (F.linear +
 silu_and_mul_ref with x's 1/rms) and linear_add_ / linear_add (addmm, in place or not).
 
 On CPU run with TRITON_INTERPRET=1 (CI does) so the Triton kernel itself is tested (fp32); on a GPU the same tests
@@ -17,8 +17,8 @@ from eaglet.kernels.folded_linear import (
     linear_add,
     linear_add_,
     linear_add_ref,
-    qkv_rope_store,
-    qkv_rope_store_ref,
+    proj_rope_store,
+    proj_rope_store_ref,
 )
 from kernel_testing import DEVICE, gpu_only, needs_kernel, rel_err
 
@@ -75,9 +75,9 @@ QKV_SHAPES = [
 
 @needs_kernel
 @pytest.mark.parametrize("M,H,Hq,Hkv,D", QKV_SHAPES)
-def test_qkv_rope_store_matches_reference(M, H, Hq, Hkv, D):
+def test_proj_rope_store_matches_reference(M, H, Hq, Hkv, D):
     args = make_qkv(M, H, Hq, Hkv, D, torch.float32)
-    out, ref = run_qkv(qkv_rope_store, args), run_qkv(qkv_rope_store_ref, args)
+    out, ref = run_qkv(proj_rope_store, args), run_qkv(proj_rope_store_ref, args)
     for got, want, name in zip(out, ref, ("q", "k_cache", "v_cache")):
         assert rel_err(got, want) < 1e-5, name
     # the slots not written keep their junk, bit for bit
@@ -98,30 +98,30 @@ TWO_INPUT_SHAPES = [
 
 @needs_kernel
 @pytest.mark.parametrize("M,H,H2,Hq,Hkv,D", TWO_INPUT_SHAPES)
-def test_qkv_rope_store_two_inputs_matches_reference(M, H, H2, Hq, Hkv, D):
+def test_proj_rope_store_two_inputs_matches_reference(M, H, H2, Hq, Hkv, D):
     """Each input scaled by its own rows' 1/rms (x and x2 rows have different norms: using one input's scale for
     both, or swapping the inputs' weight columns, is a large error)."""
     args = make_qkv(M, H, Hq, Hkv, D, torch.float32, seed=M)
     gen = torch.Generator().manual_seed(7)
     args.update(x2=stream(M, H2, gen, torch.float32), weight=weight((Hq + 2 * Hkv) * D, H + H2, gen, torch.float32))
-    out, ref = run_qkv(qkv_rope_store, args), run_qkv(qkv_rope_store_ref, args)
+    out, ref = run_qkv(proj_rope_store, args), run_qkv(proj_rope_store_ref, args)
     for got, want, name in zip(out, ref, ("q", "k_cache", "v_cache")):
         assert rel_err(got, want) < 1e-5, name
     if H2 == H:  # x itself as x2 is still a second input (the weight's second half)
         args["x2"] = args["x"]
-        out, ref = run_qkv(qkv_rope_store, args), run_qkv(qkv_rope_store_ref, args)
+        out, ref = run_qkv(proj_rope_store, args), run_qkv(proj_rope_store_ref, args)
         assert rel_err(out[0], ref[0]) < 1e-5
 
 
 @needs_kernel
-def test_qkv_rope_store_rotates_both_halves_of_every_head():
+def test_proj_rope_store_rotates_both_halves_of_every_head():
     """A weight whose rows are one-hot picks x's columns: every q/k dim must land in its head and half, rotated
     with its own frequency (a pair split across the wrong tile rows or heads shows as a large error)."""
     M, H, Hq, Hkv, D = 3, 512, 2, 1, 128  # two 64-row tiles per head
     args = make_qkv(M, H, Hq, Hkv, D, torch.float32, seed=3)
     perm = torch.randperm(H, generator=torch.Generator().manual_seed(1))[: (Hq + 2 * Hkv) * D]
     args["weight"] = torch.eye(H, device=DEVICE)[perm.to(DEVICE)]  # [(Hq+2Hkv)*D, H]
-    out, ref = run_qkv(qkv_rope_store, args), run_qkv(qkv_rope_store_ref, args)
+    out, ref = run_qkv(proj_rope_store, args), run_qkv(proj_rope_store_ref, args)
     for got, want in zip(out, ref):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
 
@@ -276,13 +276,13 @@ def test_bad_inputs_name_the_argument():
         linear_add_(torch.zeros(4, 32), x, torch.randn(64, 32).t())
     args = make_qkv(4, 64, 2, 1, 64, torch.float32)
     with pytest.raises(ValueError, match=r"qkv must be \[M, \(n_heads \+ 2\*n_kv_heads\) \* head_dim\]"):
-        qkv_rope_store(**dict(args, n_heads=3))
+        proj_rope_store(**dict(args, n_heads=3))
     with pytest.raises(ValueError, match="out_slots must be"):
-        qkv_rope_store(**dict(args, out_slots=args["out_slots"][:2]))
+        proj_rope_store(**dict(args, out_slots=args["out_slots"][:2]))
     with pytest.raises(ValueError, match=r"x2 must be \[M, K2\] with M = 4 rows"):
-        qkv_rope_store(**dict(args, x2=torch.randn(3, 64, device=DEVICE)))
+        proj_rope_store(**dict(args, x2=torch.randn(3, 64, device=DEVICE)))
     with pytest.raises(ValueError, match=r"weight must be \[N, 128\]"):
-        qkv_rope_store(**dict(args, x2=torch.randn(4, 64, device=DEVICE)))  # the weight covers x's columns only
+        proj_rope_store(**dict(args, x2=torch.randn(4, 64, device=DEVICE)))  # the weight covers x's columns only
     with pytest.raises(ValueError, match=r"res must be \[M, N\] = \[4, 32\]"):
         linear_add(torch.zeros(4, 31), x, torch.randn(32, 64))
 
@@ -297,12 +297,12 @@ def test_bad_inputs_name_the_argument():
 def test_llama3_8b_shapes(M, dtype):
     """The verify's shapes in every dtype the launchers take (fp32: the tiles that fit its shared memory)."""
     args = make_qkv(M, 4096, 32, 8, 128, dtype)
-    for got, want in zip(run_qkv(qkv_rope_store, args), run_qkv(qkv_rope_store_ref, args)):
+    for got, want in zip(run_qkv(proj_rope_store, args), run_qkv(proj_rope_store_ref, args)):
         assert rel_err(got, want) < tol(dtype)
     gen = torch.Generator().manual_seed(M)
     # the public Llama-3.1-8B EAGLE-3 head's midlayer qkv: cat(norm(embeds), norm(hidden)), 2 x 4096 columns
     args.update(x2=stream(M, 4096, gen, dtype), weight=weight(6144, 8192, gen, dtype))
-    for got, want in zip(run_qkv(qkv_rope_store, args), run_qkv(qkv_rope_store_ref, args)):
+    for got, want in zip(run_qkv(proj_rope_store, args), run_qkv(proj_rope_store_ref, args)):
         assert rel_err(got, want) < tol(dtype)
     x = stream(M, 4096, gen, dtype)
     w = weight(2 * 14336, 4096, gen, dtype)
@@ -322,7 +322,7 @@ def test_cuda_graph_replays_match_eager():
     x = args["x"]
 
     def step():
-        q = qkv_rope_store(**args)
+        q = proj_rope_store(**args)
         a = gate_up_silu(x, w_gu, EPS)
         return q, a, linear_add_(x.clone(), a, w_d)
 

@@ -116,7 +116,7 @@ QKV_SHAPES = [
 
 @needs_kernel
 @pytest.mark.parametrize("M,H,Hq,Hkv,D,bias,two,splits", QKV_SHAPES)
-def test_qkv_rope_store_matches_reference(M, H, Hq, Hkv, D, bias, two, splits):
+def test_proj_rope_store_matches_reference(M, H, Hq, Hkv, D, bias, two, splits):
     gen = torch.Generator().manual_seed(M + H)
     dt = torch.float32
     x, g = rows(M, H, gen, dt), vec(H, gen, dt)
@@ -125,8 +125,8 @@ def test_qkv_rope_store_matches_reference(M, H, Hq, Hkv, D, bias, two, splits):
     b = vec(N, gen, dt, -0.5) if bias else None
     kw = dict(x2=rows(M, H, gen, dt), norm_weight2=vec(H, gen, dt)) if two else {}
     ra = rope_args(M, Hq, Hkv, D, gen, dt)
-    got = run_qkv(P.qkv_rope_store, x, g, w, b, ra, cfg=cfg(N, H, M, splits), **kw)
-    want = run_qkv(P.qkv_rope_store_ref, x, g, w, b, ra, **kw)
+    got = run_qkv(P.proj_rope_store, x, g, w, b, ra, cfg=cfg(N, H, M, splits), **kw)
+    want = run_qkv(P.proj_rope_store_ref, x, g, w, b, ra, **kw)
     for o, r in zip(got, want):
         assert rel_err(o, r) < 1e-5
     untouched = torch.ones(ra["k_cache"].shape[0], dtype=torch.bool)
@@ -134,7 +134,7 @@ def test_qkv_rope_store_matches_reference(M, H, Hq, Hkv, D, bias, two, splits):
     assert torch.equal(got[1][untouched.to(DEVICE)], ra["k_cache"][untouched.to(DEVICE)])
     if two:  # each input has its own 1/rms: scaling x2 alone leaves rmsnorm(x2), so the result, as it is
         kw2 = dict(kw, x2=kw["x2"] * 3)
-        other = run_qkv(P.qkv_rope_store, x, g, w, b, ra, cfg=cfg(N, H, M, splits), **kw2)
+        other = run_qkv(P.proj_rope_store, x, g, w, b, ra, cfg=cfg(N, H, M, splits), **kw2)
         assert rel_err(other[0], got[0]) < 1e-5
 
 
@@ -156,7 +156,7 @@ def test_rows_are_bit_identical_across_m(splits):
     def every(M):
         c = lambda n, k: cfg(n, k, M, splits)  # noqa: E731
         r = {k: (v[:M] if k in ("positions", "out_slots") else v) for k, v in ra.items()}
-        q, kc, vc = run_qkv(P.qkv_rope_store, e[:M], g, wqkv, None, r, x2=x[:M], norm_weight2=g2,
+        q, kc, vc = run_qkv(P.proj_rope_store, e[:M], g, wqkv, None, r, x2=x[:M], norm_weight2=g2,
                             cfg=c(wqkv.shape[0], H))
         slots = r["out_slots"]
         return dict(
@@ -208,7 +208,7 @@ def test_bad_inputs():
         P.gate_up_silu(x, torch.ones(64, device=DEVICE), torch.randn(31, 64, device=DEVICE), EPS)
     with pytest.raises(ValueError, match="x2 must be"):
         ra = rope_args(4, 1, 1, 64, torch.Generator().manual_seed(0), torch.float32)
-        run_qkv(P.qkv_rope_store, x, None, torch.randn(192, 128, device=DEVICE), None, ra,
+        run_qkv(P.proj_rope_store, x, None, torch.randn(192, 128, device=DEVICE), None, ra,
                 x2=torch.randn(3, 64, device=DEVICE))
 
 
@@ -233,12 +233,12 @@ def test_model_shapes_gpu(model, dtype):
 
     def every(M):
         r = {k: (v[:M] if k in ("positions", "out_slots") else v) for k, v in ra.items()}
-        q, kc, vc = run_qkv(P.qkv_rope_store, x[:M], g, wqkv, None, r)
+        q, kc, vc = run_qkv(P.proj_rope_store, x[:M], g, wqkv, None, r)
         return dict(q=q, k=kc[r["out_slots"]], o=P.linear_add(x[:M], o[:M], wo), gu=P.gate_up_silu(x[:M], g, wgu, EPS),
                     down=P.linear_add(x[:M], a[:M], wd))
 
     full = every(big)
-    want_q = run_qkv(P.qkv_rope_store_ref, x, g, wqkv, None, ra)[0]
+    want_q = run_qkv(P.proj_rope_store_ref, x, g, wqkv, None, ra)[0]
     assert rel_err(full["q"], want_q) < tol(dtype)
     assert rel_err(full["gu"], P.gate_up_silu_ref(x, g, wgu, EPS)) < tol(dtype)
     assert rel_err(full["down"], P.linear_add_ref(x, a, wd)) < tol(dtype)

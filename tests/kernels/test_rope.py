@@ -1,4 +1,4 @@
-"""rope_qkv_store (kernels/rope.py) against its torch reference, and the reference against
+"""rope_store (kernels/rope.py) against its torch reference, and the reference against
 Hugging Face's LlamaRotaryEmbedding + apply_rotary_pos_emb (and Qwen3's q/k RMSNorm).
 
 On CPU run with TRITON_INTERPRET=1 (CI does) so the Triton kernel itself is tested (fp32); on a
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import eaglet.kernels.rope as rp
-from eaglet.kernels.rope import rope_qkv_store, rope_qkv_store_ref
+from eaglet.kernels.rope import rope_store, rope_store_ref
 from kernel_testing import DEVICE, gpu_only, needs_kernel, rel_err
 
 MAX_POS = 131072  # angles up to ~1.3e5 rad: exercises the cos/sin range reduction
@@ -45,7 +45,7 @@ def make(M, Hq, Hkv, D, dtype, *, norm=False, slots=None, spare=7, cache_dtype=N
 def run_both(args, heads, **overrides):
     """(kernel q, k_cache, v_cache), (reference q, k_cache, v_cache), each on its own cache copy."""
     results = []
-    for fn in (rope_qkv_store, rope_qkv_store_ref):
+    for fn in (rope_store, rope_store_ref):
         a = dict(args, k_cache=args["k_cache"].clone(), v_cache=args["v_cache"].clone(), **overrides)
         q = fn(**a, **heads)
         results.append((q, a["k_cache"], a["v_cache"]))
@@ -89,7 +89,7 @@ def test_row_scale_of_a_folded_norm(M, Hq, Hkv, D, H):
     rstd = torch.rsqrt(rows.double().pow(2).mean(-1))  # [M]
     assert rel_err(q, q0 * rstd[:, None, None]) < 1e-5  # the scale is the rows' 1/rms
     with pytest.raises(ValueError, match="row_norm_of must be"):
-        rope_qkv_store(**dict(args, row_norm_of=rows[:-1]), **heads)
+        rope_store(**dict(args, row_norm_of=rows[:-1]), **heads)
 
 
 @needs_kernel
@@ -112,11 +112,11 @@ def test_duplicate_slots_one_writer_wins(norm):
     M, S = len(slots), 10
     args, heads = make(M, 9, 3, 64, torch.float32, norm=norm, slots=slots, spare=S - M, seed=2)
     k_cache, v_cache = args["k_cache"].clone(), args["v_cache"].clone()  # [S, Hkv, D] each
-    q = rope_qkv_store(**dict(args, k_cache=k_cache, v_cache=v_cache), **heads)  # [M, Hq, D]
+    q = rope_store(**dict(args, k_cache=k_cache, v_cache=v_cache), **heads)  # [M, Hq, D]
     # Per-row expected k/v: the reference with every row in its own slot of a fresh cache.
     k_rows, v_rows = torch.zeros_like(args["k_cache"][:M]), torch.zeros_like(args["v_cache"][:M])  # [M, Hkv, D]
-    q_ref = rope_qkv_store_ref(**dict(args, k_cache=k_rows, v_cache=v_rows,
-                                      out_slots=torch.arange(M, device=DEVICE)), **heads)
+    q_ref = rope_store_ref(**dict(args, k_cache=k_rows, v_cache=v_rows,
+                                  out_slots=torch.arange(M, device=DEVICE)), **heads)
     assert rel_err(q, q_ref) < 1e-5
     for s in range(S):
         writers = [m for m in range(M) if slots[m] == s]
@@ -143,7 +143,7 @@ def test_strided_qkv():
 def test_empty_batch():
     args, heads = make(0, 9, 3, 64, torch.float32)
     k_before = args["k_cache"].clone()
-    q = rope_qkv_store(**args, **heads)
+    q = rope_store(**args, **heads)
     assert q.shape == (0, 9, 64) and torch.equal(args["k_cache"], k_before)
 
 
@@ -161,7 +161,7 @@ def test_reference_is_hf_apply_rotary_pos_emb(norm):
     args, heads = make(M, Hq, Hkv, D, torch.float32, norm=norm, seed=4, device="cpu")
     args["inv_freq"] = rotary.inv_freq.float()  # [D/2], HF's own frequencies
     k_cache, v_cache = args["k_cache"].clone(), args["v_cache"].clone()
-    q_ref = rope_qkv_store_ref(**dict(args, k_cache=k_cache, v_cache=v_cache), **heads)  # [M, Hq, D]
+    q_ref = rope_store_ref(**dict(args, k_cache=k_cache, v_cache=v_cache), **heads)  # [M, Hq, D]
 
     q, k, v = args["qkv"].split([Hq * D, Hkv * D, Hkv * D], dim=-1)
     q = q.view(1, M, Hq, D).transpose(1, 2)  # [1, Hq, M, D], HF's layout
@@ -192,7 +192,7 @@ def test_validation_errors():
 
     def call(**kw):
         merged = {**args, **heads, **kw}
-        return rope_qkv_store(**merged)
+        return rope_store(**merged)
 
     with pytest.raises(ValueError, match="qkv must be"):
         call(n_heads=8)  # head counts that do not add up to qkv's width
@@ -249,15 +249,15 @@ def test_cache_dtype_differs_gpu(dtype, cache_dtype):
 @gpu_only
 def test_cuda_graph_capture_and_replay():
     args, heads = make(8, 9, 3, 64, torch.bfloat16, seed=7)
-    rope_qkv_store(**args, **heads)  # compile outside the capture
+    rope_store(**args, **heads)  # compile outside the capture
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        q = rope_qkv_store(**args, **heads)
+        q = rope_store(**args, **heads)
     new, _ = make(8, 9, 3, 64, torch.bfloat16, seed=8)
     for name in ("qkv", "positions", "out_slots"):
         args[name].copy_(new[name])
     k_before, v_before = args["k_cache"].clone(), args["v_cache"].clone()
     graph.replay()
     k_ref, v_ref = k_before.clone(), v_before.clone()
-    q_ref = rope_qkv_store_ref(**dict(args, k_cache=k_ref, v_cache=v_ref), **heads)
+    q_ref = rope_store_ref(**dict(args, k_cache=k_ref, v_cache=v_ref), **heads)
     assert rel_err(q, q_ref) < 1e-2 and rel_err(args["k_cache"], k_ref) < 1e-2 and torch.equal(args["v_cache"], v_ref)

@@ -17,7 +17,7 @@ import pytest
 import scipy.stats
 import torch
 
-from eaglet.kernels.tree_mask import build_tree, random_candidates
+from eaglet.kernels.build_tree import build_tree, random_candidates
 from eaglet.kernels.verify import (
     VerifyResult,
     verify_greedy,
@@ -108,7 +108,7 @@ def test_greedy_stops_at_steps():
     assert out.bonus.tolist() == [4]
 
 
-# The golden tree of test_tree_mask.py (nodes: token/parent):
+# The golden tree of test_build_tree.py (nodes: token/parent):
 #   0: 99 (root) | 1: 10/0 | 2: 11/0 | 3: 20/1 | 4: 21/1 | 5: 22/2 | 6: 30/3 | 7: 32/4
 GOLDEN_DRAFT = [[99, 10, 11, 20, 21, 22, 30, 32], [98, 10, 11, 20, 21, 22, 30, 32]]
 GOLDEN_NEXT = [[1, 3, 5, 6, 7, -1, -1, -1]] * 2

@@ -75,10 +75,10 @@ def test_projection_cases_are_its_launches(monkeypatch, s, M):
     H, N, heads = s.hidden, qkv_rows(s), (s.n_heads, s.n_kv_heads, s.head_dim)
     x, x2, g = torch.empty(M, H, dtype=BF16), torch.empty(M, H, dtype=BF16), torch.empty(H, dtype=BF16)
     calls = [  # (the launch, the case's EPI, N, K, K2, NORM, NORM2, HAS_BIAS, heads)
-        (lambda: PJ.qkv_rope_store(x, g, torch.empty(N, H, dtype=BF16), torch.empty(N, dtype=BF16),
-                                   *rope_tensors(M, s), *heads, EPS), PJ._ROPE, N, H, 0, 2, 0, True, heads),
-        (lambda: PJ.qkv_rope_store(x, PJ.FOLDED, torch.empty(N, 2 * H, dtype=BF16), None, *rope_tensors(M, s),
-                                   *heads, EPS, x2=x2, norm_weight2=PJ.FOLDED), PJ._ROPE, N, H, H, 1, 1, False, heads),
+        (lambda: PJ.proj_rope_store(x, g, torch.empty(N, H, dtype=BF16), torch.empty(N, dtype=BF16),
+                                    *rope_tensors(M, s), *heads, EPS), PJ._ROPE, N, H, 0, 2, 0, True, heads),
+        (lambda: PJ.proj_rope_store(x, PJ.FOLDED, torch.empty(N, 2 * H, dtype=BF16), None, *rope_tensors(M, s),
+                                    *heads, EPS, x2=x2, norm_weight2=PJ.FOLDED), PJ._ROPE, N, H, H, 1, 1, False, heads),
         (lambda: PJ.linear_add_(x, torch.empty(M, s.ffn, dtype=BF16), torch.empty(H, s.ffn, dtype=BF16)), PJ._ADD,
          H, s.ffn, 0, 0, 0, False, (1, 1, 1)),
         (lambda: PJ.gate_up_silu(x, PJ.FOLDED, torch.empty(2 * s.ffn, H, dtype=BF16), EPS), PJ._SILU, 2 * s.ffn, H,
@@ -97,10 +97,10 @@ def test_folded_linear_cases_are_its_launches(monkeypatch, s, M):
     H, N, heads = s.hidden, qkv_rows(s), (s.n_heads, s.n_kv_heads, s.head_dim)
     x, a = torch.empty(M, H, dtype=BF16), torch.empty(M, s.n_heads * s.head_dim, dtype=BF16)
     calls = [  # (the launch, EPI, N, K, K2, heads)
-        (lambda: FL.qkv_rope_store(x, torch.empty(N, H, dtype=BF16), *rope_tensors(M, s), *heads, EPS), FL._ROPE, N,
+        (lambda: FL.proj_rope_store(x, torch.empty(N, H, dtype=BF16), *rope_tensors(M, s), *heads, EPS), FL._ROPE, N,
          H, 0, heads),
-        (lambda: FL.qkv_rope_store(x, torch.empty(N, 2 * H, dtype=BF16), *rope_tensors(M, s), *heads, EPS,
-                                   x2=torch.empty(M, H, dtype=BF16)), FL._ROPE, N, H, H, heads),
+        (lambda: FL.proj_rope_store(x, torch.empty(N, 2 * H, dtype=BF16), *rope_tensors(M, s), *heads, EPS,
+                                    x2=torch.empty(M, H, dtype=BF16)), FL._ROPE, N, H, H, heads),
         (lambda: FL.gate_up_silu(x, torch.empty(2 * s.ffn, H, dtype=BF16), EPS), FL._SILU, 2 * s.ffn, H, 0,
          (1, 1, 1)),
         (lambda: FL.linear_add_(x, a, torch.empty(H, a.shape[1], dtype=BF16)), FL._ADD, H, a.shape[1], 0, (1, 1, 1)),

@@ -1,4 +1,4 @@
-"""build_tree (kernels/tree_mask.py): the Triton kernel equals the pure-Python reference exactly.
+"""build_tree (kernels/build_tree.py): the Triton kernel equals the pure-Python reference exactly.
 
 On CPU run with TRITON_INTERPRET=1 (CI does) so the kernel itself is tested; without it the
 launcher falls back to the reference and the kernel-vs-reference tests are skipped.
@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from eaglet.kernels.tree_mask import (
+from eaglet.kernels.build_tree import (
     DraftTree,
     MaskFormat,
     build_tree,
