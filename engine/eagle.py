@@ -32,7 +32,7 @@ import torch
 from eaglet.kernels.draft_expand import expand_step
 from eaglet.kernels.kv_ops import commit_kv
 from eaglet.kernels.topk import topk_logprobs
-from eaglet.kernels.tree_mask import build_tree, num_candidates
+from eaglet.kernels.build_tree import build_tree, num_candidates
 from eaglet.kernels.verify import VerifyResult, verify_greedy, verify_sampling
 from eaglet.models.kv_cache import ForwardBatch, KVCache, slots_for, to_device
 from eaglet.models.llama import Transformer
@@ -192,7 +192,7 @@ class EagleEngine:
         S, K, N = self.tree.steps, self.tree.topk, self.tree.num_draft_tokens
         B = seq_lens.shape[0]
         dev = seq_lens.device
-        # the candidates (kernels/tree_mask.py's layout), written in place by each step
+        # the candidates (kernels/build_tree.py's layout), written in place by each step
         C = num_candidates(K, S)
         scores = torch.empty(B, C, dtype=torch.float32, device=dev)  # [B, C]
         tokens = torch.empty(B, C, dtype=torch.long, device=dev)  # [B, C]

@@ -331,7 +331,7 @@ class TransformerBlock(nn.Module):
 
 
 # Token counts up to which a block runs the fused projections (kernels/linear.py) instead of the rmsnorm
-# kernel + cuBLAS. SmolLM2 decode on an H200 (benchmarks/results/ar_h200.md, CUDA graphs): 1 token per
+# kernel + cuBLAS. SmolLM2 decode on an H200 (results/ar_h200.md, CUDA graphs): 1 token per
 # step 1.187 -> 0.936 ms fused (842 -> 1,068 tokens/s); 8 tokens 1.204 -> 1.621 ms, so cuBLAS above 1.
 _FUSED_LINEAR_MAX_TOKENS = 1
 
@@ -400,7 +400,7 @@ class Transformer(nn.Module):
         happen in the o_proj and down GEMMs, in place (kernels/folded_linear.py: up to 16 rows, 4 fused launches
         per layer; above, cuBLAS addmm_ and the RoPE / SiLU kernels). Llama-3-8B's B=1 verify: 4.86 -> 4.81 ms
         with the folding alone (two norm kernels of 2.2 µs fewer per layer), 4.84 -> 4.36 ms with the fused
-        projections (benchmarks/results/verify_8b_h200/README.md).
+        projections (results/verify_8b_h200/README.md).
         Models with a qkv or o_proj bias or q/k norms are refused (the row scale would have to skip the bias)."""
         a = self.args
         if a.attention_bias or a.qk_norm:

@@ -86,7 +86,7 @@ def ttt_attention(q: torch.Tensor, ks: list[torch.Tensor], vs: list[torch.Tensor
 
 
 def attention_dense(attn: Attention, a, positions, inv_freq, mask, cache: DenseKV | None) -> torch.Tensor:
-    """`Attention.forward` without the pool: rotate-half RoPE in fp32 as `rope_qkv_store_ref`, then SDPA of the
+    """`Attention.forward` without the pool: rotate-half RoPE in fp32 as `rope_store_ref`, then SDPA of the
     T queries over the cached keys plus their own. a [B, T, in], mask [T, L] or [B, T, L] bool -> [B, T, H]."""
     if attn.q_norm is not None:
         raise ValueError("dense attention has no q/k norm (draft layers are Llama layers)")
