@@ -409,9 +409,9 @@ class Transformer(nn.Module):
                              f"projection output); run without folding")
         with torch.no_grad():
             for layer in self.model.layers:
-                for norm, proj in ((layer.input_layernorm, layer.self_attn.qkv_proj),
-                                   (layer.post_attention_layernorm, layer.mlp.gate_up_proj)):
-                    proj.weight.mul_(norm.weight[None, :])  # [out, H] * [1, H]
+                for norm, lin in ((layer.input_layernorm, layer.self_attn.qkv_proj),
+                                  (layer.post_attention_layernorm, layer.mlp.gate_up_proj)):
+                    lin.weight.mul_(norm.weight[None, :])  # [out, H] * [1, H]
                     norm.weight.fill_(1.0)
                 layer.norms_folded = True
         return self
