@@ -151,8 +151,8 @@ def versus_serial(m: dict, base: dict, sigma: float | None) -> str:
     """Whether a plan's median step time differs from serial's by more than NOISE_SE standard errors. sigma: the
     point's run-to-run relative spread (`run_noise`); the standard error of a median of n runs is taken as
     sqrt(pi / 2) sigma / sqrt(n) (the large-n value; for 2-3 repeats it overstates it a little). Without repeats
-    there is no spread to judge by. (Non-overlapping ranges of two repeats each, the earlier rule, flag one in
-    three comparisons of identical plans.)"""
+    there is no spread to judge by. (A rule of non-overlapping ranges of two repeats each flags one in three
+    comparisons of identical plans.)"""
     if m["repeats"] < 2 or base["repeats"] < 2 or not sigma:
         return "-"
     se = math.sqrt(math.pi / 2) * sigma * math.sqrt(1 / m["repeats"] + 1 / base["repeats"])
