@@ -130,7 +130,6 @@ case $stage in
     python -m benchmarks.bench_tree_attention --md "$out/tree_attention_h200.md" 2>&1 | tail -30
     python -m benchmarks.bench_model_kernels --md "$out/model_kernels_h200.md" 2>&1 | tail -30
     python -m benchmarks.bench_linear --ms 1,2,4,8 --md "$out/linear_h200.md" 2>&1 | tail -30
-    python -m benchmarks.bench_linear --ms 1,8,64 --invariant --md "$out/linear_invariant_h200.md" 2>&1 | tail -30
     python -m benchmarks.probes.profile_decode --context 512 --invariant 2>&1 | tail -30
     python -m benchmarks.bench_tree_verify --out "$out/tree_verify_h200.md" 2>&1 | tail -15 ;;
   ablation)
