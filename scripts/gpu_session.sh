@@ -6,7 +6,7 @@
 #   e2e        run_spec.py with the defaults (SmolLM2 B=1/8 with AR passes, the fastest plain decoding) and random
 #              Llama-3.1-8B (plain; EAGLE-3 tree=simulate); a table of their metrics
 #   ar         benchmarks/bench_ar.py (needs the SmolLM2 GGUF and MT-bench; see scripts/offline_gpu_env.sh)
-#   kernels    tree attention, tree/verify and model-kernel benchmarks
+#   kernels    the kernel benchmarks: tree attention, model kernels, linear, tree/verify, top-k, build_tree
 #   ablation   the overlap ablations (ABLATION_EXP, default both: ablate_overlap on random Llama-3.1-8B weights,
 #              ablate_overlap_smollm2 on the embedded default), one tree shape per GPU (ABLATION_GPUS=1: all on one),
 #              then their report
@@ -131,7 +131,9 @@ case $stage in
     python -m benchmarks.bench_model_kernels --md "$out/model_kernels_h200.md" 2>&1 | tail -30
     python -m benchmarks.bench_linear --ms 1,2,4,8 --md "$out/linear_h200.md" 2>&1 | tail -30
     python -m benchmarks.probes.profile_decode --context 512 --invariant 2>&1 | tail -30
-    python -m benchmarks.bench_tree_verify --out "$out/tree_verify_h200.md" 2>&1 | tail -15 ;;
+    python -m benchmarks.bench_tree_verify --out "$out/tree_verify_h200.md" 2>&1 | tail -15
+    python -m benchmarks.bench_topk --md "$out/topk_h200.md" 2>&1 | tail -20
+    python -m benchmarks.bench_build_tree --md "$out/build_tree_h200.md" 2>&1 | tail -20 ;;
   ablation)
     # each experiment's tree shapes split over the GPUs (all on one GPU when there is one), so that every plan and
     # repeat of a (target, tree) point runs on the same GPU; ABLATION_S: a time limit per sweep (the report then
