@@ -232,7 +232,7 @@ def test_rendered_samples_follow_the_data_file_not_its_path(tmp_path, monkeypatc
     """A data file replaced at the same path is rendered again (its cached samples keyed by the file's bytes)."""
     import eaglet.training.data as td
 
-    def render(_tokenizer, messages, max_len):  # one token per character, assistant ones masked
+    def render(_tokenizer, messages, max_len, cut=False):  # one token per character, assistant ones masked
         ids = [ord(ch) for _, t in messages for ch in t][:max_len]
         mask = [r == "assistant" for r, t in messages for _ in t][:max_len]
         return Sample(torch.tensor(ids), torch.tensor(mask))
