@@ -49,6 +49,18 @@ def check_like(name: str, t: torch.Tensor, shape: tuple, x: torch.Tensor) -> Non
         raise ValueError(f"{name} is on {t.device}, the input on {x.device}: move it to {x.device}")
 
 
+def check_weight(weight: torch.Tensor, K: int, x: torch.Tensor, bias: torch.Tensor | None) -> None:
+    """Raise ValueError unless weight is a row-major [N >= 1, K] nn.Linear weight (and bias [N]) like x."""
+    if weight.dim() != 2 or weight.shape[0] == 0 or weight.shape[1] != K:
+        raise ValueError(f"weight must be [N, {K}] with N >= 1 (nn.Linear layout), got shape {list(weight.shape)}")
+    check_like("weight", weight, tuple(weight.shape), x)
+    if weight.stride(1) != 1:
+        raise ValueError(f"weight must be row-major (stride 1 along K), got strides {weight.stride()}: "
+                         "call .contiguous() once at load time, not per call")
+    if bias is not None:
+        check_like("bias", bias, (weight.shape[0],), x)
+
+
 def autotune_configs(configs: list) -> list:
     """Configs for `@triton.autotune`: all of them, or only the first (the default) in the
     interpreter (one config skips benchmarking) or when EAGLET_AUTOTUNE=0 (tests on a GPU,

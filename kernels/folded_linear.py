@@ -44,9 +44,9 @@ from triton.language.extra import libdevice
 
 from eaglet.kernels import rope as _rope
 from eaglet.kernels._compile_cases import TARGET_SMS, CompileCase, Ptr, model_shapes
-from eaglet.kernels._utils import is_hip, is_interpret, sm_count, use_triton
+from eaglet.kernels._utils import check_weight, is_hip, is_interpret, sm_count, use_triton
 from eaglet.kernels.activation import silu_and_mul, silu_and_mul_ref
-from eaglet.kernels.linear import _check_input, _check_weight
+from eaglet.kernels.linear import _check_input
 from eaglet.kernels.rmsnorm import row_rstd_ref
 from eaglet.kernels.rope import rope_store, rope_store_ref
 
@@ -235,7 +235,7 @@ def _check_proj(x: torch.Tensor, weight: torch.Tensor, x_name: str = "x", x2: to
             raise ValueError(f"x2 must be [M, K2] with M = {x.shape[0]} rows, {x.dtype} on {x.device} like x, got "
                              f"{list(x2.shape)} {x2.dtype} on {x2.device}")
         K += x2.shape[1]
-    _check_weight(weight, K, x, None)
+    check_weight(weight, K, x, None)
 
 
 def _fused(*tensors: torch.Tensor) -> bool:

@@ -50,7 +50,7 @@ import triton
 import triton.language as tl
 
 from eaglet.kernels._compile_cases import TARGET_SMS, CompileCase, Ptr, model_shapes
-from eaglet.kernels._utils import FLOAT_DTYPES, autotune_configs, check_like, is_hip, sm_count, use_triton
+from eaglet.kernels._utils import FLOAT_DTYPES, autotune_configs, check_like, check_weight, is_hip, sm_count, use_triton
 from eaglet.kernels.activation import silu_and_mul, silu_and_mul_ref
 from eaglet.kernels.rmsnorm import MAX_HIDDEN, _as_rows, rmsnorm, rmsnorm_ref
 
@@ -305,17 +305,6 @@ def _check_input(name: str, x: torch.Tensor) -> None:
         raise ValueError(f"{name} must be float32/bfloat16/float16, got {x.dtype}")
 
 
-def _check_weight(weight: torch.Tensor, K: int, x: torch.Tensor, bias: torch.Tensor | None) -> None:
-    if weight.dim() != 2 or weight.shape[0] == 0 or weight.shape[1] != K:
-        raise ValueError(f"weight must be [N, {K}] with N >= 1 (nn.Linear layout), got shape {list(weight.shape)}")
-    check_like("weight", weight, tuple(weight.shape), x)
-    if weight.stride(1) != 1:
-        raise ValueError(f"weight must be row-major (stride 1 along K), got strides {weight.stride()}: "
-                         "call .contiguous() once at load time, not per call")
-    if bias is not None:
-        check_like("bias", bias, (weight.shape[0],), x)
-
-
 def _kernel_for(M: int):
     """The autotuner for M rows and the BLOCK_M it is launched with (M == 1: the config's own)."""
     if M == 1:
@@ -365,7 +354,7 @@ def norm_linear(
     _check_input("x", x)
     K = x.shape[-1]
     check_like("norm_weight", norm_weight, (K,), x)
-    _check_weight(weight, K, x, bias)
+    check_weight(weight, K, x, bias)
     if residual is not None:
         check_like("residual", residual, tuple(x.shape), x)
     extra = [t for t in (bias, residual) if t is not None]
@@ -388,7 +377,7 @@ def silu_mul_linear(gu: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     if gu.shape[-1] % 2:
         raise ValueError(f"gu must be [..., 2*I] (gate then up), got shape {list(gu.shape)}: last dim must be even")
     I = gu.shape[-1] // 2
-    _check_weight(weight, I, gu, None)
+    check_weight(weight, I, gu, None)
     if not use_triton(gu, weight):
         return silu_mul_linear_ref(gu, weight)
     if not 1 <= _rows(gu) <= MAX_FAST_M:
@@ -400,7 +389,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     """x [..., K] (fp32/bf16/fp16, any row stride) @ weight.T (+ bias) -> [..., N]; weight [N, K]
     (row-major), bias [N] or None, in x's dtype. For o_proj and the LM head at decode sizes."""
     _check_input("x", x)
-    _check_weight(weight, x.shape[-1], x, bias)
+    check_weight(weight, x.shape[-1], x, bias)
     if not use_triton(x, weight, *([bias] if bias is not None else [])):
         return linear_ref(x, weight, bias)
     if not 1 <= _rows(x) <= MAX_FAST_M:

@@ -48,7 +48,7 @@ from triton.language.extra import libdevice
 from eaglet.kernels import rope as _rope
 from eaglet.kernels._compile_cases import TARGET_SMS, CompileCase, Ptr, model_shapes
 from eaglet.kernels._fixed_order import fixed_sum0
-from eaglet.kernels._utils import FLOAT_DTYPES, check_like, is_hip, is_interpret, sm_count, use_triton
+from eaglet.kernels._utils import FLOAT_DTYPES, check_like, check_weight, is_hip, is_interpret, sm_count, use_triton
 from eaglet.kernels.activation import silu_and_mul_ref
 from eaglet.kernels.rmsnorm import row_rstd_ref
 from eaglet.kernels.rope import rope_store_ref
@@ -435,14 +435,7 @@ def _check_proj(x, weight, bias=None, norm_weight=None, x2=None, norm_weight2=No
             raise ValueError(f"x2 must be [M, K2] with M = {x.shape[0]} rows, {x.dtype} on {x.device} like x, got "
                              f"{list(x2.shape)} {x2.dtype} on {x2.device}")
         K += x2.shape[1]
-    if weight.dim() != 2 or weight.shape[0] == 0 or weight.shape[1] != K:
-        raise ValueError(f"weight must be [N, {K}] with N >= 1 (nn.Linear layout), got shape {list(weight.shape)}")
-    check_like("weight", weight, tuple(weight.shape), x)
-    if weight.stride(1) != 1:
-        raise ValueError(f"weight must be row-major (stride 1 along K), got strides {weight.stride()}: "
-                         "call .contiguous() once at load time, not per call")
-    if bias is not None:
-        check_like("bias", bias, (weight.shape[0],), x)
+    check_weight(weight, K, x, bias)
     for name, g, width in (("norm_weight", norm_weight, K if x2 is None else x.shape[1]),
                            ("norm_weight2", norm_weight2, None if x2 is None else x2.shape[1])):
         if isinstance(g, str) and g != FOLDED:
