@@ -14,15 +14,18 @@ benchmarks/bench_linear.py; floors = bytes that must move over the measured copy
   attn   tree attention at decode (N = 1) and verify (B=1: N = 8 tree tokens; B=8: N = 8 each) shapes, invariant
          against the split-KV kernel.
   step   a whole forward of random-weight models in a CUDA graph: decode (B=1, 8; 1 token) and verify (B=1: 8 tree
-         tokens; B=8: 8 each) after a 1k-token prefix, invariant against the fastest non-invariant model paths.
-  sweep  the invariant projections' launch configs around the table's choice, at M = 1 and 8 (tuning, not
-         recorded).
+         tokens; B=8: 8 each) after a 1k-token prefix, invariant against the fastest non-invariant model paths
+         (--trace DIR: and the per-kernel time inside the invariant and folded graphs).
+  sumsq  the folded norm's sum of squares reduced in three orders (SQ_MODE): time, and rows invariant across tiles.
+  sweep  the invariant projections' launch plans around the table's (splits, BLOCK_K, BLOCK_N, stages) at M = 1
+         and 8, the best one's rows checked for invariance against 64-row and prefill tiles (tuning, not recorded).
 """
 
 from __future__ import annotations
 
 import argparse
 import itertools
+import json
 
 import torch
 import torch.nn.functional as F
@@ -248,7 +251,23 @@ def run_attn(models: list[str], bw: float) -> str:
 # step
 
 
-def run_step(models: list[str]) -> str:
+def trace_graph(graph, path: str, replays: int = 5) -> str:
+    """Per-kernel time of a captured graph's replays from a torch.profiler trace written to `path`
+    (benchmarks/probes/graph_trace.py's summary: span, kernel time, gaps, µs per kernel)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from benchmarks.probes.graph_trace import replays as graph_replays, summarise
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(replays):
+            graph.replay()
+        torch.cuda.synchronize()
+    prof.export_chrome_trace(path)
+    groups = graph_replays(json.load(open(path))["traceEvents"])
+    return summarise(list(groups.values()), top=12) if groups else f"{path}: no graph kernels in the trace"
+
+
+def run_step(models: list[str], trace_dir: str | None = None) -> str:
     from eaglet.models.kv_cache import ForwardBatch, KVCache, slots_for
     from eaglet.models.llama import ModelArgs, Transformer
 
@@ -297,6 +316,10 @@ def run_step(models: list[str]) -> str:
                     with torch.cuda.graph(graph):
                         fwd()
                     times[variant, name] = bench(graph.replay) / 1e3
+                    if trace_dir and variant != "non-invariant":
+                        tag = f"{c['name']}_{name.replace('=', '').replace(' ', '_')}_{variant.split()[0]}"
+                        print(f"  -- {model} {name} {variant} graph:\n"
+                              + trace_graph(graph, f"{trace_dir}/{tag}.json"), flush=True)
                     del graph
                 print(f"  {model} {name} {variant}: {times[variant, name]:.3f} ms", flush=True)
         for name, *_ in cases:
@@ -311,59 +334,113 @@ def run_step(models: list[str]) -> str:
 # sweep
 
 
+SWEEP_TILES = ((128, 64, 4), (256, 64, 4), (128, 32, 4))  # (BLOCK_K, BLOCK_N, stages)
+
+
+def sweep_shapes(c: dict) -> dict:
+    H, I, Hq, Hkv, D = c["H"], c["I"], c["Hq"], c["Hkv"], c["D"]
+    return {"qkv": ((Hq + 2 * Hkv) * D, H, P._ROPE), "o": (H, Hq * D, P._ADD), "gate_up": (2 * I, H, P._SILU),
+            "down": (H, I, P._ADD), "lm_head": (c["V"], H, P._PLAIN)}
+
+
+def proj_call(c: dict, N: int, K: int, epi: int, M: int, seed: int = 0):
+    """fn(w, cfg) -> the outputs (tuple) of the invariant projection of shape [N, K] on M fixed random rows (the
+    first rows of the same stream for every M), folded norms as the models run them."""
+    gen = torch.Generator(device=DEV).manual_seed(seed)
+    x = torch.randn(256, K, device=DEV, dtype=DTYPE, generator=gen)[:M]  # [M, K]
+    res = torch.randn(256, N, device=DEV, dtype=DTYPE, generator=gen)[:M]  # [M, N]
+    Hq, Hkv, D = c["Hq"], c["Hkv"], c["D"]
+    pos = torch.randint(0, 4096, (256,), device=DEV, generator=gen)[:M]  # [M]
+    inv_freq = (1.0 / 5e5 ** (torch.arange(0, D, 2, device=DEV, dtype=torch.float64) / D)).float()  # [D/2]
+    kc, vc = (torch.zeros(M, Hkv, D, device=DEV, dtype=DTYPE) for _ in range(2))  # [M, Hkv, D] each
+    slots = torch.arange(M, device=DEV)  # [M]
+
+    def call(w, cfg):
+        if epi == P._ROPE:
+            return P.proj_rope_store(x, P.FOLDED, w, None, pos, inv_freq, kc, vc, slots, Hq, Hkv, D, EPS, cfg=cfg), kc, vc
+        if epi == P._SILU:
+            return (P.gate_up_silu(x, P.FOLDED, w, EPS, cfg=cfg),)
+        if epi == P._ADD:
+            return (P.linear_add(res, x, w, cfg=cfg),)
+        return (P.linear(x, w, None, P.FOLDED, EPS, cfg=cfg),)
+    return call
+
+
+def rows_invariant(c: dict, N: int, K: int, epi: int, w: torch.Tensor, decode_cfg: dict) -> bool:
+    """Whether a decode plan gives each row the bits of a 1-row call, of a 64-row call (its 64-row tile) and of an
+    80-row prefill (its prefill tiles, the same splits): the property the launch table must keep."""
+    plan = {k: decode_cfg[k] for k in ("BLOCK_K", "SPLITS", "SPLIT_K", "SQ_MODE") if k in decode_cfg}
+    rest = {k: v for k, v in decode_cfg.items() if k not in plan}
+    cfgs = {1: dict(rest, **plan, BLOCK_M=16), 8: dict(rest, **plan, BLOCK_M=16), 64: dict(rest, **plan, BLOCK_M=64),
+            80: dict(P._prefill_tiles(dict(rest, **plan), epi, c["D"], DTYPE, False), **plan)}
+    outs = {M: proj_call(c, N, K, epi, M)(w, cfg) for M, cfg in cfgs.items()}
+    return all(torch.equal(a[:M], b[:M]) for M in (1, 8, 64) for a, b in zip(outs[M], outs[80]))
+
+
 def run_sweep(models: list[str]) -> str:
-    """Time the invariant projections under configs around the table's, at M = 1 and 8."""
-    out = ["| model | proj | N x K | M | table config µs | best config | best µs |", "|---|---|---|---|---|---|---|"]
+    """Time the invariant projections (folded norms) under launch plans around the table's, at M = 1 and 8; the
+    best plan's rows checked for invariance against 64-row and prefill tiles."""
+    out = ["| model | proj | N x K | M | table plan µs | best plan | best µs | best / table | rows invariant |",
+           "|---|---|---|---|---|---|---|---|---|"]
     for model in models:
         c = MODELS[model]
-        H, I, Hq, Hkv, D = c["H"], c["I"], c["Hq"], c["Hkv"], c["D"]
-        shapes = {"qkv": ((Hq + 2 * Hkv) * D, H, P._ROPE), "o": (H, Hq * D, P._ADD), "gate_up": (2 * I, H, P._SILU),
-                  "down": (H, I, P._ADD), "lm_head": (c["V"], H, P._PLAIN)}
-        for proj, (N, K, epi) in shapes.items():
+        for proj, (N, K, epi) in sweep_shapes(c).items():
             ws = weights(N, K)
             copies = len(ws)
             for M in (1, 8):
-                x = torch.randn(M, K, device=DEV, dtype=DTYPE)
-                xa = torch.randn(M, H if epi != P._ADD else K, device=DEV, dtype=DTYPE)
-                res = torch.randn(M, N, device=DEV, dtype=DTYPE)
-                g = torch.rand(K, device=DEV, dtype=DTYPE) + 0.5
-                rope = None
-                if epi == P._ROPE:
-                    rope = (torch.randint(0, 4096, (M,), device=DEV),
-                            torch.rand(D // 2, device=DEV), torch.zeros(4 * M, Hkv, D, device=DEV, dtype=DTYPE),
-                            torch.zeros(4 * M, Hkv, D, device=DEV, dtype=DTYPE), torch.arange(M, device=DEV),
-                            Hq, Hkv, D)
-
-                def call(i, cfg):
-                    if epi == P._ROPE:
-                        return P.proj_rope_store(x, g, ws[i], None, *rope, EPS, cfg=cfg)
-                    if epi == P._SILU:
-                        return P.gate_up_silu(x, g, ws[i], EPS, cfg=cfg)
-                    if epi == P._ADD:
-                        return P.linear_add(res, x, ws[i], cfg=cfg)
-                    return P.linear(x, ws[i], None, g, EPS, cfg=cfg)
-
-                base = P.launch_config(N, K, M, epi, DTYPE, x.device)
-                t_base = bench_graph(lambda i: call(i, base), copies)
+                call = proj_call(c, N, K, epi, M)
+                base = P.launch_config(N, K, M, epi, DTYPE, ws[0].device)
+                t_base = bench_graph(lambda i: call(ws[i], base), copies)
                 best, best_t = None, None
-                for splits, bk, stages, warps in itertools.product((1, 2, 4, 8), (128, 256), (4,), (4,)):
+                for splits, (bk, bn, stages) in itertools.product((1, 2, 4, 8), SWEEP_TILES):
                     split_k = triton.cdiv(triton.cdiv(K, splits), bk) * bk
-                    cfg = dict(BLOCK_N=64, BLOCK_K=bk, SPLITS=triton.cdiv(K, split_k), SPLIT_K=split_k,
-                               num_warps=warps, num_stages=stages, BLOCK_M=16)
-                    if cfg["SPLITS"] != splits or split_k < bk:
+                    cfg = dict(BLOCK_N=bn, BLOCK_K=bk, SPLITS=triton.cdiv(K, split_k), SPLIT_K=split_k,
+                               num_warps=4, num_stages=stages, BLOCK_M=16)
+                    if cfg["SPLITS"] != splits:
                         continue
                     try:
-                        call(0, cfg)
-                        t = bench_graph(lambda i, cfg=cfg: call(i, cfg), copies)
+                        call(ws[0], cfg)
+                        t = bench_graph(lambda i, cfg=cfg: call(ws[i], cfg), copies)
                     except Exception as e:  # noqa: BLE001 - a config that does not compile is skipped
                         print(f"    {proj} {cfg}: {type(e).__name__}", flush=True)
                         continue
+                    print(f"    {model} {proj} M={M} s{splits} k{bk} n{bn} st{stages}: {fmt(t, '.2f')}", flush=True)
                     if t is not None and (best_t is None or t < best_t):
                         best, best_t = cfg, t
-                desc = f"s{best['SPLITS']} k{best['BLOCK_K']} st{best['num_stages']}" if best else "none"
-                out.append(f"| {model} | {proj} | {N} x {K} | {M} | {fmt(t_base, '.2f')} "
-                           f"(s{base['SPLITS']} k{base['BLOCK_K']} st{base['num_stages']}) | {desc} | "
-                           f"{fmt(best_t, '.2f')} |")
+                desc = f"s{best['SPLITS']} k{best['BLOCK_K']} n{best['BLOCK_N']} st{best['num_stages']}" if best else ""
+                inv = rows_invariant(c, N, K, epi, ws[0], best) if best else None
+                out.append(f"| {model} | {proj} | {N} x {K} | {M} | {fmt(t_base, '.2f')} (s{base['SPLITS']} "
+                           f"k{base['BLOCK_K']} n{base['BLOCK_N']} st{base['num_stages']}) | {desc} | "
+                           f"{fmt(best_t, '.2f')} | {fmt(best_t / t_base if best_t and t_base else None, '.3f')} | "
+                           f"{inv} |")
+                print("  " + out[-1], flush=True)
+            del ws
+            torch.cuda.empty_cache()
+    return "\n".join(out)
+
+
+SQ_MODES = {0: "pairwise tree, split halves", 1: "tl.sum (layout order)", 3: "pairwise tree, sums over pairs"}
+
+
+def run_sumsq(models: list[str]) -> str:
+    """The folded norm's sum of squares reduced three ways (SQ_MODE), in the table's plan: µs at M = 1 and 8, and
+    whether each row keeps its bits across tiles (`rows_invariant`)."""
+    out = ["| model | proj | sum of squares | M=1 µs | M=8 µs | rows invariant |", "|---|---|---|---|---|---|"]
+    for model in models:
+        c = MODELS[model]
+        for proj, (N, K, epi) in sweep_shapes(c).items():
+            if epi == P._ADD:  # no norm
+                continue
+            ws = weights(N, K)
+            for mode, name in SQ_MODES.items():
+                t = {}
+                for M in (1, 8):
+                    call = proj_call(c, N, K, epi, M)
+                    cfg = dict(P.launch_config(N, K, M, epi, DTYPE, ws[0].device), SQ_MODE=mode)
+                    call(ws[0], cfg)
+                    t[M] = bench_graph(lambda i, cfg=cfg: call(ws[i], cfg), len(ws))
+                inv = rows_invariant(c, N, K, epi, ws[0], cfg)
+                out.append(f"| {model} | {proj} | {name} | {fmt(t[1], '.2f')} | {fmt(t[8], '.2f')} | {inv} |")
                 print("  " + out[-1], flush=True)
             del ws
             torch.cuda.empty_cache()
@@ -374,8 +451,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--md", default=None, help="also write the tables as markdown here")
     ap.add_argument("--models", default=",".join(MODELS), help=f"comma list of {','.join(MODELS)}")
-    ap.add_argument("--parts", default="proj,attn,step", help="comma list of proj, attn, step, sweep")
+    ap.add_argument("--parts", default="proj,attn,step", help="comma list of proj, attn, step, sumsq, sweep")
     ap.add_argument("--ms", default=",".join(map(str, PROJ_MS)), help="proj: comma list of row counts")
+    ap.add_argument("--trace", default=None, help="step: profile each invariant and folded graph's replays, trace "
+                    "files into this folder, a per-kernel table printed")
     args = ap.parse_args()
     torch.manual_seed(0)
     bw = copy_bandwidth()
@@ -398,9 +477,11 @@ def main() -> None:
     if "attn" in parts:
         emit("Tree attention", run_attn(models, bw))
     if "step" in parts:
-        emit("Whole forward (random weights, 1k-token prefix)", run_step(models))
+        emit("Whole forward (random weights, 1k-token prefix)", run_step(models, args.trace))
+    if "sumsq" in parts:
+        emit("The folded norm's sum of squares (invariant projections)", run_sumsq(models))
     if "sweep" in parts:
-        emit("Launch-config sweep (invariant projections)", run_sweep(models))
+        emit("Launch-plan sweep (invariant projections)", run_sweep(models))
     print("\n".join(md))
     if bad:
         raise SystemExit(f"the invariant kernels disagree with their references in {len(bad)} rows")

@@ -20,6 +20,35 @@ def _halve(t, H: tl.constexpr, BM: tl.constexpr):
 
 
 @triton.jit
+def _halve_by_sum(t, H: tl.constexpr, BM: tl.constexpr):
+    """t [2H, BM] -> t[:H] + t[H:] [H, BM]: a sum over an axis of two, which any layout adds as a + b (IEEE addition
+    commutes), with no split's layout conversion."""
+    return tl.sum(tl.reshape(t, (2, H, BM)), axis=0)
+
+
+@triton.jit
+def fixed_sum0_by_sum(t, N: tl.constexpr, BM: tl.constexpr):
+    """`fixed_sum0`'s order, each halving a sum over an axis of two (probe)."""
+    if N >= 256:
+        t = _halve_by_sum(t, 128, BM)
+    if N >= 128:
+        t = _halve_by_sum(t, 64, BM)
+    if N >= 64:
+        t = _halve_by_sum(t, 32, BM)
+    if N >= 32:
+        t = _halve_by_sum(t, 16, BM)
+    if N >= 16:
+        t = _halve_by_sum(t, 8, BM)
+    if N >= 8:
+        t = _halve_by_sum(t, 4, BM)
+    if N >= 4:
+        t = _halve_by_sum(t, 2, BM)
+    if N >= 2:
+        t = _halve_by_sum(t, 1, BM)
+    return tl.reshape(t, (BM,))
+
+
+@triton.jit
 def fixed_sum0(t, N: tl.constexpr, BM: tl.constexpr):
     """Sum over axis 0 of t [N, BM] (N a power of two, 1..256) -> [BM], pairwise: row i + row i + N/2, then again on
     the half, down to one row."""
