@@ -16,7 +16,6 @@ benchmarks/bench_linear.py; floors = bytes that must move over the measured copy
   step   a whole forward of random-weight models in a CUDA graph: decode (B=1, 8; 1 token) and verify (B=1: 8 tree
          tokens; B=8: 8 each) after a 1k-token prefix, invariant against the fastest non-invariant model paths
          (--trace DIR: and the per-kernel time inside the invariant and folded graphs).
-  sumsq  the folded norm's sum of squares reduced in three orders (SQ_MODE): time, and rows invariant across tiles.
   sweep  the invariant projections' launch plans around the table's (splits, BLOCK_K, BLOCK_N, stages) at M = 1
          and 8, the best one's rows checked for invariance against 64-row and prefill tiles (tuning, not recorded).
 """
@@ -334,7 +333,7 @@ def run_step(models: list[str], trace_dir: str | None = None) -> str:
 # sweep
 
 
-SWEEP_TILES = ((128, 64, 4), (256, 64, 4), (128, 32, 4))  # (BLOCK_K, BLOCK_N, stages)
+SWEEP_TILES = ((128, 64, 4), (128, 64, 5), (256, 64, 4), (128, 32, 4))  # (BLOCK_K, BLOCK_N, stages)
 
 
 def sweep_shapes(c: dict) -> dict:
@@ -369,11 +368,15 @@ def proj_call(c: dict, N: int, K: int, epi: int, M: int, seed: int = 0):
 def rows_invariant(c: dict, N: int, K: int, epi: int, w: torch.Tensor, decode_cfg: dict) -> bool:
     """Whether a decode plan gives each row the bits of a 1-row call, of a 64-row call (its 64-row tile) and of an
     80-row prefill (its prefill tiles, the same splits): the property the launch table must keep."""
-    plan = {k: decode_cfg[k] for k in ("BLOCK_K", "SPLITS", "SPLIT_K", "SQ_MODE") if k in decode_cfg}
+    plan = {k: decode_cfg[k] for k in ("BLOCK_K", "SPLITS", "SPLIT_K")}
     rest = {k: v for k, v in decode_cfg.items() if k not in plan}
     cfgs = {1: dict(rest, **plan, BLOCK_M=16), 8: dict(rest, **plan, BLOCK_M=16), 64: dict(rest, **plan, BLOCK_M=64),
             80: dict(P._prefill_tiles(dict(rest, **plan), epi, c["D"], DTYPE, False), **plan)}
-    outs = {M: proj_call(c, N, K, epi, M)(w, cfg) for M, cfg in cfgs.items()}
+    try:
+        outs = {M: proj_call(c, N, K, epi, M)(w, cfg) for M, cfg in cfgs.items()}
+    except Exception as e:  # noqa: BLE001 - e.g. a prefill tile out of shared memory: the plan is not usable
+        print(f"    invariance check of {decode_cfg}: {type(e).__name__}", flush=True)
+        return False
     return all(torch.equal(a[:M], b[:M]) for M in (1, 8, 64) for a, b in zip(outs[M], outs[80]))
 
 
@@ -390,6 +393,7 @@ def run_sweep(models: list[str]) -> str:
             for M in (1, 8):
                 call = proj_call(c, N, K, epi, M)
                 base = P.launch_config(N, K, M, epi, DTYPE, ws[0].device)
+                call(ws[0], base)  # compiled, and the split-K counters allocated, outside the capture
                 t_base = bench_graph(lambda i: call(ws[i], base), copies)
                 best, best_t = None, None
                 for splits, (bk, bn, stages) in itertools.product((1, 2, 4, 8), SWEEP_TILES):
@@ -419,39 +423,11 @@ def run_sweep(models: list[str]) -> str:
     return "\n".join(out)
 
 
-SQ_MODES = {0: "pairwise tree, split halves", 1: "tl.sum (layout order)", 3: "pairwise tree, sums over pairs"}
-
-
-def run_sumsq(models: list[str]) -> str:
-    """The folded norm's sum of squares reduced three ways (SQ_MODE), in the table's plan: µs at M = 1 and 8, and
-    whether each row keeps its bits across tiles (`rows_invariant`)."""
-    out = ["| model | proj | sum of squares | M=1 µs | M=8 µs | rows invariant |", "|---|---|---|---|---|---|"]
-    for model in models:
-        c = MODELS[model]
-        for proj, (N, K, epi) in sweep_shapes(c).items():
-            if epi == P._ADD:  # no norm
-                continue
-            ws = weights(N, K)
-            for mode, name in SQ_MODES.items():
-                t = {}
-                for M in (1, 8):
-                    call = proj_call(c, N, K, epi, M)
-                    cfg = dict(P.launch_config(N, K, M, epi, DTYPE, ws[0].device), SQ_MODE=mode)
-                    call(ws[0], cfg)
-                    t[M] = bench_graph(lambda i, cfg=cfg: call(ws[i], cfg), len(ws))
-                inv = rows_invariant(c, N, K, epi, ws[0], cfg)
-                out.append(f"| {model} | {proj} | {name} | {fmt(t[1], '.2f')} | {fmt(t[8], '.2f')} | {inv} |")
-                print("  " + out[-1], flush=True)
-            del ws
-            torch.cuda.empty_cache()
-    return "\n".join(out)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--md", default=None, help="also write the tables as markdown here")
     ap.add_argument("--models", default=",".join(MODELS), help=f"comma list of {','.join(MODELS)}")
-    ap.add_argument("--parts", default="proj,attn,step", help="comma list of proj, attn, step, sumsq, sweep")
+    ap.add_argument("--parts", default="proj,attn,step", help="comma list of proj, attn, step, sweep")
     ap.add_argument("--ms", default=",".join(map(str, PROJ_MS)), help="proj: comma list of row counts")
     ap.add_argument("--trace", default=None, help="step: profile each invariant and folded graph's replays, trace "
                     "files into this folder, a per-kernel table printed")
@@ -478,8 +454,6 @@ def main() -> None:
         emit("Tree attention", run_attn(models, bw))
     if "step" in parts:
         emit("Whole forward (random weights, 1k-token prefix)", run_step(models, args.trace))
-    if "sumsq" in parts:
-        emit("The folded norm's sum of squares (invariant projections)", run_sumsq(models))
     if "sweep" in parts:
         emit("Launch-plan sweep (invariant projections)", run_sweep(models))
     print("\n".join(md))

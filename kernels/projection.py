@@ -47,7 +47,7 @@ from triton.language.extra import libdevice
 
 from eaglet.kernels import rope as _rope
 from eaglet.kernels._compile_cases import TARGET_SMS, CompileCase, Ptr, model_shapes
-from eaglet.kernels._fixed_order import fixed_sum0, fixed_sum0_by_sum
+from eaglet.kernels._fixed_order import fixed_sum0
 from eaglet.kernels._utils import FLOAT_DTYPES, check_like, check_weight, is_hip, is_interpret, sm_count, use_triton
 from eaglet.kernels.activation import silu_and_mul_ref
 from eaglet.kernels.rmsnorm import row_rstd_ref
@@ -149,10 +149,11 @@ def _prefill_tiles(cfg: dict, epi: int, head_dim: int, dtype: torch.dtype, hip: 
         return dict(cfg, BLOCK_M=64, num_warps=_HIP_WARPS_64, num_stages=2)
     if dtype.itemsize == 4:
         return dict(cfg, BLOCK_M=64, num_warps=4, num_stages=2)
+    stages = 3 if cfg["BLOCK_K"] <= 128 else 2  # 128 x 128 x 256 tiles in 3 stages: 256 KB of shared memory
     if epi == _ROPE:
         wide_n = head_dim % 128 == 0
-        return dict(cfg, BLOCK_N=128 if wide_n else 64, BLOCK_M=64 if wide_n else 128, num_warps=8, num_stages=3)
-    return dict(cfg, BLOCK_N=128, BLOCK_M=128, num_warps=8, num_stages=3)
+        return dict(cfg, BLOCK_N=128 if wide_n else 64, BLOCK_M=64 if wide_n else 128, num_warps=8, num_stages=stages)
+    return dict(cfg, BLOCK_N=128, BLOCK_M=128, num_warps=8, num_stages=stages)
 
 
 def _table(N: int, K: int, M: int, epi: int, dtype: torch.dtype, sms: int, hip: bool, head_dim: int = 64) -> dict:
@@ -180,7 +181,7 @@ def launch_config(N: int, K: int, M: int, epi: int, dtype: torch.dtype, device: 
 
 @triton.jit
 def _split_dot(x_ptr, stride_xm, g_ptr, w_rows, k_lo, k_hi, m, m_ok, row_ok, NORM: tl.constexpr,
-               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SQ_MODE: tl.constexpr):
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """One split: acc [BN, BM] = w[:, k_lo:k_hi] @ a[m, k_lo:k_hi]^T, one MMA chain from zero, k ascending; a = x
     (NORM 0, 1) or x * g rounded (NORM 2); with NORM >= 1 also x's sum of squares over the range [BM]
     (`fixed_sum0`). w_rows [BN, 1]: the tile's weight rows at their first column of this input."""
@@ -203,23 +204,19 @@ def _split_dot(x_ptr, stride_xm, g_ptr, w_rows, k_lo, k_hi, m, m_ok, row_ok, NOR
         # "ieee": fp32 inputs stay fp32 (FMA dots, no tf32); bf16/fp16 take the tensor cores either way
         acc = tl.dot(w, xt, acc, input_precision="ieee")  # [BN, BM]
     if NORM >= 1:
-        if SQ_MODE == 1:
-            return acc, tl.sum(sq, axis=0)
-        if SQ_MODE == 3:
-            return acc, fixed_sum0_by_sum(sq, BLOCK_K, BLOCK_M)
         return acc, fixed_sum0(sq, BLOCK_K, BLOCK_M)
     return acc, tl.zeros((BLOCK_M,), tl.float32)
 
 
 @triton.jit
 def _input_sum(x_ptr, stride_xm, g_ptr, w_rows, K, SPLIT_K, s_lo, s_hi, m, m_ok, row_ok, NORM: tl.constexpr,
-               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SQ_MODE: tl.constexpr):
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """Splits [s_lo, s_hi) of one input, in one program, added in split order from zero (the prefill path)."""
     tot = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)
     sq = tl.zeros((BLOCK_M,), tl.float32)
     for s in range(s_lo, s_hi):
         acc, q = _split_dot(x_ptr, stride_xm, g_ptr, w_rows, s * SPLIT_K, tl.minimum(s * SPLIT_K + SPLIT_K, K), m,
-                            m_ok, row_ok, NORM, BLOCK_M, BLOCK_N, BLOCK_K, SQ_MODE)  # [BN, BM], [BM]
+                            m_ok, row_ok, NORM, BLOCK_M, BLOCK_N, BLOCK_K)  # [BN, BM], [BM]
         tot += acc
         sq += q
     return tot, sq
@@ -249,7 +246,7 @@ def _proj_kernel(
     EPI: tl.constexpr, NORM: tl.constexpr, NORM2: tl.constexpr, TWO_INPUTS: tl.constexpr, HAS_BIAS: tl.constexpr,
     HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, PRECISE_TRIG: tl.constexpr,
     SPLITS: tl.constexpr, SPLIT_K, SPLITS2: tl.constexpr, SPLIT_K2, IN_PROGRAM: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SQ_MODE: tl.constexpr = 0,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     """Grid: split-K (IN_PROGRAM false) n_tiles * (SPLITS + SPLITS2) * m_tiles programs, m fastest; prefill
     (IN_PROGRAM) n_tiles * m_tiles, m fastest. ws / cnt: the split-K partials and per-tile arrival counters."""
@@ -286,17 +283,17 @@ def _proj_kernel(
     # ---- the reduction: (tot, sq) of input 1 and (tot2, sq2) of input 2, each in split order from zero
     if IN_PROGRAM:
         tot, sq = _input_sum(x_ptr, stride_xm, g_ptr, w_rows, K, SPLIT_K, 0, SPLITS, m, m_ok, row_ok, NORM,
-                             BLOCK_M, BLOCK_N, BLOCK_K, SQ_MODE)  # [BN, BM], [BM]
+                             BLOCK_M, BLOCK_N, BLOCK_K)  # [BN, BM], [BM]
         tot2, sq2 = tot, sq
         if TWO_INPUTS:
             tot2, sq2 = _input_sum(x2_ptr, stride_x2m, g2_ptr, w_rows + K, K2, SPLIT_K2, 0, SPLITS2, m, m_ok,
-                                   row_ok, NORM2, BLOCK_M, BLOCK_N, BLOCK_K, SQ_MODE)  # [BN, BM], [BM]
+                                   row_ok, NORM2, BLOCK_M, BLOCK_N, BLOCK_K)  # [BN, BM], [BM]
         _epilogue(tot, sq, tot2, sq2, out_ptr, b_ptr, res_ptr, pos_ptr, freq_ptr, slots_ptr, k_ptr, v_ptr, M, N, K,
                   K2, stride_rm, stride_om, eps, pid_n, m, m_ok, r, wrow, row_ok, pair, n0, EPI, NORM, NORM2,
                   TWO_INPUTS, HAS_BIAS, HQ, HKV, D, PRECISE_TRIG, BLOCK_M, BLOCK_N)
     elif n_splits == 1:
         tot, sq = _split_dot(x_ptr, stride_xm, g_ptr, w_rows, 0, K, m, m_ok, row_ok, NORM, BLOCK_M, BLOCK_N,
-                             BLOCK_K, SQ_MODE)  # [BN, BM], [BM]
+                             BLOCK_K)  # [BN, BM], [BM]
         _epilogue(tot, sq, tot, sq, out_ptr, b_ptr, res_ptr, pos_ptr, freq_ptr, slots_ptr, k_ptr, v_ptr, M, N, K,
                   K2, stride_rm, stride_om, eps, pid_n, m, m_ok, r, wrow, row_ok, pair, n0, EPI, NORM, NORM2,
                   TWO_INPUTS, HAS_BIAS, HQ, HKV, D, PRECISE_TRIG, BLOCK_M, BLOCK_N)
@@ -304,12 +301,12 @@ def _proj_kernel(
         if split < SPLITS:
             acc, q = _split_dot(x_ptr, stride_xm, g_ptr, w_rows, split * SPLIT_K,
                                 tl.minimum(split * SPLIT_K + SPLIT_K, K), m, m_ok, row_ok, NORM, BLOCK_M, BLOCK_N,
-                                BLOCK_K, SQ_MODE)  # [BN, BM], [BM]
+                                BLOCK_K)  # [BN, BM], [BM]
         else:
             s2 = split - SPLITS
             acc, q = _split_dot(x2_ptr, stride_x2m, g2_ptr, w_rows + K, s2 * SPLIT_K2,
                                 tl.minimum(s2 * SPLIT_K2 + SPLIT_K2, K2), m, m_ok, row_ok, NORM2, BLOCK_M, BLOCK_N,
-                                BLOCK_K, SQ_MODE)  # [BN, BM], [BM]
+                                BLOCK_K)  # [BN, BM], [BM]
         rec: tl.constexpr = BLOCK_N * BLOCK_M + BLOCK_M
         tile = pid_n * m_tiles + pid_m
         base = tile.to(tl.int64) * (n_splits * rec)
