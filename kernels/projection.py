@@ -119,13 +119,17 @@ def linear_add_ref(res, a, weight, bias=None) -> torch.Tensor:
 
 def _config(N: int, K: int, epi: int, dtype: torch.dtype, sms: int, hip: bool) -> dict:
     """The reduction plan and tiles of an [N, K] weight (K: one input's columns): a function of the weight's shape and
-    dtype only, never of M. SPLITS doubles (up to 16) while the grid has fewer than two programs per SM and each split
-    keeps at least 512 columns; BLOCK_N = 64 (the RoPE epilogue's tile holds 32 rotary pairs of one head)."""
+    dtype only, never of M. SPLITS doubles (up to 16) while the doubled grid of 64-row tiles still fits one wave of
+    one program per SM and each split keeps at least 384 columns; BLOCK_N = 64 (the RoPE epilogue's tile holds 32
+    rotary pairs of one head). The sweep (`bench_invariant --parts sweep`, folded norms, M = 1 and 8, H200) chose
+    these plans among 1-8 splits x (BLOCK_K 128 / 256, BLOCK_N 32 / 64, 4 / 5 stages): Llama-3.1-8B qkv 1 split
+    (16.0 µs; 4 splits 19.1), o and down 2 (11.8, 31.6 µs; 8 splits 15.0, 35.4), SmolLM2-135M down 4 (4.7 µs;
+    2 splits 5.4), the rest 1; more splits than one wave holds cost more in their reduction than they gain."""
     wide = dtype.itemsize == 2 and K >= 1024
     block_k = 128 if wide or K >= 128 else 64
     tiles = triton.cdiv(N, 64)
     splits = 1
-    while splits < 16 and tiles * splits < 2 * sms and K // (2 * splits) >= 512:
+    while splits < 16 and 2 * tiles * splits <= sms and K // (2 * splits) >= 384:
         splits *= 2
     split_k = triton.cdiv(triton.cdiv(K, splits), block_k) * block_k
     cfg = dict(BLOCK_N=64, BLOCK_K=block_k, SPLITS=triton.cdiv(K, split_k), SPLIT_K=split_k)
@@ -165,6 +169,10 @@ def _table(N: int, K: int, M: int, epi: int, dtype: torch.dtype, sms: int, hip: 
     block_m = 16 if M <= 16 else 32 if M <= 32 else 64
     if hip and block_m == 64:
         cfg = dict(cfg, num_warps=_HIP_WARPS_64)
+    if not hip and block_m == 16 and dtype.itemsize == 2 and triton.cdiv(N, 64) * cfg["SPLITS"] <= sms:
+        # a grid within one wave: each program streams a long slab, and 5 stages of 20 KB keep more of it in flight
+        # (8B qkv 16.0 µs, 4 stages 16.6; o 11.8 / 12.0); with more programs than SMs, 4 (8B gate_up 57.4 / 58.0)
+        cfg = dict(cfg, num_stages=5)
     return dict(cfg, BLOCK_M=block_m)
 
 
