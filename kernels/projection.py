@@ -22,8 +22,7 @@ element is fixed by the weight's shape (`_config`):
     each has its own SPLITS ranges and its own sum.
   * The norm's sum of squares: per split, elementwise over the K steps into [BLOCK_K, rows] lanes, then a pairwise
     tree written out in kernels/_fixed_order.py, so the order does not follow the register layout, which changes
-    with the row tile. It costs ~1 µs a program in layout conversions (SmolLM2's qkv at M=1: 5.8 µs against 4.8 for
-    kernels/folded_linear.py, which sums with tl.sum); an fp32 FMA dot of the lanes with a ones row cost more (6.8).
+    with the row tile. SmolLM2's folded qkv at M=1 takes 4.5 µs with it, kernels/folded_linear.py (tl.sum) 4.8.
   * The MMA: the weight rows are its M dimension (BLOCK_N) and x's rows its N (BLOCK_M, zero-padded). An element of
     an MMA does not depend on the other elements, so a row gives the same bits in a 16-row tile as in a 128-row one
     (tests/kernels/test_projection.py checks this on the GPU in bf16; fp32 takes FMA dots, sequential in k).
