@@ -16,8 +16,9 @@ benchmarks/bench_linear.py; floors = bytes that must move over the measured copy
   step   a whole forward of random-weight models in a CUDA graph: decode (B=1, 8; 1 token) and verify (B=1: 8 tree
          tokens; B=8: 8 each) after a 1k-token prefix, invariant against the fastest non-invariant model paths
          (--trace DIR: and the per-kernel time inside the invariant and folded graphs).
-  sweep  the invariant projections' launch plans around the table's (splits, BLOCK_K, BLOCK_N, stages) at M = 1
-         and 8, the best one's rows checked for invariance against 64-row and prefill tiles (tuning, not recorded).
+  sweep  the invariant projections' launch configs around the table's: at M <= 16 the plans (splits, BLOCK_K) and
+         16-row tiles, at 17-64 rows the tiles of the table's plan; the best one's rows checked for invariance
+         against the table's other tiles (tuning: `_config` / `_table` follow it; --sweep-ms picks the rows).
 """
 
 from __future__ import annotations
@@ -263,7 +264,7 @@ def trace_graph(graph, path: str, replays: int = 5) -> str:
         torch.cuda.synchronize()
     prof.export_chrome_trace(path)
     groups = graph_replays(json.load(open(path))["traceEvents"])
-    return summarise(list(groups.values()), top=12) if groups else f"{path}: no graph kernels in the trace"
+    return summarise(list(groups.values()), top=16, by_grid=True) if groups else f"{path}: no graph kernels in the trace"
 
 
 def run_step(models: list[str], trace_dir: str | None = None) -> str:
@@ -333,7 +334,10 @@ def run_step(models: list[str], trace_dir: str | None = None) -> str:
 # sweep
 
 
-SWEEP_TILES = ((128, 64, 4), (128, 64, 5), (256, 64, 4), (128, 32, 4))  # (BLOCK_K, BLOCK_N, stages)
+# decode plans: (BLOCK_K, BLOCK_N, stages, warps) of the 16-row tiles, each with 1-8 splits
+DECODE_TILES = ((128, 64, 4, 4), (128, 64, 5, 4), (256, 64, 4, 4), (128, 32, 4, 4), (128, 128, 4, 8))
+# 17-64 rows: the decode plan's splits and BLOCK_K (the order) in other tiles, (BLOCK_N, BLOCK_M, stages)
+WIDE_TILES = tuple(itertools.product((64, 128), (16, 32, 64), (2, 3, 4)))
 
 
 def sweep_shapes(c: dict) -> dict:
@@ -365,57 +369,79 @@ def proj_call(c: dict, N: int, K: int, epi: int, M: int, seed: int = 0):
     return call
 
 
-def rows_invariant(c: dict, N: int, K: int, epi: int, w: torch.Tensor, decode_cfg: dict) -> bool:
-    """Whether a decode plan gives each row the bits of a 1-row call, of a 64-row call (its 64-row tile) and of an
-    80-row prefill (its prefill tiles, the same splits): the property the launch table must keep."""
-    plan = {k: decode_cfg[k] for k in ("BLOCK_K", "SPLITS", "SPLIT_K")}
-    rest = {k: v for k, v in decode_cfg.items() if k not in plan}
-    cfgs = {1: dict(rest, **plan, BLOCK_M=16), 8: dict(rest, **plan, BLOCK_M=16), 64: dict(rest, **plan, BLOCK_M=64),
-            80: dict(P._prefill_tiles(dict(rest, **plan), epi, c["D"], DTYPE, False), **plan)}
+PLAN = ("BLOCK_K", "SPLITS", "SPLIT_K")  # what fixes an element's reduction order
+
+
+def with_plan(cfg: dict, plan: dict) -> dict:
+    return dict(cfg, **{k: plan[k] for k in PLAN})
+
+
+def rows_invariant(c: dict, N: int, K: int, epi: int, w: torch.Tensor, cfgs: dict) -> bool:
+    """Whether every row of the calls {M: cfg} has the bits of the same row in an 80-row prefill under the table's
+    prefill tiles with the plan of cfgs[1]: the property the launch table must keep."""
+    table = {M: P.launch_config(N, K, M, epi, DTYPE, w.device, c["D"]) for M in (1, 8, 64, 80)}
+    cfgs = {M: cfgs.get(M, with_plan(table[M], cfgs[1])) for M in (1, 8, 64, 80)}
     try:
         outs = {M: proj_call(c, N, K, epi, M)(w, cfg) for M, cfg in cfgs.items()}
-    except Exception as e:  # noqa: BLE001 - e.g. a prefill tile out of shared memory: the plan is not usable
-        print(f"    invariance check of {decode_cfg}: {type(e).__name__}", flush=True)
+    except Exception as e:  # noqa: BLE001 - e.g. a tile out of shared memory: the plan is not usable
+        print(f"    invariance check: {type(e).__name__}", flush=True)
         return False
     return all(torch.equal(a[:M], b[:M]) for M in (1, 8, 64) for a, b in zip(outs[M], outs[80]))
 
 
-def run_sweep(models: list[str]) -> str:
-    """Time the invariant projections (folded norms) under launch plans around the table's, at M = 1 and 8; the
-    best plan's rows checked for invariance against 64-row and prefill tiles."""
-    out = ["| model | proj | N x K | M | table plan µs | best plan | best µs | best / table | rows invariant |",
+def sweep_candidates(c: dict, N: int, K: int, epi: int, M: int, w: torch.Tensor):
+    """(label, cfg) of the plans and tiles tried at M rows: up to 16 rows, every split count and 16-row tile of
+    DECODE_TILES; above, the table's plan in every tile of WIDE_TILES. RoPE tiles stay within a head."""
+    if M <= 16:
+        for splits, (bk, bn, stages, warps) in itertools.product((1, 2, 4, 8), DECODE_TILES):
+            split_k = triton.cdiv(triton.cdiv(K, splits), bk) * bk
+            if triton.cdiv(K, split_k) == splits and not (epi == P._ROPE and c["D"] % bn):
+                yield (f"s{splits} k{bk} n{bn} st{stages} w{warps}",
+                       dict(BLOCK_N=bn, BLOCK_K=bk, SPLITS=splits, SPLIT_K=split_k, num_warps=warps,
+                            num_stages=stages, BLOCK_M=16))
+    else:
+        plan = P.launch_config(N, K, 1, epi, DTYPE, w.device, c["D"])
+        for bn, bm, stages in WIDE_TILES:
+            if not (epi == P._ROPE and c["D"] % bn):
+                yield (f"n{bn} m{bm} st{stages}", with_plan(dict(BLOCK_N=bn, BLOCK_M=bm, num_stages=stages,
+                                                                 num_warps=8 if bn * bm >= 8192 else 4), plan))
+
+
+def run_sweep(models: list[str], ms=(1, 8, 64)) -> str:
+    """Time the invariant projections (folded norms) under launch configs around the table's (`sweep_candidates`);
+    the best one's rows checked for invariance (`rows_invariant`: a decode plan with the table's 64-row and prefill
+    tiles, a 64-row tile against the table's 1-row and prefill calls)."""
+    out = ["| model | proj | N x K | M | table µs | best | best µs | best / table | rows invariant |",
            "|---|---|---|---|---|---|---|---|---|"]
     for model in models:
         c = MODELS[model]
         for proj, (N, K, epi) in sweep_shapes(c).items():
             ws = weights(N, K)
             copies = len(ws)
-            for M in (1, 8):
+            for M in ms:
                 call = proj_call(c, N, K, epi, M)
-                base = P.launch_config(N, K, M, epi, DTYPE, ws[0].device)
+                base = P.launch_config(N, K, M, epi, DTYPE, ws[0].device, c["D"])
                 call(ws[0], base)  # compiled, and the split-K counters allocated, outside the capture
                 t_base = bench_graph(lambda i: call(ws[i], base), copies)
                 best, best_t = None, None
-                for splits, (bk, bn, stages) in itertools.product((1, 2, 4, 8), SWEEP_TILES):
-                    split_k = triton.cdiv(triton.cdiv(K, splits), bk) * bk
-                    cfg = dict(BLOCK_N=bn, BLOCK_K=bk, SPLITS=triton.cdiv(K, split_k), SPLIT_K=split_k,
-                               num_warps=4, num_stages=stages, BLOCK_M=16)
-                    if cfg["SPLITS"] != splits:
-                        continue
+                for label, cfg in sweep_candidates(c, N, K, epi, M, ws[0]):
                     try:
                         call(ws[0], cfg)
                         t = bench_graph(lambda i, cfg=cfg: call(ws[i], cfg), copies)
                     except Exception as e:  # noqa: BLE001 - a config that does not compile is skipped
-                        print(f"    {proj} {cfg}: {type(e).__name__}", flush=True)
+                        print(f"    {model} {proj} M={M} {label}: {type(e).__name__}", flush=True)
                         continue
-                    print(f"    {model} {proj} M={M} s{splits} k{bk} n{bn} st{stages}: {fmt(t, '.2f')}", flush=True)
+                    print(f"    {model} {proj} M={M} {label}: {fmt(t, '.2f')}", flush=True)
                     if t is not None and (best_t is None or t < best_t):
-                        best, best_t = cfg, t
-                desc = f"s{best['SPLITS']} k{best['BLOCK_K']} n{best['BLOCK_N']} st{best['num_stages']}" if best else ""
-                inv = rows_invariant(c, N, K, epi, ws[0], best) if best else None
-                out.append(f"| {model} | {proj} | {N} x {K} | {M} | {fmt(t_base, '.2f')} (s{base['SPLITS']} "
-                           f"k{base['BLOCK_K']} n{base['BLOCK_N']} st{base['num_stages']}) | {desc} | "
-                           f"{fmt(best_t, '.2f')} | {fmt(best_t / t_base if best_t and t_base else None, '.3f')} | "
+                        best, best_t = (label, cfg), t
+                inv = None
+                if best:
+                    cfgs = {1: best[1], 8: best[1]} if M <= 16 else {1: P.launch_config(N, K, 1, epi, DTYPE,
+                                                                                         ws[0].device, c["D"]),
+                                                                      64: best[1]}
+                    inv = rows_invariant(c, N, K, epi, ws[0], cfgs)
+                out.append(f"| {model} | {proj} | {N} x {K} | {M} | {fmt(t_base, '.2f')} | {best[0] if best else ''} "
+                           f"| {fmt(best_t, '.2f')} | {fmt(best_t / t_base if best_t and t_base else None, '.3f')} | "
                            f"{inv} |")
                 print("  " + out[-1], flush=True)
             del ws
@@ -429,6 +455,7 @@ def main() -> None:
     ap.add_argument("--models", default=",".join(MODELS), help=f"comma list of {','.join(MODELS)}")
     ap.add_argument("--parts", default="proj,attn,step", help="comma list of proj, attn, step, sweep")
     ap.add_argument("--ms", default=",".join(map(str, PROJ_MS)), help="proj: comma list of row counts")
+    ap.add_argument("--sweep-ms", default="1,8,64", help="sweep: comma list of row counts (1-16: plans; 17-64: tiles)")
     ap.add_argument("--trace", default=None, help="step: profile each invariant and folded graph's replays, trace "
                     "files into this folder, a per-kernel table printed")
     args = ap.parse_args()
@@ -455,7 +482,7 @@ def main() -> None:
     if "step" in parts:
         emit("Whole forward (random weights, 1k-token prefix)", run_step(models, args.trace))
     if "sweep" in parts:
-        emit("Launch-plan sweep (invariant projections)", run_sweep(models))
+        emit("Launch-config sweep (invariant projections)", run_sweep(models, [int(m) for m in args.sweep_ms.split(",")]))
     print("\n".join(md))
     if bad:
         raise SystemExit(f"the invariant kernels disagree with their references in {len(bad)} rows")

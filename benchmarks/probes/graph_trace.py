@@ -28,7 +28,9 @@ def replays(events: list[dict]) -> dict[int, list[dict]]:
     return {c: sorted(v, key=lambda e: e["ts"]) for c, v in groups.items()}
 
 
-def summarise(reps: list[list[dict]], top: int) -> str:
+def summarise(reps: list[list[dict]], top: int, by_grid: bool = False) -> str:
+    """Span, kernel time and gaps of a graph's replays, then per kernel name (with by_grid: per name and launch grid,
+    which tells apart the calls of one kernel on different shapes, e.g. a layer's four projections)."""
     n = len(reps[0])
     span = sum(r[-1]["ts"] + r[-1]["dur"] - r[0]["ts"] for r in reps) / len(reps)
     busy = sum(e["dur"] for r in reps for e in r) / len(reps)
@@ -37,8 +39,9 @@ def summarise(reps: list[list[dict]], top: int) -> str:
              f"{'kernel':90s} {'calls':>6s} {'us/call':>8s} {'us/replay':>10s}"]
     by = collections.defaultdict(lambda: [0, 0.0])  # name -> [calls, total us]
     for e in (e for r in reps for e in r):
-        by[e["name"][:90]][0] += 1
-        by[e["name"][:90]][1] += e["dur"]
+        key = e["name"][:70] + (f" grid={e.get('args', {}).get('grid')}" if by_grid else "")
+        by[key[:90]][0] += 1
+        by[key[:90]][1] += e["dur"]
     for name, (c, d) in sorted(by.items(), key=lambda kv: -kv[1][1])[:top]:
         lines.append(f"{name:90s} {c / len(reps):6.1f} {d / c:8.2f} {d / len(reps):10.1f}")
     return "\n".join(lines)
@@ -56,6 +59,7 @@ def main() -> None:
     ap.add_argument("--graphs", type=int, default=3, help="the largest graphs to summarise")
     ap.add_argument("--top", type=int, default=25, help="kernel names per graph")
     ap.add_argument("--sequence", type=int, default=0, help="also print this many kernels of one replay, in order")
+    ap.add_argument("--by-grid", action="store_true", help="one row per kernel name and launch grid")
     a = ap.parse_args()
     groups = replays(json.load(open(a.trace))["traceEvents"])
     if not groups:
@@ -65,7 +69,7 @@ def main() -> None:
     for n in sorted(sizes, reverse=True)[: a.graphs]:
         print()
         reps = [r for r in groups.values() if len(r) == n]
-        print(summarise(reps, a.top))
+        print(summarise(reps, a.top, a.by_grid))
         if a.sequence:
             print(sequence(reps[-1], a.sequence))
 
