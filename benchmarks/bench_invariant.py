@@ -7,7 +7,8 @@ Parts (bf16, CUDA graphs; "graph µs" = per call inside a graph of 20 calls over
 benchmarks/bench_linear.py; floors = bytes that must move over the measured copy bandwidth):
   proj   the four projections of a block (each with the op it absorbs: qkv with the norm, RoPE and the K/V store; o
          with the residual add; gate_up with the norm and SiLU·mul; down with the residual add) and the LM head
-         (with the final norm), at M = 1, 8, 32, 64 rows and a 2,048-token prefill. Peers: the block compositions
+         (with the final norm), at M = 1, 8, 32, 64 rows and a 2,048-token prefill, and an EAGLE-3 draft head's
+         two-input qkv (not in the layer sums). Peers: the block compositions
          eaglet's non-invariant paths run (cublas: the rmsnorm kernel + cuBLAS + the RoPE / SiLU kernels; fused:
          kernels/linear.py, the GEMV at M = 1; folded: kernels/folded_linear.py up to 16 rows, its cuBLAS fallback
          above). Their op boundaries differ, so the fair comparison is the layer: the sum of a scheme's projections.
@@ -85,6 +86,20 @@ def proj_cases(c: dict, M: int):
     }
     ref_q = P.proj_rope_store_ref(x, g, ws[0], None, *rope, EPS)
     yield "qkv", len(ws), ws[0].numel() * BYTES + 2 * act, qkv, rel_err(qkv["invariant"](0), ref_q)
+
+    # an EAGLE-3 draft head's midlayer: the qkv of cat(norm(embeds), norm(hidden)), both norms folded
+    emb = torch.randn(M, H, device=DEV, dtype=DTYPE)  # [M, H] the token embeddings
+    ws2 = weights((Hq + 2 * Hkv) * D, 2 * H)
+    qkv2 = {
+        "invariant": lambda i: P.proj_rope_store(emb, P.FOLDED, ws2[i], None, *rope, EPS, x2=x,
+                                                 norm_weight2=P.FOLDED),
+        "inv_folded": lambda i: P.proj_rope_store(emb, P.FOLDED, ws2[i], None, *rope, EPS, x2=x,
+                                                  norm_weight2=P.FOLDED),
+        "folded": (lambda i: fl.proj_rope_store(emb, ws2[i], *rope, EPS, x2=x)) if small else None,
+    }
+    ref_q2 = P.proj_rope_store_ref(emb, P.FOLDED, ws2[0], None, *rope, EPS, x2=x, norm_weight2=P.FOLDED)
+    yield "eagle3 qkv", len(ws2), ws2[0].numel() * BYTES + 3 * act, qkv2, rel_err(qkv2["invariant"](0), ref_q2)
+    del ws2
 
     o = torch.randn(M, Hq * D, device=DEV, dtype=DTYPE) * 0.1  # [M, Hq*D]
     wo = weights(H, Hq * D)

@@ -142,29 +142,34 @@ def _config(N: int, K: int, epi: int, dtype: torch.dtype, sms: int, hip: bool) -
 _HIP_WARPS_64 = 8
 
 
-def _prefill_tiles(cfg: dict, epi: int, head_dim: int, dtype: torch.dtype, hip: bool) -> dict:
+def _prefill_tiles(cfg: dict, epi: int, head_dim: int, dtype: torch.dtype, hip: bool, two: bool = False) -> dict:
     """More than MAX_SPLIT_M rows (prefill, compute-bound): wide tiles, with the decode plan's BLOCK_K and splits
     (its order), SPLITS looped in the program, 8 warps: 128 weight rows x 128 x rows, but for RoPE, whose tile is one
     head's rotary pairs: 64 x 128 at head_dim 64, 128 x 64 at head_dim 128 (128 x 128 spilled on sm_90: Llama-3.1-8B's
     qkv at 255 registers and 12-472 B of spill stores a thread, the EAGLE-3 two-input qkv the most; 128 x 64 takes
-    174-238 registers, PORTABILITY.md). MI300: 64 x rows."""
+    174-238 registers, PORTABILITY.md). MI300: 64 x rows. `two` inputs (an EAGLE-3 midlayer's qkv) keep a second sum
+    and sum of squares: half the rows where the one-input tile is at the limit (SmolLM2's 64 x 128 spilled 12 B on
+    sm_90, the 8B's MI300 64-row tile 46 VGPRs)."""
     if hip:
-        return dict(cfg, BLOCK_M=64, num_warps=_HIP_WARPS_64, num_stages=2)
+        return dict(cfg, BLOCK_M=32 if two else 64, num_warps=_HIP_WARPS_64, num_stages=2)
     if dtype.itemsize == 4:
         return dict(cfg, BLOCK_M=64, num_warps=4, num_stages=2)
     stages = 3 if cfg["BLOCK_K"] <= 128 else 2  # 128 x 128 x 256 tiles in 3 stages: 256 KB of shared memory
     if epi == _ROPE:
         wide_n = head_dim % 128 == 0
-        return dict(cfg, BLOCK_N=128 if wide_n else 64, BLOCK_M=64 if wide_n else 128, num_warps=8, num_stages=stages)
+        return dict(cfg, BLOCK_N=128 if wide_n else 64, BLOCK_M=64 if wide_n or two else 128, num_warps=8,
+                    num_stages=stages)
     return dict(cfg, BLOCK_N=128, BLOCK_M=128, num_warps=8, num_stages=stages)
 
 
-def _table(N: int, K: int, M: int, epi: int, dtype: torch.dtype, sms: int, hip: bool, head_dim: int = 64) -> dict:
-    """The config of a call on a GPU of `sms` SMs (CUs), AMD's when `hip`. Up to MAX_SPLIT_M rows the x tile is the
-    smallest of 16 / 32 / 64 rows that holds them: each weight tile is read by one program per split."""
+def _table(N: int, K: int, M: int, epi: int, dtype: torch.dtype, sms: int, hip: bool, head_dim: int = 64,
+           two: bool = False) -> dict:
+    """The config of a call on a GPU of `sms` SMs (CUs), AMD's when `hip`, with a second input when `two`. Up to
+    MAX_SPLIT_M rows the x tile is the smallest of 16 / 32 / 64 rows that holds them: each weight tile is read by one
+    program per split."""
     cfg = _config(N, K, epi, dtype, sms, hip)
     if M > MAX_SPLIT_M:
-        return _prefill_tiles(cfg, epi, head_dim, dtype, hip)
+        return _prefill_tiles(cfg, epi, head_dim, dtype, hip, two)
     block_m = 16 if M <= 16 else 32 if M <= 32 else 64
     if hip and block_m == 64:
         cfg = dict(cfg, num_warps=_HIP_WARPS_64)
@@ -176,10 +181,10 @@ def _table(N: int, K: int, M: int, epi: int, dtype: torch.dtype, sms: int, hip: 
 
 
 def launch_config(N: int, K: int, M: int, epi: int, dtype: torch.dtype, device: torch.device,
-                  head_dim: int = 64) -> dict:
+                  head_dim: int = 64, two: bool = False) -> dict:
     """The config a call runs with on `device` (public for the benchmarks): `_table` at its SM count."""
     sms = sm_count(device.index or 0) if device.type == "cuda" else 8  # the interpreter: few SMs, still splits
-    return _table(N, K, M, epi, dtype, sms, is_hip(), head_dim)
+    return _table(N, K, M, epi, dtype, sms, is_hip(), head_dim, two)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -480,7 +485,7 @@ def _launch(epi: int, x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, 
     N = weight.shape[0]
     K2 = x2.shape[1] if two else 0
     if cfg is None:
-        cfg = launch_config(N, K, M, epi, x.dtype, x.device, d)
+        cfg = launch_config(N, K, M, epi, x.dtype, x.device, d, two)
     cfg = dict(cfg)
     splits, split_k = cfg.pop("SPLITS"), cfg.pop("SPLIT_K")
     splits2, split_k2 = 0, 1
@@ -609,7 +614,7 @@ def _case(epi: int, M: int, N: int, K: int, K2: int, norm: int, norm2: int, bias
     `_launch` passes them (where a tensor is absent, the dummy it passes: x, or the output for ws / cnt)."""
     bf16, f32, i32, i64 = Ptr(torch.bfloat16), Ptr(torch.float32), Ptr(torch.int32), Ptr(torch.int64)
     hq, hkv, d = heads
-    cfg = _table(N, K, M, epi, torch.bfloat16, sms, hip, d)
+    cfg = _table(N, K, M, epi, torch.bfloat16, sms, hip, d, K2 > 0)
     splits, split_k = cfg.pop("SPLITS"), cfg.pop("SPLIT_K")
     splits2, split_k2 = 0, 1
     if K2:

@@ -2,7 +2,8 @@
 # Stages of a GPU session, each sized to fit one 10-minute call on an offline GPU machine (the H200 box):
 #   bash scripts/gpu_session.sh STAGE [OUT]
 #   tests      GPU tests: kernels (bf16, graphs), CUDA-graph decode, EAGLE losslessness, stream plans (CSAN, stress)
-#   invariant  the invariant kernels' GPU tests, then benchmarks/bench_invariant.py (PARTS=proj,attn,step,sweep)
+#   invariant  the invariant kernels' GPU tests, then benchmarks/bench_invariant.py (PARTS=proj,attn,step,sweep;
+#              BENCH_ARGS: more, e.g. "--trace /tmp/trace" for the per-kernel time inside the step graphs)
 #   e2e        run_spec.py with the defaults (SmolLM2 B=1/8 with AR passes, the fastest plain decoding) and random
 #              Llama-3.1-8B (plain; EAGLE-3 tree=simulate); a table of their metrics
 #   ar         benchmarks/bench_ar.py (needs the SmolLM2 GGUF and MT-bench; see scripts/offline_gpu_env.sh)
@@ -104,7 +105,7 @@ case $stage in
     EAGLET_AUTOTUNE=0 timeout ${TEST_S:-200} python -m pytest -v -rf -p no:cacheprovider tests/kernels/test_projection.py \
       tests/kernels/test_invariant_model.py "tests/kernels/test_tree_attention.py::test_invariant_node_equals_its_decode" \
       2>&1 | tee "$out/invariant_tests.log" | grep -E "passed|failed|^E |FAILED" | tail -20
-    timeout ${BENCH_S:-380} python -m benchmarks.bench_invariant --parts ${PARTS:-proj,attn,step} \
+    timeout ${BENCH_S:-380} python -m benchmarks.bench_invariant --parts ${PARTS:-proj,attn,step} ${BENCH_ARGS:-} \
       --md "$out/invariant_h200.md" 2>&1 | tee "$out/invariant.log" | grep -E "^\||Error|error" | tail -80 ;;
   e2e)
     # the issue-level end-to-end runs of the defaults (SmolLM2 + the shipped head, MT-bench, B=1 and 8, each with its
