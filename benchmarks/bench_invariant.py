@@ -20,11 +20,14 @@ benchmarks/bench_linear.py; floors = bytes that must move over the measured copy
   sweep  the invariant projections' launch configs around the table's: at M <= 16 the plans (splits, BLOCK_K) and
          16-row tiles, at 17-64 rows the tiles of the table's plan; the best one's rows checked for invariance
          against the table's other tiles (tuning: `_config` / `_table` follow it; --sweep-ms picks the rows).
+  attn_sweep  invariant tree attention's split length, key tile and stages (one set for every call), on decode and
+         verify cases (tuning).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import json
 
@@ -35,6 +38,7 @@ import triton
 import eaglet.kernels.folded_linear as fl
 import eaglet.kernels.linear as lin
 import eaglet.kernels.projection as P
+import eaglet.kernels.tree_attention as TA
 from eaglet.kernels._utils import copy_bandwidth
 from eaglet.kernels.activation import silu_and_mul
 from eaglet.kernels.rmsnorm import rmsnorm
@@ -464,11 +468,66 @@ def run_sweep(models: list[str], ms=(1, 8, 64)) -> str:
     return "\n".join(out)
 
 
+@contextlib.contextmanager
+def invariant_attention_tiles(chunk: int, block_n: int, stages: int):
+    """Run invariant tree attention with another split length, key tile and stage count (module constants of
+    kernels/tree_attention.py, the same for every call: they fix the arithmetic, so the module takes one set)."""
+    saved = TA._INVARIANT_CHUNK, TA._INVARIANT_BLOCK_N, TA._inv_meta
+
+    def meta(group, nk, hip):
+        fwd, merge = saved[2](group, nk, hip)
+        return dict(fwd, BLOCK_N=block_n, CHUNK=chunk, num_stages=stages), dict(merge, CHUNK=chunk)
+
+    TA._INVARIANT_CHUNK, TA._INVARIANT_BLOCK_N, TA._inv_meta = chunk, block_n, meta
+    TA._prepare.cache_clear()
+    try:
+        yield
+    finally:
+        TA._INVARIANT_CHUNK, TA._INVARIANT_BLOCK_N, TA._inv_meta = saved
+        TA._prepare.cache_clear()
+
+
+ATTN_SWEEP_CASES = [(1, 1, 1024), (1, 8, 1024), (8, 8, 1024), (1, 8, 4096)]  # (B, N, L)
+
+
+def run_attn_sweep(models: list[str]) -> str:
+    """Invariant tree attention under split lengths x key tiles x stages: µs per case and their sum (the table's
+    constants marked). A choice changes every call's arithmetic alike; tests/kernels/test_tree_attention.py's
+    invariance tests on the GPU check the one taken."""
+    cands = [(c, n, st) for c in (64, 128, 256) for n in (32, 64, 128) for st in (2, 3) if n <= c]
+    current = (TA._INVARIANT_CHUNK, TA._INVARIANT_BLOCK_N, TA._inv_meta(4, 8, False)[0]["num_stages"])
+    cases = [(model, B, N, L) for model in models for B, N, L in ATTN_SWEEP_CASES]
+    head = "| chunk | key tile | stages | " + " | ".join(f"{m.split('-')[0]} B={B} N={N} L={L}" for m, B, N, L in cases)
+    out = [head + " | sum µs |", "|" + "---|" * (len(cases) + 4)]
+    inputs = {(m, B, N, L): attn_inputs(B, N, MODELS[m]["Hq"], MODELS[m]["Hkv"], MODELS[m]["D"], L)
+              for m, B, N, L in cases}
+    for chunk, block_n, stages in cands:
+        ts = []
+        with invariant_attention_tiles(chunk, block_n, stages):
+            for key in cases:
+                args, bound = inputs[key], key[3] + 64
+
+                def call(i, args=args, bound=bound):
+                    return tree_attention(*args, max_prefix_len=bound, invariant=True)
+                try:
+                    call(0)
+                    ts.append(bench_graph(call, 1))
+                except Exception as e:  # noqa: BLE001 - a config that does not compile is skipped
+                    print(f"    chunk {chunk} tile {block_n} st{stages} {key}: {type(e).__name__}", flush=True)
+                    ts.append(None)
+        total = sum(ts) if all(t is not None for t in ts) else None
+        mark = " (table)" if (chunk, block_n, stages) == current else ""
+        out.append(f"| {chunk}{mark} | {block_n} | {stages} | " + " | ".join(fmt(t, ".2f") for t in ts)
+                   + f" | {fmt(total, '.1f')} |")
+        print("  " + out[-1], flush=True)
+    return "\n".join(out)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--md", default=None, help="also write the tables as markdown here")
     ap.add_argument("--models", default=",".join(MODELS), help=f"comma list of {','.join(MODELS)}")
-    ap.add_argument("--parts", default="proj,attn,step", help="comma list of proj, attn, step, sweep")
+    ap.add_argument("--parts", default="proj,attn,step", help="comma list of proj, attn, step, sweep, attn_sweep")
     ap.add_argument("--ms", default=",".join(map(str, PROJ_MS)), help="proj: comma list of row counts")
     ap.add_argument("--sweep-ms", default="1,8,64", help="sweep: comma list of row counts (1-16: plans; 17-64: tiles)")
     ap.add_argument("--trace", default=None, help="step: profile each invariant and folded graph's replays, trace "
@@ -496,6 +555,8 @@ def main() -> None:
         emit("Tree attention", run_attn(models, bw))
     if "step" in parts:
         emit("Whole forward (random weights, 1k-token prefix)", run_step(models, args.trace))
+    if "attn_sweep" in parts:
+        emit("Invariant tree attention: split length, key tile, stages", run_attn_sweep(models))
     if "sweep" in parts:
         emit("Launch-config sweep (invariant projections)", run_sweep(models, [int(m) for m in args.sweep_ms.split(",")]))
     print("\n".join(md))
