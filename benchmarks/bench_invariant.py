@@ -19,8 +19,9 @@ benchmarks/bench_linear.py; floors = bytes that must move over the measured copy
          applied) against the fastest non-invariant model paths (--trace DIR: and the per-kernel time inside the
          graphs but the unfolded non-invariant one).
   sweep  the invariant projections' launch configs around the table's: at M <= 16 the plans (splits, BLOCK_K) and
-         16-row tiles, at 17-64 rows the tiles of the table's plan; the best one's rows checked for invariance
-         against the table's other tiles (tuning: `_config` / `_table` follow it; --sweep-ms picks the rows).
+         16-row tiles, above (up to a 2,048-row prefill) the tiles of the table's plan; the best one's rows checked
+         for invariance against the table's other tiles (tuning: `_config` / `_table` follow it; --sweep-ms picks
+         the rows).
   attn_sweep  invariant tree attention's split length, key tile and stages (one set for every call), on decode and
          verify cases (tuning).
 """
@@ -362,6 +363,9 @@ def run_step(models: list[str], trace_dir: str | None = None) -> str:
 DECODE_TILES = ((128, 64, 4, 4), (128, 64, 5, 4), (256, 64, 4, 4), (128, 32, 4, 4), (128, 128, 4, 8))
 # 17-64 rows: the decode plan's splits and BLOCK_K (the order) in other tiles, (BLOCK_N, BLOCK_M, stages)
 WIDE_TILES = tuple(itertools.product((64, 128), (16, 32, 64), (2, 3, 4)))
+# a prefill (more than 64 rows, at most SWEEP_PREFILL): the same, in tiles of up to 128 x 128
+PREFILL_TILES = tuple(itertools.product((64, 128), (64, 128), (2, 3, 4)))
+SWEEP_PREFILL = 2048
 
 
 def sweep_shapes(c: dict) -> dict:
@@ -374,10 +378,11 @@ def proj_call(c: dict, N: int, K: int, epi: int, M: int, seed: int = 0):
     """fn(w, cfg) -> the outputs (tuple) of the invariant projection of shape [N, K] on M fixed random rows (the
     first rows of the same stream for every M), folded norms as the models run them."""
     gen = torch.Generator(device=DEV).manual_seed(seed)
-    x = torch.randn(256, K, device=DEV, dtype=DTYPE, generator=gen)[:M]  # [M, K]
-    res = torch.randn(256, N, device=DEV, dtype=DTYPE, generator=gen)[:M]  # [M, N]
+    rows = max(M, SWEEP_PREFILL)  # the same stream for every M up to a prefill's
+    x = torch.randn(rows, K, device=DEV, dtype=DTYPE, generator=gen)[:M]  # [M, K]
+    res = torch.randn(rows, N, device=DEV, dtype=DTYPE, generator=gen)[:M] if epi == P._ADD else None  # [M, N]
     Hq, Hkv, D = c["Hq"], c["Hkv"], c["D"]
-    pos = torch.randint(0, 4096, (256,), device=DEV, generator=gen)[:M]  # [M]
+    pos = torch.randint(0, 4096, (rows,), device=DEV, generator=gen)[:M]  # [M]
     inv_freq = (1.0 / 5e5 ** (torch.arange(0, D, 2, device=DEV, dtype=torch.float64) / D)).float()  # [D/2]
     kc, vc = (torch.zeros(M, Hkv, D, device=DEV, dtype=DTYPE) for _ in range(2))  # [M, Hkv, D] each
     slots = torch.arange(M, device=DEV)  # [M]
@@ -401,21 +406,24 @@ def with_plan(cfg: dict, plan: dict) -> dict:
 
 
 def rows_invariant(c: dict, N: int, K: int, epi: int, w: torch.Tensor, cfgs: dict) -> bool:
-    """Whether every row of the calls {M: cfg} has the bits of the same row in an 80-row prefill under the table's
-    prefill tiles with the plan of cfgs[1]: the property the launch table must keep."""
-    table = {M: P.launch_config(N, K, M, epi, DTYPE, w.device, c["D"]) for M in (1, 8, 64, 80)}
-    cfgs = {M: cfgs.get(M, with_plan(table[M], cfgs[1])) for M in (1, 8, 64, 80)}
+    """Whether every row of the calls {M: cfg} (the table's config with the plan of cfgs[1] at the other M of 1, 8,
+    64 and an 80-row prefill) has the bits of the same row in the call of the most rows: the property the launch
+    table must keep."""
+    ms = sorted({1, 8, 64, 80} | set(cfgs))
+    table = {M: P.launch_config(N, K, M, epi, DTYPE, w.device, c["D"]) for M in ms}
+    cfgs = {M: cfgs.get(M, with_plan(table[M], cfgs.get(1, table[1]))) for M in ms}
     try:
         outs = {M: proj_call(c, N, K, epi, M)(w, cfg) for M, cfg in cfgs.items()}
     except Exception as e:  # noqa: BLE001 - e.g. a tile out of shared memory: the plan is not usable
         print(f"    invariance check: {type(e).__name__}", flush=True)
         return False
-    return all(torch.equal(a[:M], b[:M]) for M in (1, 8, 64) for a, b in zip(outs[M], outs[80]))
+    return all(torch.equal(a[:M], b[:M]) for M in ms[:-1] for a, b in zip(outs[M], outs[ms[-1]]))
 
 
 def sweep_candidates(c: dict, N: int, K: int, epi: int, M: int, w: torch.Tensor):
     """(label, cfg) of the plans and tiles tried at M rows: up to 16 rows, every split count and 16-row tile of
-    DECODE_TILES; above, the table's plan in every tile of WIDE_TILES. RoPE tiles stay within a head."""
+    DECODE_TILES; above, the table's plan in every tile of WIDE_TILES (PREFILL_TILES past 64 rows). RoPE tiles stay
+    within a head."""
     if M <= 16:
         for splits, (bk, bn, stages, warps) in itertools.product((1, 2, 4, 8), DECODE_TILES):
             split_k = triton.cdiv(triton.cdiv(K, splits), bk) * bk
@@ -425,7 +433,7 @@ def sweep_candidates(c: dict, N: int, K: int, epi: int, M: int, w: torch.Tensor)
                             num_stages=stages, BLOCK_M=16))
     else:
         plan = P.launch_config(N, K, 1, epi, DTYPE, w.device, c["D"])
-        for bn, bm, stages in WIDE_TILES:
+        for bn, bm, stages in WIDE_TILES if M <= P.MAX_SPLIT_M else PREFILL_TILES:
             if not (epi == P._ROPE and c["D"] % bn):
                 yield (f"n{bn} m{bm} st{stages}", with_plan(dict(BLOCK_N=bn, BLOCK_M=bm, num_stages=stages,
                                                                  num_warps=8 if bn * bm >= 8192 else 4), plan))
@@ -443,6 +451,8 @@ def run_sweep(models: list[str], ms=(1, 8, 64)) -> str:
             ws = weights(N, K)
             copies = len(ws)
             for M in ms:
+                if M > P.MAX_SPLIT_M and epi == P._PLAIN:  # the LM head runs on decode and verify rows only
+                    continue
                 call = proj_call(c, N, K, epi, M)
                 base = P.launch_config(N, K, M, epi, DTYPE, ws[0].device, c["D"])
                 call(ws[0], base)  # compiled, and the split-K counters allocated, outside the capture
@@ -460,9 +470,7 @@ def run_sweep(models: list[str], ms=(1, 8, 64)) -> str:
                         best, best_t = (label, cfg), t
                 inv = None
                 if best:
-                    cfgs = {1: best[1], 8: best[1]} if M <= 16 else {1: P.launch_config(N, K, 1, epi, DTYPE,
-                                                                                         ws[0].device, c["D"]),
-                                                                      64: best[1]}
+                    cfgs = {1: best[1], 8: best[1]} if M <= 16 else {M: best[1]}
                     inv = rows_invariant(c, N, K, epi, ws[0], cfgs)
                 out.append(f"| {model} | {proj} | {N} x {K} | {M} | {fmt(t_base, '.2f')} | {best[0] if best else ''} "
                            f"| {fmt(best_t, '.2f')} | {fmt(best_t / t_base if best_t and t_base else None, '.3f')} | "
@@ -534,7 +542,8 @@ def main() -> None:
     ap.add_argument("--models", default=",".join(MODELS), help=f"comma list of {','.join(MODELS)}")
     ap.add_argument("--parts", default="proj,attn,step", help="comma list of proj, attn, step, sweep, attn_sweep")
     ap.add_argument("--ms", default=",".join(map(str, PROJ_MS)), help="proj: comma list of row counts")
-    ap.add_argument("--sweep-ms", default="1,8,64", help="sweep: comma list of row counts (1-16: plans; 17-64: tiles)")
+    ap.add_argument("--sweep-ms", default="1,8,64", help="sweep: comma list of row counts (1-16: plans; above: "
+                    f"tiles; at most {SWEEP_PREFILL})")
     ap.add_argument("--trace", default=None, help="step: profile each invariant and folded graph's replays, trace "
                     "files into this folder, a per-kernel table printed")
     args = ap.parse_args()
