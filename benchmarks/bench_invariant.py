@@ -285,7 +285,9 @@ def trace_graph(graph, path: str, replays: int = 5) -> str:
         torch.cuda.synchronize()
     prof.export_chrome_trace(path)
     groups = graph_replays(json.load(open(path))["traceEvents"])
-    return summarise(list(groups.values()), top=16, by_grid=True) if groups else f"{path}: no graph kernels in the trace"
+    if not groups:
+        return f"{path}: no graph kernels in the trace"
+    return summarise(list(groups.values()), top=16, by_grid=True)
 
 
 def run_step(models: list[str], trace_dir: str | None = None) -> str:
@@ -389,7 +391,8 @@ def proj_call(c: dict, N: int, K: int, epi: int, M: int, seed: int = 0):
 
     def call(w, cfg):
         if epi == P._ROPE:
-            return P.proj_rope_store(x, P.FOLDED, w, None, pos, inv_freq, kc, vc, slots, Hq, Hkv, D, EPS, cfg=cfg), kc, vc
+            q = P.proj_rope_store(x, P.FOLDED, w, None, pos, inv_freq, kc, vc, slots, Hq, Hkv, D, EPS, cfg=cfg)
+            return q, kc, vc
         if epi == P._SILU:
             return (P.gate_up_silu(x, P.FOLDED, w, EPS, cfg=cfg),)
         if epi == P._ADD:
@@ -441,8 +444,8 @@ def sweep_candidates(c: dict, N: int, K: int, epi: int, M: int, w: torch.Tensor)
 
 def run_sweep(models: list[str], ms=(1, 8, 64)) -> str:
     """Time the invariant projections (folded norms) under launch configs around the table's (`sweep_candidates`);
-    the best one's rows checked for invariance (`rows_invariant`: a decode plan with the table's 64-row and prefill
-    tiles, a 64-row tile against the table's 1-row and prefill calls)."""
+    the best one's rows checked for invariance (`rows_invariant`: a decode plan with the table's tiles at 64 and 80
+    rows; a tile for more rows against the table's calls of fewer)."""
     out = ["| model | proj | N x K | M | table µs | best | best µs | best / table | rows invariant |",
            "|---|---|---|---|---|---|---|---|---|"]
     for model in models:
@@ -572,7 +575,8 @@ def main() -> None:
     if "attn_sweep" in parts:
         emit("Invariant tree attention: split length, key tile, stages", run_attn_sweep(models))
     if "sweep" in parts:
-        emit("Launch-config sweep (invariant projections)", run_sweep(models, [int(m) for m in args.sweep_ms.split(",")]))
+        sweep_ms = [int(m) for m in args.sweep_ms.split(",")]
+        emit("Launch-config sweep (invariant projections)", run_sweep(models, sweep_ms))
     print("\n".join(md))
     if bad:
         raise SystemExit(f"the invariant kernels disagree with their references in {len(bad)} rows")
