@@ -122,7 +122,7 @@ def _config(N: int, K: int, epi: int, dtype: torch.dtype, sms: int, hip: bool) -
     one program per SM and each split keeps at least 384 columns; BLOCK_N = 64 (the RoPE epilogue's tile holds 32
     rotary pairs of one head). The sweep (`bench_invariant --parts sweep`, folded norms, M = 1 and 8, H200) chose
     these plans among 1-8 splits x (BLOCK_K 128 / 256, BLOCK_N 32 / 64, 4 / 5 stages): Llama-3.1-8B qkv 1 split
-    (16.0 µs; 4 splits 19.1), o and down 2 (11.8, 31.6 µs; 8 splits 15.0, 35.4), SmolLM2-135M down 4 (4.8 µs at M=8;
+    (16.0 µs; 4 splits 19.1), o and down 2 (11.8, 31.7 µs; 8 splits 15.0, 35.4), SmolLM2-135M down 4 (4.8 µs at M=8;
     2 splits 5.4), the rest 1; more splits than one wave holds cost more in their reduction than they gain."""
     wide = dtype.itemsize == 2 and K >= 1024
     block_k = 128 if wide or K >= 128 else 64
