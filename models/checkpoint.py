@@ -85,6 +85,16 @@ def _rope_from_config(cfg: dict) -> tuple[float, dict | None]:
     return theta, {**scaling, "rope_type": rope_type}
 
 
+def attention_defaults(cfg: dict) -> dict:
+    """The attention and norm keys of a decoder config with transformers' defaults where omitted: KV heads, head_dim,
+    rms_norm_eps, rope_theta and rope_scaling (a target's config.json and a draft head's share them)."""
+    n_heads = cfg["num_attention_heads"]
+    theta, scaling = _rope_from_config(cfg)
+    return dict(num_key_value_heads=cfg.get("num_key_value_heads") or n_heads,
+                head_dim=cfg.get("head_dim") or cfg["hidden_size"] // n_heads,
+                rms_norm_eps=cfg.get("rms_norm_eps") or 1e-6, rope_theta=theta, rope_scaling=scaling)
+
+
 def normalise_config(cfg: dict, source: str | Path) -> dict:
     """A copy of `cfg` whose model keys are all present (transformers' defaults where omitted)."""
     family = model_family(cfg, source)
@@ -92,12 +102,7 @@ def normalise_config(cfg: dict, source: str | Path) -> dict:
     absent = [k for k in required if cfg.get(k) is None]
     if absent:
         raise CheckpointError(f"{source}: config lacks {absent}; is it a complete Hugging Face config.json?")
-    out = dict(cfg)
-    n_heads = cfg["num_attention_heads"]
-    out["num_key_value_heads"] = cfg.get("num_key_value_heads") or n_heads
-    out["head_dim"] = cfg.get("head_dim") or cfg["hidden_size"] // n_heads
-    out["rms_norm_eps"] = cfg.get("rms_norm_eps") or 1e-6
-    out["rope_theta"], out["rope_scaling"] = _rope_from_config(cfg)
+    out = dict(cfg, **attention_defaults(cfg))
     out["max_position_embeddings"] = cfg.get("max_position_embeddings") or _MAX_POSITIONS_DEFAULT[family]
     out["tie_word_embeddings"] = bool(cfg.get("tie_word_embeddings", False))
     # Qwen2 always has q/k/v biases and its config has no switch for them.

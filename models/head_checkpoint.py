@@ -35,8 +35,8 @@ from eaglet.models.checkpoint import (
     SUPPORTED_ARCHITECTURES,
     CheckpointError,
     CheckpointNotFoundError,
-    _rope_from_config,
     _safetensors_files,
+    attention_defaults,
     save_hf_checkpoint,
 )
 from eaglet.models.eagle import HEAD_CLASSES, KINDS, DraftHead, Eagle3Head
@@ -59,14 +59,9 @@ def _normalise_head_config(raw: dict, source) -> dict:
         raise CheckpointError(f"{source}: hidden_act={raw['hidden_act']!r}; eaglet's draft layers are SwiGLU (silu)")
     if raw.get("mlp_bias"):
         raise CheckpointError(f"{source}: mlp_bias=True draft heads are not supported")
-    cfg = dict(raw)
-    n_heads = cfg["num_attention_heads"]
-    cfg["num_key_value_heads"] = cfg.get("num_key_value_heads") or n_heads
-    cfg["head_dim"] = cfg.get("head_dim") or cfg["hidden_size"] // n_heads
-    cfg["rms_norm_eps"] = cfg.get("rms_norm_eps") or 1e-6
     # A head has its own RoPE: public EAGLE-3 configs often omit rope_theta (LlamaConfig's 10000 then),
     # whatever the target uses. Draft positions equal target positions, the frequencies need not.
-    cfg["rope_theta"], cfg["rope_scaling"] = _rope_from_config(cfg)
+    cfg = dict(raw, **attention_defaults(raw))
     cfg.pop("rope_parameters", None)  # folded into rope_theta/rope_scaling above
     cfg["max_position_embeddings"] = cfg.get("max_position_embeddings") or 2048
     cfg["attention_bias"] = bool(cfg.get("attention_bias", False))
