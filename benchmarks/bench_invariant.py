@@ -490,8 +490,8 @@ def invariant_attention_tiles(chunk: int, block_n: int, stages: int):
     kernels/tree_attention.py, the same for every call: they fix the arithmetic, so the module takes one set)."""
     saved = TA._INVARIANT_CHUNK, TA._INVARIANT_BLOCK_N, TA._inv_meta
 
-    def meta(group, nk, hip):
-        fwd, merge = saved[2](group, nk, hip)
+    def meta(group, n, nk, hip):
+        fwd, merge = saved[2](group, n, nk, hip)
         return dict(fwd, BLOCK_N=block_n, CHUNK=chunk, num_stages=stages), dict(merge, CHUNK=chunk)
 
     TA._INVARIANT_CHUNK, TA._INVARIANT_BLOCK_N, TA._inv_meta = chunk, block_n, meta
@@ -511,7 +511,7 @@ def run_attn_sweep(models: list[str]) -> str:
     constants marked). A choice changes every call's arithmetic alike; tests/kernels/test_tree_attention.py's
     invariance tests on the GPU check the one taken."""
     cands = [(c, n, st) for c in (64, 128, 256) for n in (32, 64, 128) for st in (2, 3) if n <= c]
-    current = (TA._INVARIANT_CHUNK, TA._INVARIANT_BLOCK_N, TA._inv_meta(4, 8, False)[0]["num_stages"])
+    current = (TA._INVARIANT_CHUNK, TA._INVARIANT_BLOCK_N, TA._inv_meta(4, 8, 8, False)[0]["num_stages"])
     cases = [(model, B, N, L) for model in models for B, N, L in ATTN_SWEEP_CASES]
     head = "| chunk | key tile | stages | " + " | ".join(f"{m.split('-')[0]} B={B} N={N} L={L}" for m, B, N, L in cases)
     out = [head + " | sum µs |", "|" + "---|" * (len(cases) + 4)]

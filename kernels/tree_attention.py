@@ -434,25 +434,25 @@ def _inv_tiles(acc, l_i, m_i, q, K, V, pt_row, kvh, lo, hi, prefix, allowed, ran
 
 @triton.jit
 def _inv_fwd_kernel(
-    Q, K, V, PT, PL, MASK, O, qk_scale, num_splits, N, NK, Hkv,
+    Q, K, V, PT, PL, MASK, O, qk_scale, num_splits, tail, N, NK, Hkv,
     stride_qb, stride_qn, stride_qh, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
     stride_ptb, stride_mb, stride_mi,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr, HAS_MASK: tl.constexpr,
     SPLIT: tl.constexpr, DOT_DTYPE: tl.constexpr, TOKS: tl.constexpr, HEAD_TILES: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_NK: tl.constexpr, CHUNK: tl.constexpr,
 ):
-    """Invariant mode (module doc). Grid (row tiles * TOKS, splits, B * Hkv). A row tile is 16 query rows: TOKS tokens
-    of GROUP heads (GROUP <= 16), or 16 heads of one token (HEAD_TILES tiles a token). Split s is the logical key
-    positions [s * CHUNK, (s + 1) * CHUNK) of each row's sequence. Where every token of the tile sees the same keys
-    there (a split below the prefix; causal: below the tile's first token), sub-program 0 attends it for all rows
-    at once; elsewhere sub-program t attends token t's own keys (its ancestors gathered into depth order) with the
-    whole tile's q and stores that token's rows. O as in `_fwd_kernel`; a split past a row's sequence is not written
-    (the merge reads a row's first cdiv(length, CHUNK) splits)."""
-    pid0 = tl.program_id(0)
-    split = tl.program_id(1)
+    """Invariant mode (module doc). Grid (row tiles, num_splits + tail * (TOKS - 1), B * Hkv). A row tile is 16 query
+    rows: TOKS tokens of GROUP heads (GROUP <= 16), or 16 heads of one token (HEAD_TILES tiles a token). Split s is
+    the logical key positions [s * CHUNK, (s + 1) * CHUNK) of each row's sequence. Where every token of the tile sees
+    the same keys there (a split below the prefix; causal: below the tile's first token), sub-program 0 attends it
+    for all rows at once; elsewhere sub-program t attends token t's own keys (its ancestors gathered into depth order)
+    with the whole tile's q and stores that token's rows. Programs 0..num_splits-1 of axis 1 are sub-program 0 of
+    every split; the rest are sub-programs 1..TOKS-1 of the first `tail` splits that are not shared (the only ones
+    they have work in), so no program waits on a split it has nothing to do in. O as in `_fwd_kernel`; a split past a
+    row's sequence is not written (the merge reads a row's first cdiv(length, CHUNK) splits)."""
+    tile = tl.program_id(0)
+    j = tl.program_id(1)
     pid_bh = tl.program_id(2)
-    tile = pid0 // TOKS
-    sub = pid0 % TOKS
     tok_tile = tile // HEAD_TILES
     b = pid_bh // Hkv
     kvh = pid_bh % Hkv
@@ -463,19 +463,25 @@ def _inv_fwd_kernel(
     grp = (tile % HEAD_TILES) * GT + rr % GT  # [16] query head within the KV head's group
     row_ok = (rr < TOKS * GT) & (tok < N)  # [16]
     offs_d = tl.arange(0, HEAD_DIM)  # [D]
-    lo = split * CHUNK
     first = tok_tile * TOKS  # the tile's first token
     if HAS_MASK:  # keys [0, shared_end) are in every row's sequence
         shared_end = prefix
     else:
         shared_end = prefix + first + 1
+    if j < num_splits:
+        split = j
+        sub = 0
+    else:  # a later token's sub-program, in one of the splits from the first not shared on
+        sub = 1 + (j - num_splits) // tail
+        split = shared_end // CHUNK + (j - num_splits) % tail
+    lo = split * CHUNK
     shared = lo + CHUNK <= shared_end
     t = first + sub  # the token this sub-program attends for, outside the shared splits
     if shared:
         go = sub == 0
         row_st = row_ok  # [16] the rows it stores
     else:
-        go = t < N
+        go = (t < N) & (split < num_splits)
         row_st = row_ok & (tok == t)  # [16]
     if go:
         jj = tl.arange(0, BLOCK_NK)  # [BLOCK_NK] new-key index
@@ -679,14 +685,15 @@ def _meta(t: torch.Tensor | None) -> tuple | None:
     return None if t is None else (t.shape, t.stride(), t.dtype, t.device)
 
 
-def _inv_meta(group: int, nk: int, hip: bool) -> tuple[dict, dict]:
-    """The invariant kernels' meta-parameters for `group` query heads a KV head and nk new keys: (`_inv_fwd_kernel`'s,
-    `_inv_merge_kernel`'s). 16-row tiles of TOKS tokens (HEAD_TILES tiles of one token's heads for groups > 16), the
-    fixed split and key tile. MI300 (`hip`): one software stage, as `_fwd_configs`' AMD entries, and 8 waves (in 4,
+def _inv_meta(group: int, n: int, nk: int, hip: bool) -> tuple[dict, dict]:
+    """The invariant kernels' meta-parameters for `group` query heads a KV head, n query tokens and nk new keys:
+    (`_inv_fwd_kernel`'s, `_inv_merge_kernel`'s). 16-row tiles of TOKS tokens, at most n (HEAD_TILES tiles of one
+    token's heads for groups > 16; a row's bits do not depend on where in the tile it sits, nor on whether its split
+    is attended for the tile or for its token alone), the fixed split and key tile. MI300 (`hip`): one software stage, as `_fwd_configs`' AMD entries, and 8 waves (in 4,
     SmolLM2's verify of 60 tokens spilled 7 SGPRs on gfx942); the same for every call, as the tiles (a row's sums
     follow the layout)."""
     block_nk = max(16, triton.next_power_of_2(nk))
-    fwd = dict(TOKS=max(1, 16 // group), HEAD_TILES=max(1, group // 16), BLOCK_N=_INVARIANT_BLOCK_N,
+    fwd = dict(TOKS=max(1, min(16 // group, n)), HEAD_TILES=max(1, group // 16), BLOCK_N=_INVARIANT_BLOCK_N,
                BLOCK_NK=block_nk, CHUNK=_INVARIANT_CHUNK, num_warps=8 if hip else 4, num_stages=1 if hip else 2)
     merge = dict(BLOCK_NK=block_nk, CHUNK=_INVARIANT_CHUNK, BLOCK_S=_INVARIANT_MERGE, num_warps=4)
     return fwd, merge
@@ -752,14 +759,17 @@ def _prepare(q, k, v, pt, pl, mask, sm_scale, max_prefix_len, interpret: bool, i
     if invariant:  # 16-row tiles, fixed splits and tiles, no autotuning (module doc)
         need(group <= 16 or group % 16 == 0,
              lambda: f"invariant tree attention needs Hq/Hkv <= 16 or a multiple of 16, got {group}")
-        fwd_meta, merge_meta = _inv_meta(group, NK, is_hip() if hip is None else hip)
+        fwd_meta, merge_meta = _inv_meta(group, N, NK, is_hip() if hip is None else hip)
         toks, head_tiles = fwd_meta["TOKS"], fwd_meta["HEAD_TILES"]
         num_splits = _cdiv(kv_max, _INVARIANT_CHUNK)
         split = num_splits > 1
-        fwd_args = (scale * _LOG2E, num_splits, N, NK, Hkv, *strides)
+        # the splits a tile's tokens do not share: their keys past shared_end, at most NK (a tree; causal: the
+        # tile's other tokens, fewer than 16), over at most one split boundary more than their length
+        tail = min(num_splits, (_cdiv(NK, _INVARIANT_CHUNK) if mask is not None else 1) + 1)
+        fwd_args = (scale * _LOG2E, num_splits, tail, N, NK, Hkv, *strides)
         fwd_kw = dict(GROUP=group, HEAD_DIM=D, PAGE_SIZE=page_size, HAS_MASK=mask is not None, SPLIT=split,
                       DOT_DTYPE=dot_dtype, **fwd_meta)
-        grid = (_cdiv(N, toks) * head_tiles * toks, num_splits, B * Hkv)
+        grid = (_cdiv(N, toks) * head_tiles, num_splits + tail * (toks - 1), B * Hkv)
         merge = None
         if split:
             merge = (_inv_merge_kernel, (N * group, B * Hkv), (num_splits, N, NK, Hkv, *mask_strides),
