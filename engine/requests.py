@@ -20,7 +20,7 @@ class Request:
     max_new_tokens: int
     rid: int = 0
     output_ids: list[int] = field(default_factory=list)
-    finish_reason: str | None = None  # "eos" | "length"
+    finish_reason: str | None = None  # "eos" | "length" | set by an on_token callback that ends it (e.g. "loop")
     row: int = -1  # KV request row while active
     launched: int = 0  # tokens whose computation has been launched (host bookkeeping)
 

@@ -1,4 +1,5 @@
-"""Text filters for the user turns of synthesized training conversations (training/synthesis.py).
+"""Text filters for the user turns of synthesized training conversations (training/synthesis.py), and the
+stop that ends an answer caught in a verbatim loop (`LoopStop`).
 
 Each rule is a cheap, documented heuristic, calibrated on the first turns of ShareGPT's train split (10,952):
 
@@ -66,3 +67,39 @@ def reject_reason(text: str, n_tokens: int, fc: FilterConfig) -> str | None:
     if len(vocab & FOREIGN) > len(vocab & ENGLISH):
         return "language"
     return None
+
+
+class LoopStop:
+    """An `on_token` callback of AREngine.generate that ends an answer caught in a verbatim loop: once `run`
+    consecutive token `n`-grams of its output each already occurred earlier in that output, the request finishes
+    with reason "loop" (its output then ends without the end-of-turn token, as a cut answer does).
+
+    Why: SmolLM2-135M's greedy answers loop. On 13,312 synthesized conversations (H200, answers.max_new_tokens=1024)
+    9,963 of 22,871 answers ran to the token budget and 80% of the assistant tokens were inside repeats (an 8-gram
+    seen before in the sequence). The budget then spends most of the generation on tokens a head predicts with 0.82-
+    0.86 accuracy, and the training accuracy they inflate says little about the 0.53-0.55 on the rest (held-out
+    eval/acc_0: 0.52). At run=64 the loop's first ~70 repeated tokens stay in the data: the head still learns to
+    follow a loop into its repetition. The prompt is not counted: an answer may quote it."""
+
+    def __init__(self, run: int, n: int = 8):
+        if run < 1 or n < 1:
+            raise ValueError(f"LoopStop(run={run}, n={n}): both must be >= 1")
+        self.run, self.n = run, n
+        self._state: dict[int, list] = {}  # id(request) -> [n-grams seen, current run of repeated n-grams]
+        self.stopped = 0  # requests this callback ended
+
+    def __call__(self, r, token: int) -> None:
+        out = r.output_ids
+        if r.done:  # ended by its end-of-turn token or the budget
+            self._state.pop(id(r), None)
+            return
+        if len(out) < self.n:
+            return
+        st = self._state.setdefault(id(r), [set(), 0])
+        g = tuple(out[-self.n:])
+        st[1] = st[1] + 1 if g in st[0] else 0
+        st[0].add(g)
+        if st[1] >= self.run:
+            r.finish_reason = "loop"
+            self.stopped += 1
+            del self._state[id(r)]

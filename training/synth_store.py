@@ -94,7 +94,7 @@ def load_synthesized(sc, max_len: int, vocab_size: int, target_key: dict, log=pr
         raise ValueError(f"data.selfgen.dir={root} holds ids of a {recipe['vocab_size']}-token vocabulary, the target "
                          f"has {vocab_size}: synthesize with this target")
     if recipe.get("target") != target_key:
-        log(f"[eaglet] note: {root} was synthesized by target {recipe.get('target')}, this run's is {target_key}")
+        log(f"note: {root} was synthesized by target {recipe.get('target')}, this run's is {target_key}")
     bad = [c for c in range(n) if (m := chunk_meta(chunk_path(root, c))) is None or m.get("recipe") != index["recipe"]
            or m.get("chunk") != c]
     if bad:
@@ -104,5 +104,5 @@ def load_synthesized(sc, max_len: int, vocab_size: int, target_key: dict, log=pr
     out = []
     for c in range(n):
         out += [Sample(s.ids[:max_len], s.mask[:max_len]) for s in read_chunk(chunk_path(root, c))]
-    log(f"[eaglet] self-generated data: {len(out)} sequences from {n} of {index['num_chunks']} chunks of {root}")
+    log(f"self-generated data: {len(out)} sequences from {n} of {index['num_chunks']} chunks of {root}")
     return out

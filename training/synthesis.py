@@ -22,7 +22,9 @@ Stages, each resumable (a file per finished piece, written atomically, skipped w
    after each answer the target writes the next user turn the same way, kept while it stays a coherent new request
    (ended by the end-of-turn token, through the filters, no evaluation prompt, not a near-duplicate of an earlier
    turn or an echo of the answer before it).
-   A conversation ends at an answer cut by `answers.max_new_tokens` or when the context is full. With
+   A conversation ends at an answer cut by `answers.max_new_tokens`, at one caught in a verbatim loop
+   (`answers.loop_stop`, training/filters.py's LoopStop: most of the budget went to loops without it), or when the
+   context is full. With
    `answers.sampled` = k, every conversation's user turns are also answered k more times at
    `answers.temperature`, each a training sequence. Stored as token ids (uint16) with the assistant-only mask.
 
@@ -90,6 +92,8 @@ def check_config(cfg: DictConfig) -> None:
     need(a.max_new_tokens >= 1 and a.batch_size >= 1 and a.max_context >= 2,
          f"answers.max_new_tokens={a.max_new_tokens}, answers.batch_size={a.batch_size}, "
          f"answers.max_context={a.max_context}: use positive values (max_context >= 2)")
+    need(a.loop_stop >= 0, f"answers.loop_stop={a.loop_stop} must be >= 0 (repeated 8-grams in a row that end an "
+                           f"answer; 0 = never)")
     need(a.sampled >= 0, f"answers.sampled={a.sampled} must be >= 0 (extra sampled answers per conversation)")
     need(a.sampled == 0 or a.temperature > 0, f"answers.sampled={a.sampled} with answers.temperature="
                                               f"{a.temperature}: sampled answers need a temperature > 0")
@@ -252,7 +256,7 @@ def make_chunk(c: int, records: list[Record], gens: Generators, tokenizer, cfg: 
     """Chunk c's training sequences (greedy conversations, then the sampled replays) and its metadata."""
     stats = collections.Counter()
     t0 = time.perf_counter()
-    before = {g: (g.new_tokens, g.seconds) for g in gens.all()}
+    before = {g: (g.new_tokens, g.seconds, g.loops) for g in gens.all()}
     convs, cut = converse(records, gens.answer, tokenizer, derived_seed(cfg.seed, "chunk", c), stats, gens.writer,
                           check, cfg.magpie.turns)
     seqs = [(r.id, m, x) for r, m, x in zip(records, convs, cut) if m]  # (sequence id, messages, last answer cut)
@@ -262,6 +266,7 @@ def make_chunk(c: int, records: list[Record], gens: Generators, tokenizer, cfg: 
         again, cut = converse(replay, gens.sampler, tokenizer, derived_seed(cfg.seed, "sampled", c, k), stats)
         seqs += [(f"{r.id}#{k + 1}", m, x) for r, m, x in zip(replay, again, cut) if m]
     # loops are counted, not dropped: the head must predict the target as it is, and it loops at temperature 0 too
+    # (answers.loop_stop keeps a loop's first repeats and ends the answer there)
     stats["turns/degenerate_answer"] = sum(repeat_fraction(t.lower().split()) > check.fc.max_repeat
                                            for _, m, _ in seqs for r, t in m if r == "assistant")
     samples, ids = [], []
@@ -274,6 +279,7 @@ def make_chunk(c: int, records: list[Record], gens: Generators, tokenizer, cfg: 
         if g is not None:
             stats[f"{name}_tokens"] = g.new_tokens - before[g][0]
             stats[f"{name}_seconds"] = round(g.seconds - before[g][1], 3)
+            stats[f"{name}_loops"] = g.loops - before[g][2]  # ended by answers.loop_stop
     stats |= {"sequences": len(samples), "tokens": sum(len(s.ids) for s in samples),
               "assistant_tokens": sum(int(s.mask.sum()) for s in samples),
               "seconds": round(time.perf_counter() - t0, 3)}
@@ -369,7 +375,7 @@ def synthesize(cfg: DictConfig, target=None, tokenizer=None, log=print) -> dict:
     ctx = min(a.max_context, target.args.max_seq_len)
     gen = lambda n, temp, top_p: AnswerGenerator(  # noqa: E731
         target, RegenConfig(max_new_tokens=n, temperature=temp, top_p=top_p, batch_size=a.batch_size,
-                            max_context=ctx), eos)
+                            max_context=ctx, loop_stop=a.loop_stop), eos)
     gens = Generators(writer=gen(m.max_tokens, m.temperature, m.top_p), answer=gen(a.max_new_tokens, 0.0, 1.0),
                       sampler=gen(a.max_new_tokens, a.temperature, a.top_p) if a.sampled else None)
     limit = cfg.time_limit_s

@@ -12,7 +12,7 @@ from hydra import compose, initialize_config_dir
 
 from eaglet.data.prompts import load_humaneval, load_mt_bench
 from eaglet.training.dedup import DedupConfig, PromptIndex, bands, eval_prompts, is_eval, normalise
-from eaglet.training.filters import FilterConfig, reject_reason, repeat_fraction
+from eaglet.training.filters import FilterConfig, LoopStop, reject_reason, repeat_fraction
 from eaglet.training.conversation import Checker, Record
 from eaglet.training.synthesis import select_pool
 
@@ -47,6 +47,47 @@ def test_length_and_repetition_thresholds():
     assert repeat_fraction("one two three".split()) == 0.0
     with pytest.raises(ValueError, match="filters.max_repeat=2"):
         FilterConfig(max_repeat=2)
+
+
+class _Req:  # what LoopStop reads of an engine Request
+    def __init__(self):
+        self.output_ids, self.finish_reason = [], None
+
+    done = property(lambda self: self.finish_reason is not None)
+
+
+def feed(stop: LoopStop, tokens: list[int], eos: int | None = None) -> _Req:
+    """tokens emitted one by one as the engine's emit does (EOS ends the request first), until it is done."""
+    r = _Req()
+    for t in tokens:
+        if r.done:
+            break
+        r.output_ids.append(t)
+        if t == eos:
+            r.finish_reason = "eos"
+        stop(r, t)
+    return r
+
+
+def test_loop_stop_ends_a_verbatim_loop_at_its_run():
+    prefix, cycle = list(range(100, 120)), [1, 2, 3, 4, 5]
+    tokens = prefix + cycle * 20
+    # the first 4-gram seen before ends at index 28 (the window 25..28 repeats 20..23); the 10th in a row at 37
+    r = feed(LoopStop(run=10, n=4), tokens)
+    assert r.finish_reason == "loop" and len(r.output_ids) == 38
+    r = feed(LoopStop(run=10, n=4), list(range(200)))  # no repeat: never ends
+    assert r.finish_reason is None and len(r.output_ids) == 200
+    # a repeat broken before the run restarts the count: 9 repeated 4-grams, a new token, another loop's 9
+    other = [6, 7, 8, 9, 10]
+    broken = prefix + cycle * 3 + [1, 2] + [999] + other * 3 + [6, 7]
+    assert feed(LoopStop(run=10, n=4), broken).finish_reason is None
+    assert feed(LoopStop(run=9, n=4), broken).finish_reason == "loop"
+    # an answer that ended with its end-of-turn token keeps that reason
+    stop = LoopStop(run=10, n=4)
+    r = feed(stop, prefix + [7], eos=7)
+    assert r.finish_reason == "eos" and stop.stopped == 0 and not stop._state
+    with pytest.raises(ValueError, match="run=0"):
+        LoopStop(run=0)
 
 
 def test_exact_and_near_duplicates():

@@ -159,6 +159,26 @@ def test_synthesis_is_deterministic_for_a_seed(tiny, tok, share, tmp_path):
     assert open_ended == t["turns/answer_cut"] > 0 and open_ended < len(seqs)
 
 
+def test_loop_stop_ends_answers_as_prefixes_of_the_unstopped_ones(tiny, tok):
+    """AnswerGenerator with loop_stop: every answer is a prefix of the same greedy answer without it; the ones it
+    ended (counted in .loops) end on `loop_stop` repeated 8-grams in a row, without an end-of-turn token."""
+    from eaglet.training.data import AnswerGenerator, RegenConfig
+
+    prompts = [tok(f"<|im_start|>user\nquestion {i} about rivers<|im_end|>\n<|im_start|>assistant\n",
+                   add_special_tokens=False)["input_ids"] for i in range(12)]
+    rc = RegenConfig(max_new_tokens=96, batch_size=4, max_context=256)
+    free = AnswerGenerator(tiny, rc, [2])(prompts, 0)
+    gen = AnswerGenerator(tiny, RegenConfig(**{**rc.__dict__, "loop_stop": 4}), [2])
+    stopped = gen(prompts, 0)
+    short = [i for i, (a, b) in enumerate(zip(stopped, free)) if len(a) < len(b)]
+    assert all(b[:len(a)] == a for a, b in zip(stopped, free))
+    assert short and gen.loops == len(short)  # the random model loops within 96 tokens
+    for i in short:
+        out = stopped[i]
+        assert out[-1] != 2 and all(tuple(out[j - 7:j + 1]) in {tuple(out[k - 7:k + 1]) for k in range(7, j)}
+                                    for j in range(len(out) - 4, len(out)))
+
+
 def test_a_cut_answer_is_rendered_without_an_end_of_turn(tok):
     from eaglet.training.data import render_conversation
 
