@@ -13,7 +13,7 @@
 #              then their report
 #   train      regenerate ShareGPT answers with SmolLM2, measure training tokens/s on one GPU and all (DDP; PROBES=0
 #              skips that), train its EAGLE-3 head; results packed into OUT/train.tgz.* parts (needs a ShareGPT
-#              subset, see offline_gpu_env.sh)
+#              subset, see offline_gpu_env.sh); SELFGEN=<synthesize.py out_dir>: on its finished chunks instead
 #   regen      only the regeneration of `train`'s data, on every GPU, for BUDGET_S seconds (it resumes by chunk), packed
 #              into OUT/regen.txz.* parts: carry them to a later session's `train` as REGEN_CACHE (a call cannot
 #              regenerate all ShareGPT user turns, ~3.4x the first exchanges, and train in its 10 minutes)
@@ -198,11 +198,31 @@ print(f\"[gpu_session] synth: {i['chunks_done']} of {i['num_chunks']} chunks, {t
     # from RATE (tokens/s on all GPUs; the shipped head's run: 163 k on two at 32 sequences) and PER_SEQ (tokens per
     # regenerated first exchange: 583 there), and the regeneration (REGEN_S, ~100 s for 10,952 first exchanges on
     # two H200s) happens inside the training run
+    # SELFGEN: a synthesize.py out_dir (the synth stage's /tmp/synth, or its unpacked synth.txz.*): the head trains
+    # on its finished chunks 0..N-1 instead of regenerated ShareGPT (PER_SEQ then defaults to their tokens per
+    # sequence). The H200 trained at 92.5 k tokens/s on one GPU at BATCH=24 on such data (RATE=90000).
     train_setup
     ev=${EVAL_S:-100} regen_s=0
+    if [[ -n ${SELFGEN:-} ]]; then
+      read -r n_sg per_sg < <(python - "$SELFGEN" <<'PY'
+import json, sys
+from pathlib import Path
+from eaglet.training.synth_store import chunk_meta, chunk_path
+root = Path(sys.argv[1]); index = json.loads((root / "index.json").read_text())
+n, tokens, seqs = 0, 0, 0
+while n < index["num_chunks"] and (m := chunk_meta(chunk_path(root, n))) and m.get("recipe") == index["recipe"]:
+    tokens, seqs, n = tokens + m["stats"]["tokens"], seqs + m["stats"]["sequences"], n + 1
+print(n, round(tokens / max(seqs, 1)))
+PY
+)
+      (( n_sg > 0 )) || { echo "[gpu_session] SELFGEN=$SELFGEN has no finished chunk 0"; exit 1; }
+      echo "[gpu_session] self-generated data: chunks 0..$((n_sg - 1)) of $SELFGEN, $per_sg tokens per sequence"
+      train_args+=(data.source=selfgen data.selfgen.dir="$SELFGEN" data.selfgen.chunks=$n_sg)
+      PER_SEQ=${PER_SEQ:-$per_sg}
+    fi
     if [[ ${PROBES:-1} == 0 ]]; then
       rn=${RATE:-150000} per_seq=${PER_SEQ:-583}
-      [[ -n ${REGEN_CACHE:-} ]] || regen_s=${REGEN_S:-120}
+      [[ -n ${REGEN_CACHE:-}${SELFGEN:-} ]] || regen_s=${REGEN_S:-120}  # self-generated data: none to wait for
     else
       probes
       per_seq=$(python -c "import json; m=json.load(open('$T/probe_1gpu/metrics.json'))
