@@ -75,11 +75,12 @@ class LoopStop:
     with reason "loop" (its output then ends without the end-of-turn token, as a cut answer does).
 
     Why: SmolLM2-135M's greedy answers loop. On 13,312 synthesized conversations (H200, answers.max_new_tokens=1024)
-    9,963 of 22,871 answers ran to the token budget and 80% of the assistant tokens were inside repeats (an 8-gram
-    seen before in the sequence). The budget then spends most of the generation on tokens a head predicts with 0.82-
-    0.86 accuracy, and the training accuracy they inflate says little about the 0.53-0.55 on the rest (held-out
-    eval/acc_0: 0.52). At run=64 the loop's first ~70 repeated tokens stay in the data: the head still learns to
-    follow a loop into its repetition. The prompt is not counted: an answer may quote it."""
+    9,963 of 22,871 answers ran to the token budget, and 80% of the assistant tokens of a sample were inside repeats
+    (an 8-gram seen before in the sequence). The budget then goes mostly to tokens a head predicts at step 0 with
+    0.82 accuracy, and the training accuracy they inflate says little about the 0.52 on the rest (held-out
+    eval/acc_0: 0.52-0.54; benchmarks/probes/loop_share.py). Replayed over 4 of those chunks, run=64 ends 44% of the
+    answers and keeps 41% of the assistant tokens; the loop's first ~70 repeated tokens stay, so the head still
+    learns to follow a loop into its repetition. The prompt is not counted: an answer may quote it."""
 
     def __init__(self, run: int, n: int = 8):
         if run < 1 or n < 1:
