@@ -5,7 +5,8 @@
 
 Each stage folder holds the trainer's train_log.jsonl and train_metrics.json; stages are laid end to end on the axis
 of tokens seen. Plotted: train/acc_0 per log window, and eval/acc_0 (the trainer's held-out evaluation: teacher-forced
-step 0 on the target's greedy answers to held-out ShareGPT prompts) at each evaluation. --probe adds horizontal
+step 0 on the target's greedy answers to held-out ShareGPT prompts) at each evaluation, and train/acc_0_fresh
+(step 0 outside verbatim repeats) where a log has it. --probe adds horizontal
 reference lines (benchmarks/probes/loop_share.py's numbers).
 """
 
@@ -36,6 +37,10 @@ def main() -> None:
         xs = [offset + r["step"] * per_step for r in rows if "train/acc_0" in r]
         ax.plot(xs, [r["train/acc_0"] for r in rows if "train/acc_0" in r], color="C0", lw=1,
                 label="train/acc_0 (training batches)" if i == 0 else None)
+        fresh = [(offset + r["step"] * per_step, r["train/acc_0_fresh"]) for r in rows if "train/acc_0_fresh" in r]
+        if fresh:  # logged since the trainer split step 0's accuracy at verbatim repeats (training/losses.py)
+            ax.plot(*zip(*fresh), color="C2", lw=1, label="train/acc_0_fresh (outside verbatim repeats)"
+                    if not any(line.get_color() == "C2" for line in ax.lines) else None)
         ev = [(offset + h["step"] * per_step, h["acc"][0]) for h in m.get("eval_history", []) if h.get("acc")]
         if ev:
             ax.plot(*zip(*ev), "o-", color="C3", label="eval/acc_0 (held-out ShareGPT)" if i == 1 else None)

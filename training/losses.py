@@ -31,8 +31,29 @@ from torch import nn
 from eaglet.models.eagle import DraftHead
 from eaglet.training.ttt_attention import DenseKV, TTTPattern
 
-# Per-step statistics, summed over rows (and later over micro-batches and processes).
-STATS = ("rows", "ploss", "correct", "accept", "vloss")
+# Per-step statistics, summed over rows (and later over micro-batches and processes); *_fresh: over the rows whose
+# predicted token is not inside a verbatim repeat (`repeated_ngrams`)
+STATS = ("rows", "ploss", "correct", "accept", "vloss", "rows_fresh", "correct_fresh")
+
+
+def repeated_ngrams(tokens: torch.Tensor, n: int = 8) -> torch.Tensor:
+    """tokens [B, T] -> [B, T] bool: whether the token n-gram ending at each position occurred earlier in its row.
+    Why: SmolLM2's greedy answers loop, and 80% of the assistant tokens of its self-generated data lay inside such
+    repeats, where a head's step-0 accuracy was 0.82 against 0.52 elsewhere (benchmarks/probes/loop_share.py, the
+    same rule): train/acc_0 then mostly measures loops, train/acc_0_fresh the rest. A stable sort of the n-grams'
+    hashes (mod 2^31 - 1) marks each occurrence after the first."""
+    B, T = tokens.shape
+    out = torch.zeros(B, T, dtype=torch.bool, device=tokens.device)
+    if T < n:
+        return out
+    h = torch.zeros(B, T - n + 1, dtype=torch.int64, device=tokens.device)  # [B, T-n+1] n-gram ending at i+n-1
+    for j in range(n):
+        h = (h * 1_000_003 + tokens[:, j:T - n + 1 + j]) % 2_147_483_647
+    srt, idx = torch.sort(h, dim=1, stable=True)  # [B, T-n+1] equal hashes in index order
+    dup = torch.zeros_like(srt, dtype=torch.bool)
+    dup[:, 1:] = srt[:, 1:] == srt[:, :-1]
+    out[:, n - 1:] = torch.zeros_like(dup).scatter_(1, idx, dup)
+    return out
 
 
 def ttt_attention_mask(T: int, k: int, device=None) -> torch.Tensor:
@@ -91,11 +112,13 @@ def target_distribution(logits: torch.Tensor, vocab: torch.Tensor | None) -> Tar
 
 
 def step_terms(head: DraftHead, k: int, hidden: torch.Tensor, logits: torch.Tensor, dist: TargetDist,
-               loss_mask: torch.Tensor, final_hidden: torch.Tensor | None) -> dict[str, torch.Tensor]:
+               loss_mask: torch.Tensor, final_hidden: torch.Tensor | None,
+               repeated: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
     """Sums over the rows of unrolled step k: soft cross-entropy `ploss` (with grad), `vloss` (EAGLE-1's SmoothL1
     to the next target feature, with grad; zero without `final_hidden`), and the statistics (no grad): `rows`,
     `correct` (draft top-1 == target top-1), `accept` (sum over rows of sum_x min(p(x), q(x)), the acceptance
-    probability of speculative sampling at temperature 1)."""
+    probability of speculative sampling at temperature 1), and `rows_fresh` / `correct_fresh` over the rows whose
+    predicted token is not marked in `repeated` [B, T] (all rows without it)."""
     T = loss_mask.shape[1]
     n = T - k - 2  # rows whose predicted token p+k+2 exists
     zero = logits.sum() * 0.0
@@ -119,6 +142,9 @@ def step_terms(head: DraftHead, k: int, hidden: torch.Tensor, logits: torch.Tens
         out["correct"] = ((pred == dist.argmax[:, tgt]).float() * valid).sum()
         accept = torch.minimum(dist.probs[:, tgt], logq.exp()).sum(-1)  # [B, n]
         out["accept"] = (accept * valid).sum()
+        fresh = valid if repeated is None else valid * (~repeated[:, k + 2:]).float()  # [B, n]
+        out["rows_fresh"] = fresh.sum()
+        out["correct_fresh"] = ((pred == dist.argmax[:, tgt]).float() * fresh).sum()
     return out
 
 
@@ -134,10 +160,11 @@ def draft_loss(head: DraftHead, tokens: torch.Tensor, loss_mask: torch.Tensor, f
     weights, steps=S (one per layer), step_weight=0.8."""
     with torch.no_grad():
         dist = target_distribution(head.target.logits(final_hidden), head_vocab(head))
+        repeated = repeated_ngrams(tokens)  # [B, T]
     regress = final_hidden if v_weight else None
     loss, stats = 0.0, []
     for k, (hidden, logits) in enumerate(unroll(head, tokens, feature, steps)):
-        t = step_terms(head, k, hidden, logits, dist, loss_mask, regress)
+        t = step_terms(head, k, hidden, logits, dist, loss_mask, regress, repeated)
         loss = loss + step_weight**k * (p_weight * t["ploss"] + v_weight * t["vloss"]) / norm[k].clamp(min=1)
         stats.append(torch.stack([t[name].detach().float() for name in STATS]))
     return loss, torch.stack(stats)  # scalar, [steps, len(STATS)]
@@ -182,7 +209,8 @@ class DraftObjective(nn.Module):
 
 def window_metrics(w: torch.Tensor, with_vloss: bool) -> dict[str, float]:
     """Summed statistics [steps, len(STATS)] of a logging window -> train/acc_k, ploss_k, expected_accept_k
-    (and vloss_k) as means over the counted rows; train/expected_accept is step 0's."""
+    (and vloss_k) as means over the counted rows; train/expected_accept is step 0's; train/acc_0_fresh step 0's
+    accuracy outside verbatim repeats."""
     rows = w[:, STATS.index("rows")].clamp(min=1)  # [steps]
     out = {}
     for k in range(w.shape[0]):
@@ -192,4 +220,6 @@ def window_metrics(w: torch.Tensor, with_vloss: bool) -> dict[str, float]:
         if with_vloss:
             out[f"train/vloss_{k}"] = mean["vloss"]
     out["train/expected_accept"] = out["train/expected_accept_0"]
+    # step 0 on the tokens outside verbatim repeats: what the held-out eval/acc_0 compares with on looping targets
+    out["train/acc_0_fresh"] = float(w[0, STATS.index("correct_fresh")] / w[0, STATS.index("rows_fresh")].clamp(min=1))
     return out

@@ -1,7 +1,8 @@
 """How much of a synthesized chunk is the target looping, and how well does a head predict the rest? For each
 sequence of one synthesize.py chunk the trainer's teacher-forced step 0 (`train/acc_0`) is counted apart on the
-assistant tokens inside a verbatim repeat (the token 8-gram ending there occurred earlier in the sequence) and on the
-others, and on the first 128 tokens of each sequence's first answer (what the trainer's held-out evaluation decodes).
+assistant tokens inside a verbatim repeat (the token 8-gram ending there occurred earlier in the sequence:
+training/losses.py's `repeated_ngrams`, whose complement gives the trainer's train/acc_0_fresh) and on the others,
+and on the first 128 tokens of each sequence's first answer (what the trainer's held-out evaluation decodes).
 
     python -m benchmarks.probes.loop_share /tmp/synth --chunk 12 --num 30 --heads heads/smollm2_135m_eagle3 DIR2
 
@@ -22,17 +23,8 @@ from eaglet.models.head_checkpoint import load_draft_head
 from eaglet.models.llama import Transformer
 from eaglet.training.chain_replay import step_hits
 from eaglet.training.features import OnlineFeatures
+from eaglet.training.losses import repeated_ngrams
 from eaglet.training.synth_store import chunk_path, read_chunk
-
-
-def repeated(ids: list[int], n: int = 8) -> list[bool]:
-    """Whether the n-gram ending at each position occurred earlier in ids."""
-    seen, out = set(), [False] * len(ids)
-    for i in range(n - 1, len(ids)):
-        g = tuple(ids[i - n + 1:i + 1])
-        out[i] = g in seen
-        seen.add(g)
-    return out
 
 
 def main() -> None:
@@ -58,7 +50,7 @@ def main() -> None:
             ids, mask = s.ids.tolist(), s.mask.tolist()
             first = mask.index(True)
             hits = step_hits(target, head, feats, ids, first, 1)[:, 0].tolist()  # [rows] row r is position first-1+r
-            rep = repeated(ids)
+            rep = repeated_ngrams(s.ids[None])[0].tolist()  # [T] the trainer's rule (train/acc_0_fresh)
             for r, hit in enumerate(hits):
                 q = first + r + 1  # the token step 0 drafts at row r (step_hits: position p drafts token p + 2)
                 if q >= len(ids) or not mask[q]:

@@ -8,7 +8,8 @@ import torch
 
 from eaglet.models.head_checkpoint import new_draft_head
 from eaglet.training.data import Sample, draft_vocab
-from eaglet.training.losses import STATS, draft_loss, step_counts, step_terms, target_distribution, ttt_attention_mask
+from eaglet.training.losses import (STATS, draft_loss, repeated_ngrams, step_counts, step_terms, target_distribution,
+                                   ttt_attention_mask)
 
 
 def ttt_mask_reference(T: int, k: int) -> list[list[bool]]:
@@ -102,3 +103,44 @@ def test_draft_loss_normalisation(target):
     want = sum(0.8**k * stats[k, STATS.index("ploss")] / norm[k] for k in range(3))
     assert torch.allclose(loss.detach(), want, rtol=1e-6)
     assert (stats[:, STATS.index("vloss")] == 0).all()
+
+
+def repeated_reference(ids: list[int], n: int) -> list[bool]:
+    """Whether the n-gram ending at each position occurred earlier in ids (a set of tuples)."""
+    seen, out = set(), [False] * len(ids)
+    for i in range(n - 1, len(ids)):
+        g = tuple(ids[i - n + 1:i + 1])
+        out[i] = g in seen
+        seen.add(g)
+    return out
+
+
+@pytest.mark.parametrize("n", [1, 3, 8])
+def test_repeated_ngrams_equals_reference(n):
+    g = torch.Generator().manual_seed(n)
+    rows = [torch.randint(0, 5, (40,), generator=g),  # a small alphabet: many chance repeats
+            torch.cat([torch.randint(0, 49152, (10,), generator=g), torch.tensor([7, 8, 9, 10, 11] * 6)]),  # a loop
+            torch.randint(0, 49152, (60,), generator=g)[:40]]
+    tokens = torch.stack(rows)  # [3, 40]
+    got = repeated_ngrams(tokens, n)
+    assert got.tolist() == [repeated_reference(r.tolist(), n) for r in rows]
+    assert got[1, 30:].all() and not got[2].any() and not repeated_ngrams(tokens[:, :n - 1], n).any()
+
+
+def test_fresh_accuracy_counts_only_rows_outside_repeats(target):
+    """train/acc_0_fresh's statistics: without a repeat they equal the all-row ones; with a loop, fewer rows."""
+    head = new_draft_head("eagle3", target, draft_vocab_size=None)
+    g = torch.Generator().manual_seed(0)
+    plain = torch.randint(0, target.args.vocab_size, (1, 24), generator=g)  # [1, 24] no repeated 8-gram
+    loop = torch.cat([plain[:, :8], plain[:, :8], plain[:, :8]], 1)  # [1, 24] the same 8 tokens three times
+    for tokens, looping in ((plain, False), (loop, True)):
+        mask = torch.ones_like(tokens, dtype=torch.bool)
+        hidden = torch.randn(1, 24, target.args.dim, generator=g)
+        feature = torch.randn(1, 24, 3 * target.args.dim, generator=g)
+        _, stats = draft_loss(head, tokens, mask, feature, hidden, torch.ones(2), steps=2, step_weight=0.8)
+        rows, fresh = stats[:, STATS.index("rows")], stats[:, STATS.index("rows_fresh")]
+        correct, correct_fresh = stats[:, STATS.index("correct")], stats[:, STATS.index("correct_fresh")]
+        if looping:
+            assert (fresh < rows).all() and (correct_fresh <= correct).all()
+        else:
+            assert torch.equal(fresh, rows) and torch.equal(correct_fresh, correct)
