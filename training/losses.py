@@ -38,10 +38,10 @@ STATS = ("rows", "ploss", "correct", "accept", "vloss", "rows_fresh", "correct_f
 
 def repeated_ngrams(tokens: torch.Tensor, n: int = 8) -> torch.Tensor:
     """tokens [B, T] -> [B, T] bool: whether the token n-gram ending at each position occurred earlier in its row.
-    Why: SmolLM2's greedy answers loop, and 80% of the assistant tokens of its self-generated data lay inside such
-    repeats, where a head's step-0 accuracy was 0.82 against 0.52 elsewhere (benchmarks/probes/loop_share.py, the
-    same rule): train/acc_0 then mostly measures loops, train/acc_0_fresh the rest. A stable sort of the n-grams'
-    hashes (mod 2^31 - 1) marks each occurrence after the first."""
+    Why: SmolLM2's greedy answers loop; ~80% of the assistant tokens of its self-generated data are inside such
+    repeats, where a head's step-0 accuracy is 0.82 against 0.52 elsewhere (benchmarks/probes/loop_share.py, the
+    same rule), so train/acc_0 mostly measures loops and train/acc_0_fresh the rest. A stable sort of the n-grams'
+    hashes (mod 2^31 - 1; a collision marks one token, ~2^-31 a pair) marks each occurrence after the first."""
     B, T = tokens.shape
     out = torch.zeros(B, T, dtype=torch.bool, device=tokens.device)
     if T < n:
@@ -139,12 +139,13 @@ def step_terms(head: DraftHead, k: int, hidden: torch.Tensor, logits: torch.Tens
     with torch.no_grad():
         pred = head.to_target_ids(logits[:, :n].argmax(-1))  # [B, n]
         out["rows"] = valid.sum()
-        out["correct"] = ((pred == dist.argmax[:, tgt]).float() * valid).sum()
+        right = (pred == dist.argmax[:, tgt]).float()  # [B, n]
+        out["correct"] = (right * valid).sum()
         accept = torch.minimum(dist.probs[:, tgt], logq.exp()).sum(-1)  # [B, n]
         out["accept"] = (accept * valid).sum()
         fresh = valid if repeated is None else valid * (~repeated[:, k + 2:]).float()  # [B, n]
         out["rows_fresh"] = fresh.sum()
-        out["correct_fresh"] = ((pred == dist.argmax[:, tgt]).float() * fresh).sum()
+        out["correct_fresh"] = (right * fresh).sum()
     return out
 
 

@@ -23,9 +23,8 @@ Stages, each resumable (a file per finished piece, written atomically, skipped w
    (ended by the end-of-turn token, through the filters, no evaluation prompt, not a near-duplicate of an earlier
    turn or an echo of the answer before it).
    A conversation ends at an answer cut by `answers.max_new_tokens`, at one caught in a verbatim loop
-   (`answers.loop_stop`, training/filters.py's LoopStop: most of the budget went to loops without it), or when the
-   context is full. With
-   `answers.sampled` = k, every conversation's user turns are also answered k more times at
+   (`answers.loop_stop`, training/filters.py's LoopStop: without it most of the budget goes to loops), or when the
+   context is full. With `answers.sampled` = k, every conversation's user turns are also answered k more times at
    `answers.temperature`, each a training sequence. Stored as token ids (uint16) with the assistant-only mask.
 
 `recipe.json` beside the data holds everything that determines it (seed, counts, temperatures, model, tokenizer,
