@@ -5,7 +5,8 @@
 #   invariant  the invariant kernels' GPU tests, then benchmarks/bench_invariant.py (PARTS=proj,attn,step,sweep;
 #              BENCH_ARGS: more, e.g. "--trace /tmp/trace" for the per-kernel time inside the step graphs)
 #   e2e        run_spec.py with the defaults (SmolLM2 B=1/8 with AR passes, the fastest plain decoding) and random
-#              Llama-3.1-8B (plain; EAGLE-3 tree=simulate); a table of their metrics
+#              Llama-3.1-8B (plain; EAGLE-3 tree=simulate); a table of their metrics. E2E_SMOL=0 / E2E_L8B=0 skip
+#              either half (the 8B half needs no model file: it can run while the GGUF is still being carried)
 #   ar         benchmarks/bench_ar.py (needs the SmolLM2 GGUF and MT-bench; see scripts/offline_gpu_env.sh)
 #   kernels    the kernel benchmarks: tree attention, model kernels, linear, tree/verify, top-k, build_tree
 #   ablation   the overlap ablations (ABLATION_EXP, default both: ablate_overlap on random Llama-3.1-8B weights,
@@ -115,14 +116,16 @@ case $stage in
     R=/tmp/e2e; mkdir -p $R
     one() { local name=$1; shift; timeout ${RUN_S:-240} python run_spec.py hydra.run.dir=$R/$name logger=none "$@" \
               > $R/$name.log 2>&1 || tail -3 $R/$name.log; }
-    for b in ${E2E_BATCHES:-1 8}; do
+    (( ${E2E_SMOL:-1} )) && for b in ${E2E_BATCHES:-1 8}; do
       one smol_b$b target.path="$smol" gen.batch_size=$b ${E2E_ARGS:-}
       one smol_ar_b$b target.path="$smol" draft=none gen.batch_size=$b ${AR_ARGS:-}
     done
     r8=(target=random_llama3_8b data=synthetic data.limit=1 data.prompt_len=1024 gen.max_new_tokens=256)
-    one l8b_ar "${r8[@]}" draft=none ${AR8_ARGS:-}
-    one l8b_eagle3_sim +experiment=ablate_overlap hydra.mode=RUN gen.batch_size=1 stream=serial tree=simulate \
-      ${SIM_ARGS:-}
+    if (( ${E2E_L8B:-1} )); then
+      one l8b_ar "${r8[@]}" draft=none ${AR8_ARGS:-}
+      one l8b_eagle3_sim +experiment=ablate_overlap hydra.mode=RUN gen.batch_size=1 stream=serial tree=simulate \
+        ${SIM_ARGS:-}
+    fi
     python scripts/summarize_runs.py $R/* | tee "$out/e2e.md"
     tar cz -C $R --exclude=wandb --exclude=trace.json --exclude=.hydra . > "$out/e2e.tgz" ;;
   ar)

@@ -203,8 +203,10 @@ def _chain(mask_row: torch.Tensor) -> list[int]:
 
 INVARIANT_CASES = [
     # (B, N, Hq, Hkv, D, prefix_lens, page_size, tree); prefixes straddle the 64-key tiles and the 128-key splits;
-    # groups of 2 (8 tokens a 16-row tile), 3 (5 tokens and a padding row), 1 (16 tokens), 32 (two tiles a token)
+    # groups of 2 (8 tokens a 16-row tile), 3 (5 tokens and a padding row), 1 (16 tokens), 32 (two tiles a token);
+    # two causal tiles whose tokens cross a split boundary
     pytest.param(2, 9, 4, 2, 64, [37, 509], 16, True, id="tree-split-boundary"),
+    pytest.param(2, 20, 4, 4, 64, [115, 3], 16, False, id="causal-two-tiles-split-boundary"),
     pytest.param(1, 24, 6, 2, 128, [1030], 8, True, id="tree-group3-D128"),
     pytest.param(2, 7, 4, 4, 64, [0, 60], 1, False, id="causal-page1"),
     pytest.param(1, 5, 32, 1, 64, [200], 16, True, id="tree-group32"),
