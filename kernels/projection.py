@@ -166,18 +166,21 @@ def _table(N: int, K: int, M: int, epi: int, dtype: torch.dtype, sms: int, hip: 
            two: bool = False) -> dict:
     """The config of a call on a GPU of `sms` SMs (CUs), AMD's when `hip`, with a second input when `two`. Up to
     MAX_SPLIT_M rows the x tile is the smallest of 16 / 32 / 64 rows that holds them (each weight tile read by one
-    program per split), but for 33-64 rows of a weight whose grid of 32-row tiles still fits one wave: there two
-    32-row programs a weight tile, the second reading it from L2 (SmolLM2's qkv at M=64: 9.73 µs in one 64-row
-    tile, 6.98 in two 32-row ones; H200). A row's bits do not depend on its tile (module doc)."""
+    program per split), but for 33-64 rows the smallest x tile whose grid still fits one wave: the programs of a
+    weight tile then read it once from HBM and again from L2. The 64-row sweep (`bench_invariant --parts sweep
+    --sweep-ms 64`, H200) chose these tiles for SmolLM2: qkv 16 rows (5.33 µs; one 64-row tile 9.73), o 16 (4.00;
+    32 rows 4.15), gate_up and down 32 (5.70, 5.46); the 8B's grids fit no wave in less than 64. A row's bits do not
+    depend on its tile (module doc; the sweep checked the rows of each tile it chose)."""
     cfg = _config(N, K, epi, dtype, sms, hip)
     if M > MAX_SPLIT_M:
         return _prefill_tiles(cfg, epi, head_dim, dtype, hip, two)
     block_m = 16 if M <= 16 else 32 if M <= 32 else 64
-    if block_m == 64 and 2 * triton.cdiv(N, cfg["BLOCK_N"]) * cfg["SPLITS"] * (2 if two else 1) <= sms:
-        block_m = 32
+    if block_m == 64:
+        grid = triton.cdiv(N, cfg["BLOCK_N"]) * cfg["SPLITS"] * (2 if two else 1)  # programs per x tile
+        block_m = next((bm for bm in (16, 32) if triton.cdiv(M, bm) * grid <= sms), 64)
     if hip and block_m == 64:
         cfg = dict(cfg, num_warps=_HIP_WARPS_64)
-    if not hip and block_m == 16 and dtype.itemsize == 2 and triton.cdiv(N, 64) * cfg["SPLITS"] <= sms:
+    if not hip and M <= 16 and dtype.itemsize == 2 and triton.cdiv(N, 64) * cfg["SPLITS"] <= sms:
         # a grid within one wave: each program streams a long slab, and 5 stages of 20 KB keep more of it in flight
         # (8B qkv 16.0 µs, 4 stages 16.6; o 11.8 / 12.0); with more programs than SMs, 4 (8B gate_up 57.4 / 58.0)
         cfg = dict(cfg, num_stages=5)
