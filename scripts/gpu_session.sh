@@ -116,10 +116,12 @@ case $stage in
     R=/tmp/e2e; mkdir -p $R
     one() { local name=$1; shift; timeout ${RUN_S:-240} python run_spec.py hydra.run.dir=$R/$name logger=none "$@" \
               > $R/$name.log 2>&1 || tail -3 $R/$name.log; }
-    (( ${E2E_SMOL:-1} )) && for b in ${E2E_BATCHES:-1 8}; do
-      one smol_b$b target.path="$smol" gen.batch_size=$b ${E2E_ARGS:-}
-      one smol_ar_b$b target.path="$smol" draft=none gen.batch_size=$b ${AR_ARGS:-}
-    done
+    if (( ${E2E_SMOL:-1} )); then
+      for b in ${E2E_BATCHES:-1 8}; do
+        one smol_b$b target.path="$smol" gen.batch_size=$b ${E2E_ARGS:-}
+        one smol_ar_b$b target.path="$smol" draft=none gen.batch_size=$b ${AR_ARGS:-}
+      done
+    fi
     r8=(target=random_llama3_8b data=synthetic data.limit=1 data.prompt_len=1024 gen.max_new_tokens=256)
     if (( ${E2E_L8B:-1} )); then
       one l8b_ar "${r8[@]}" draft=none ${AR8_ARGS:-}
