@@ -459,10 +459,10 @@ def readme_results(results: Path = REPO / "results") -> str:
                     "≥ 1,600 at B=1, faster than AR: met", "≥ 1,600 at B=1, faster than AR: **not met**"),
                  "`python run_spec.py data.max_turns=1` (both turns: `python run_spec.py`)"))
     l8b = e2e["l8b_ar"]
-    floor_ms, rate = l8b["weight_read_floor_ms"], l8b["decode_tokens_per_s"]
+    floor_ms, tok_s = l8b["weight_read_floor_ms"], l8b["decode_tokens_per_s"]
     rows.append(("plain decoding, random Llama-3.1-8B, B=1, 1k prefix, invariant numerics",
-                 f"{rate:.0f} tokens/s ({1e3 / rate / floor_ms:.2f}× the weight-read floor of {floor_ms:.2f} ms)",
-                 ok(rate >= 235, "≥ 235: met", "≥ 235: **not met**"),
+                 f"{tok_s:.0f} tokens/s ({1e3 / tok_s / floor_ms:.2f}× the weight-read floor of {floor_ms:.2f} ms)",
+                 ok(tok_s >= 235, "≥ 235: met", "≥ 235: **not met**"),
                  "`python run_spec.py target=random_llama3_8b draft=none data=synthetic data.limit=1 "
                  "data.prompt_len=1024`"))
 
