@@ -38,8 +38,9 @@ rows (an MMA tile of the same shape for every call: TOKS = 16 // G tokens of G h
 in every row's sequence (below the prefix; causal: below the tile's first token) is attended once for the 16 rows;
 the splits that reach the tree are attended per token (one sub-program each, its ancestors gathered into depth order).
 The merge takes a row's splits in blocks of `_INVARIANT_MERGE`, each summed in `fixed_sum0`'s order, so a verify,
-a decode step and a prefill reduce alike. On an H200 a decode costs 1.01-1.04x the split-KV kernel, a B=1 verify of
-8 tokens 1.13-1.33x and a B=8 one 1.5-1.8x (each 16-row tile reads its request's prefix; results/invariant_h200/).
+a decode step and a prefill reduce alike. On an H200 a decode costs 0.77-1.00x the split-KV kernel, a B=1 verify of
+8 tokens 1.02-1.23x and a B=8 one 1.4-1.8x (results/invariant_h200/; one program of two 16-row tiles, each K/V tile
+loaded once for both, was slower at B=1 and no faster at B=8: the B=8 cost is not the prefix read again).
 """
 
 from __future__ import annotations
