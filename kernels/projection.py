@@ -170,7 +170,7 @@ def _table(N: int, K: int, M: int, epi: int, dtype: torch.dtype, sms: int, hip: 
     weight tile then read it once from HBM and again from L2. The 64-row sweep (`bench_invariant --parts sweep
     --sweep-ms 64`, H200) chose these tiles for SmolLM2: qkv 16 rows (5.33 µs; one 64-row tile 9.73), o 16 (4.00;
     32 rows 4.15), gate_up and down 32 (5.70, 5.46); the 8B's grids fit no wave in less than 64. A row's bits do not
-    depend on its tile (module doc; the sweep checked the rows of each tile it chose)."""
+    depend on its tile (module doc; the sweep checked qkv's, o's and gate_up's rows in the tiles it chose)."""
     cfg = _config(N, K, epi, dtype, sms, hip)
     if M > MAX_SPLIT_M:
         return _prefill_tiles(cfg, epi, head_dim, dtype, hip, two)
