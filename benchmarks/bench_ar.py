@@ -33,7 +33,8 @@ def main():
     from eaglet.data.prompts import load_mt_bench
     from eaglet.models.checkpoint import load_checkpoint, load_tokenizer
     from eaglet.models.kv_cache import KVCache
-    from eaglet.models.llama import ModelArgs, Transformer, set_fused_linear
+    from eaglet.models.kernel_paths import FUSED_LINEAR_MAX_ROWS, override_limits
+    from eaglet.models.llama import ModelArgs, Transformer
     from eaglet.engine.autoregressive import AREngine
     from eaglet.engine.requests import Request
     from eaglet.engine.common import encode_turns
@@ -57,31 +58,30 @@ def main():
         mean_ctx = sum(len(p) for p in batch_prompts) / B + args.max_new / 2
         floor_s = (weight_bytes + B * mean_ctx * kv_bytes_per_token) / bw  # one decode step
         # (graphs, fused projections up to this many tokens): the default (fused at 1 token) against
-        # cuBLAS projections at every size, the measurement behind models/llama.py's threshold
-        default = set_fused_linear(0)
+        # cuBLAS projections at every size, the measurement behind models/kernel_paths.py's FUSED_LINEAR_MAX_ROWS,
         # and the invariant numerics (run_spec.py's default: lossless bf16 speculation; their own kernels)
+        default = FUSED_LINEAR_MAX_ROWS
         for graph, fused, inv in ((True, 0, False), (True, default, False), (True, default, True),
                                   (False, default, False)):
-            set_fused_linear(fused)
             model.set_invariant(inv)
-            kv = KVCache.for_model(margs, max_reqs=B, max_context=2048, page_size=16, dtype=dtype, device=dev)
-            eng = AREngine(model, kv, B, use_cuda_graph=graph)
-            eng.warmup()  # autotuning and graph capture stay out of the timing
-            eng.generate([Request(p, 8) for p in batch_prompts])
-            reqs = [Request(p, args.max_new, rid=i) for i, p in enumerate(batch_prompts)]
-            st = eng.generate(reqs)
-            decode_tokens = st.new_tokens - len(reqs)  # the first token of each comes from prefill
-            decode_s = st.total_s - st.prefill_s
-            tps = decode_tokens / decode_s
-            name = ("CUDA graph" if graph else "eager") + (
-                ", invariant numerics" if inv else f", fused projections at <= {fused} tokens" if fused
-                else ", cuBLAS projections")
-            rows.append({"provider": f"eaglet AR ({name})", "B": B,
-                         "tokens/s": tps, "step ms": 1e3 * decode_s / st.decode_steps,
-                         "floor ms": 1e3 * floor_s, "floor tokens/s": B / floor_s,
-                         "x floor": (decode_s / st.decode_steps) / floor_s})
-            print(rows[-1], flush=True)
-        set_fused_linear(default)
+            with override_limits(fused_linear_max_rows=fused):
+                kv = KVCache.for_model(margs, max_reqs=B, max_context=2048, page_size=16, dtype=dtype, device=dev)
+                eng = AREngine(model, kv, B, use_cuda_graph=graph)
+                eng.warmup()  # autotuning and graph capture stay out of the timing
+                eng.generate([Request(p, 8) for p in batch_prompts])
+                reqs = [Request(p, args.max_new, rid=i) for i, p in enumerate(batch_prompts)]
+                st = eng.generate(reqs)
+                decode_tokens = st.new_tokens - len(reqs)  # the first token of each comes from prefill
+                decode_s = st.total_s - st.prefill_s
+                tps = decode_tokens / decode_s
+                name = ("CUDA graph" if graph else "eager") + (
+                    ", invariant numerics" if inv else f", fused projections at <= {fused} tokens" if fused
+                    else ", cuBLAS projections")
+                rows.append({"provider": f"eaglet AR ({name})", "B": B,
+                             "tokens/s": tps, "step ms": 1e3 * decode_s / st.decode_steps,
+                             "floor ms": 1e3 * floor_s, "floor tokens/s": B / floor_s,
+                             "x floor": (decode_s / st.decode_steps) / floor_s})
+                print(rows[-1], flush=True)
         model.set_invariant(False)
         if args.no_hf:
             continue

@@ -33,9 +33,9 @@ import torch
 from torch import nn
 
 from eaglet.kernels.activation import silu_and_mul_ref
-from eaglet.kernels.folded_linear import MAX_M as FOLDED_MAX_M
 from eaglet.kernels.rmsnorm import rmsnorm_ref
 from eaglet.kernels.tree_attention import SUPPORTED_HEAD_DIMS
+from eaglet.models.kernel_paths import Layer, Path, path_for
 from eaglet.models.kv_cache import ForwardBatch, KVCache
 from eaglet.models.llama import Attention, FeedForward, ModelArgs, RMSNorm, Transformer, rope_inv_freq
 # the training forward's attention: models/ depends on training/ here only, and that module imports no model code
@@ -87,10 +87,10 @@ class DraftLayer(nn.Module):
     def fold_norm_weights(self) -> bool:
         """Fold the norm weights into the projections after them, in place (as `Transformer.fold_norm_weights`):
         input_layernorm (and hidden_norm, EAGLE-3) into qkv_proj's columns, post_attention_layernorm into
-        gate_up_proj; the norms' weights become 1, so every path computes the same function. Up to 16 rows the
-        layer then runs kernels/folded_linear.py's 4 fused launches and no norm kernel (an EAGLE-3 draft step:
-        9 fewer launches). A layer without an input norm (EAGLE-1 layer 0, whose qkv reads x unscaled) is left as
-        it is. Returns whether the layer folded."""
+        gate_up_proj; the norms' weights become 1, so every path computes the same function. Up to 16 rows
+        (models/kernel_paths.py) the layer then runs kernels/folded_linear.py's 4 fused launches and no norm kernel
+        (an EAGLE-3 draft step: 9 fewer launches). A layer without an input norm (EAGLE-1 layer 0, whose qkv reads
+        x unscaled) is left as it is. Returns whether the layer folded."""
         attn = self.self_attn
         if self.input_layernorm is None or self.norms_folded:
             return self.norms_folded
@@ -108,9 +108,10 @@ class DraftLayer(nn.Module):
 
     def forward(self, x, positions, inv_freq, batch: ForwardBatch, kv: KVCache, embeds=None) -> torch.Tensor:
         """x [B, T, H] (residual stream) -> [B, T, H]; `embeds` [B, T, H] only for the EAGLE-3 variant."""
-        if self.norms_folded and x.numel() <= FOLDED_MAX_M * x.shape[-1]:
-            # x + attention as a new tensor (x, the caller's, is left as it is), then the MLP adds into it. Above
-            # FOLDED_MAX_M rows the plain path below runs (unit norm weights: the same function).
+        path = path_for(Layer.DRAFT, invariant=False, folded=self.norms_folded, rows=x.numel() // x.shape[-1])
+        if path is Path.FOLDED:
+            # x + attention as a new tensor (x, the caller's, is left as it is), then the MLP adds into it. A folded
+            # layer's PLAIN path (models/kernel_paths.py) is the one below: unit norm weights, the same function.
             h = self.self_attn(x, positions, inv_freq, batch, kv, folded=True, in_place=False,
                                embeds=embeds if self.hidden_norm is not None else None)  # [B, T, H]
             return self.mlp(h, folded=True)  # [B, T, H]

@@ -29,6 +29,7 @@ from eaglet.kernels.linear import norm_linear, silu_mul_linear
 from eaglet.kernels.rmsnorm import rmsnorm
 from eaglet.kernels.rope import rope_store
 from eaglet.kernels.tree_attention import tree_attention
+from eaglet.models.kernel_paths import Layer, Path, path_for
 from eaglet.models.kv_cache import ForwardBatch, KVCache
 
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
@@ -275,16 +276,21 @@ class TransformerBlock(nn.Module):
         self.invariant = False  # Transformer.set_invariant
         self.norms_folded = False  # Transformer.fold_norm_weights
 
+    def path(self, rows: int) -> Path:
+        """The kernel path this block runs for a call of `rows` (B * T) rows."""
+        return path_for(Layer.BLOCK, invariant=self.invariant, folded=self.norms_folded, rows=rows)
+
     def forward(self, x, residual, positions, inv_freq, batch, kv):
         """Pre-norm block with the residual adds fused into the norms (vLLM/SGLang style): takes and
         returns (block output, residual) whose sum is the residual stream; residual=None at layer 0.
         With folded norms (Transformer.fold_norm_weights) it returns (the residual stream, None), and a multi-token
-        call updates x, the stream, in place."""
-        if self.invariant:
+        call updates x, the stream, in place. The path is the table's (models/kernel_paths.py)."""
+        path = self.path(x.numel() // x.shape[-1])
+        if path is Path.INVARIANT:
             return self._forward_invariant(x if residual is None else x + residual, positions, inv_freq, batch, kv)
-        if x.numel() <= _FUSED_LINEAR_MAX_TOKENS * x.shape[-1]:
+        if path is Path.FUSED_LINEAR:
             return self._forward_fused_linear(x, residual, positions, inv_freq, batch, kv)
-        if self.norms_folded:  # no norm kernel: the norms' 1/rms go into RoPE and SiLU, the adds into the GEMMs
+        if path is Path.FOLDED:  # no norm kernel: the norms' 1/rms go into RoPE and SiLU, the adds into the GEMMs
             # x is the stream, owned by Transformer.forward and updated in place: a clone here is a graph memcpy
             # node per layer (8B verify at B=1, alternating on one H200: 4.81 ms with it, 4.76 without)
             stream = x if residual is None else x + residual  # [B, T, H]
@@ -330,20 +336,8 @@ class TransformerBlock(nn.Module):
         return silu_mul_linear(gu, mlp.down_proj.weight), residual
 
 
-# Token counts up to which a block runs the fused projections (kernels/linear.py) instead of the rmsnorm
-# kernel + cuBLAS. SmolLM2 decode on an H200 (results/ar_h200.md, CUDA graphs): 1 token per
-# step 1.187 -> 0.936 ms fused (842 -> 1,068 tokens/s); 8 tokens 1.204 -> 1.621 ms, so cuBLAS above 1.
-_FUSED_LINEAR_MAX_TOKENS = 1
-
-
-def set_fused_linear(max_tokens: int) -> int:
-    """Run the fused projections for blocks of at most `max_tokens` tokens (0: never); returns the previous
-    setting (benchmarks/bench_ar.py times both paths)."""
-    global _FUSED_LINEAR_MAX_TOKENS
-    if max_tokens < 0:
-        raise ValueError(f"max_tokens must be >= 0, got {max_tokens}")
-    old, _FUSED_LINEAR_MAX_TOKENS = _FUSED_LINEAR_MAX_TOKENS, max_tokens
-    return old
+# The block paths that update x, the residual stream, in place (TransformerBlock.forward)
+_IN_PLACE = (Path.INVARIANT, Path.FOLDED)
 
 
 class _Body(nn.Module):
@@ -454,8 +448,8 @@ class Transformer(nn.Module):
         if self._inv_freq.device != positions.device:
             self._inv_freq = self._inv_freq.to(positions.device)
         x = self.model.embed_tokens(tokens) if embeds is None else embeds  # [B, T, dim]
-        if embeds is not None and (self.invariant or self.model.layers[0].norms_folded):
-            x = embeds.clone()  # folded blocks update the stream in place; the caller's tensor stays as it was
+        if embeds is not None and self.model.layers[0].path(x.numel() // x.shape[-1]) in _IN_PLACE:
+            x = embeds.clone()  # the caller's tensor stays as it was
         residual, captured = None, []
         for i, layer in enumerate(self.model.layers):
             x, residual = layer(x, residual, positions, self._inv_freq, batch, kv)  # [B, T, dim] each
@@ -465,8 +459,9 @@ class Transformer(nn.Module):
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [..., dim] -> logits [..., V] in fp32 (argmax/softmax stability in bf16 runs)."""
-        if self.invariant:
-            shape = hidden.shape
+        shape = hidden.shape
+        if path_for(Layer.LM_HEAD, invariant=self.invariant, folded=False, rows=hidden.numel() // shape[-1]) \
+                is Path.INVARIANT:
             return proj.linear(hidden.reshape(-1, shape[-1]), self.lm_head.weight).view(*shape[:-1], -1).float()
         return self.lm_head(hidden).float()
 

@@ -8,6 +8,7 @@ import pytest
 import torch
 import transformers
 
+from eaglet.models.kernel_paths import override_limits
 from eaglet.models.kv_cache import ForwardBatch, KVCache, slots_for
 from eaglet.models.llama import ModelArgs, Transformer
 
@@ -177,20 +178,13 @@ def test_registry_configs_build():
 def test_fused_linear_path_equals_the_unfused_one(family):
     """The fused path (norm fused into the projection, SiLU·mul into the down projection; the default
     at one token) computes the same block: exactly on CPU, where both run the kernels' references."""
-    import eaglet.models.llama as llama
-
     model = to_eaglet(tiny_hf(family))
     ids = torch.randint(0, 256, (1, 29), generator=torch.Generator().manual_seed(5))
-    old = llama.set_fused_linear(0)
-    try:
+    with override_limits(fused_linear_max_rows=0):
         plain = full_forward(model, ids)
-        llama.set_fused_linear(64)
+    with override_limits(fused_linear_max_rows=64):
         fused = full_forward(model, ids)
-    finally:
-        llama.set_fused_linear(old)
-    assert old == 1 and torch.equal(fused, plain)
-    with pytest.raises(ValueError, match="max_tokens"):
-        llama.set_fused_linear(-1)
+    assert torch.equal(fused, plain)
 
 
 @pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied"])
@@ -207,18 +201,13 @@ def test_weight_read_bytes_counts_the_lm_head_not_an_untied_embedding(tied):
 def test_folded_norm_weights_compute_the_same_model(fused):
     """fold_norm_weights: the same logits and captured residual streams (fp32: rounding only), whichever path
     runs; the multi-token path then has no norm kernel (its norm weights are ones and the blocks say so)."""
-    import eaglet.models.llama as llama
-
     hf = tiny_hf("llama")
     plain, folded = to_eaglet(hf), to_eaglet(hf).fold_norm_weights()
     assert all(layer.norms_folded and bool((layer.input_layernorm.weight == 1).all())
                for layer in folded.model.layers)
     ids = torch.randint(0, 256, (1, 19), generator=torch.Generator().manual_seed(3))
-    old = llama.set_fused_linear(64 if fused else 0)
-    try:
+    with override_limits(fused_linear_max_rows=64 if fused else 0):
         a, b = full_forward(plain, ids), full_forward(folded, ids)
-    finally:
-        llama.set_fused_linear(old)
     assert rel_err(b, a) < 1e-5
     with pytest.raises(ValueError, match="fold_norm_weights: qwen2"):
         to_eaglet(tiny_hf("qwen2")).fold_norm_weights()
@@ -228,13 +217,10 @@ def test_folded_norm_weights_compute_the_same_model(fused):
 
 def test_folded_norm_weights_capture_the_same_features():
     """EAGLE-3's features (the residual stream after chosen layers) from a folded model's verify-shaped forward."""
-    import eaglet.models.llama as llama
-
     hf = tiny_hf("llama")
     ids = torch.randint(0, 256, (1, 11), generator=torch.Generator().manual_seed(4))
     feats = []
-    old = llama.set_fused_linear(0)
-    try:
+    with override_limits(fused_linear_max_rows=0):
         for model in (to_eaglet(hf), to_eaglet(hf).fold_norm_weights()):
             kv = KVCache.for_model(model.args, max_reqs=1, max_context=16, page_size=4, dtype=model.dtype)
             r = kv.alloc_request()
@@ -244,28 +230,27 @@ def test_folded_norm_weights_capture_the_same_features():
                 h, cap = model(ids, pos, ForwardBatch(pt, torch.zeros(1, dtype=torch.int32), slots_for(pt, pos, 4)),
                                kv, capture_layers=(0, 1))
             feats.append([h, *cap])
-    finally:
-        llama.set_fused_linear(old)
     assert all(rel_err(f, g) < 1e-5 for f, g in zip(*feats))
 
 
-def test_folded_blocks_leave_the_callers_embeds_alone():
-    """Folded blocks update the residual stream in place; embeds passed in by the caller are copied first."""
-    import eaglet.models.llama as llama
-
-    model = to_eaglet(tiny_hf("llama")).fold_norm_weights()
-    ids = torch.randint(0, 256, (1, 7), generator=torch.Generator().manual_seed(5))
+@pytest.mark.parametrize("T", [1, 7], ids=["decode", "multi-token"])
+@pytest.mark.parametrize("invariant", [False, True], ids=["fastest", "invariant"])
+@pytest.mark.parametrize("folded", [False, True], ids=["norms", "folded"])
+def test_blocks_leave_the_callers_embeds_alone(folded, invariant, T):
+    """Folded and invariant blocks update the residual stream in place; embeds passed in by the caller are copied
+    first on those paths, and the other paths leave them alone."""
+    model = to_eaglet(tiny_hf("llama"))
+    if folded:
+        model.fold_norm_weights()
+    model.set_invariant(invariant)
+    ids = torch.randint(0, 256, (1, T), generator=torch.Generator().manual_seed(5))
     kv = KVCache.for_model(model.args, max_reqs=1, max_context=8, page_size=4, dtype=model.dtype)
     r = kv.alloc_request()
-    kv.reserve(r, 7)
-    pos, pt = torch.arange(7)[None], kv.req_to_page[[r]]
-    embeds = model.model.embed_tokens(ids).detach()  # [1, 7, H]
+    kv.reserve(r, T)
+    pos, pt = torch.arange(T)[None], kv.req_to_page[[r]]
+    embeds = model.model.embed_tokens(ids).detach()  # [1, T, H]
     before = embeds.clone()
-    old = llama.set_fused_linear(0)
-    try:
-        with torch.no_grad():
-            model(ids, pos, ForwardBatch(pt, torch.zeros(1, dtype=torch.int32), slots_for(pt, pos, 4)), kv,
-                  embeds=embeds)
-    finally:
-        llama.set_fused_linear(old)
+    with torch.no_grad():
+        model(ids, pos, ForwardBatch(pt, torch.zeros(1, dtype=torch.int32), slots_for(pt, pos, 4)), kv,
+              embeds=embeds)
     assert torch.equal(embeds, before)
