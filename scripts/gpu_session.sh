@@ -92,7 +92,7 @@ sweep() {  # log file, sweep dir, overrides...: one Hydra multirun of run_spec.p
   local log=$1 dir=$2; shift 2
   timeout "${SWEEP_S:-36000}" python run_spec.py -m logger=none print_answers=0 \
     hydra.sweep.dir="$dir" "$@" ${EXP_ARGS:-} > "$log" 2>&1 || tail -5 "$log"  # EXP_ARGS: as TRAIN_ARGS
-  grep -E "^\[eaglet\] [0-9]+ tokens|Error" "$log" | sed "s|^|[$(basename "$log" .log)] |"
+  grep -E "^\[eaglet\] done:|Error" "$log" | sed "s|^|[$(basename "$log" .log)] |"
 }
 case $stage in
   tests)
