@@ -183,6 +183,7 @@ TRAIN_BAD = [
     (["train.resume=/no/such/run"], "train.resume"),
     (["train.resume=null"], "train.resume"),  # the run dir holds another run's checkpoints
     (["train/head=multi_layer", "train.head.ttt_length=2"], "train.head.ttt_length"),
+    (["train.head.accept_weight=-1"], "train.head.accept_weight"),
     (["train.fsdp=true"], "train.fsdp"),
     (["train.head.resize_vocab=true"], "train.head.resize_vocab"),
     (["train/head=eagle1", "+train.head.resize_vocab=true", "train.head.init_from={run}"], "train.head.resize_vocab"),

@@ -18,6 +18,7 @@ def check_head(c: Checks) -> None:
     kind = c.choice("train.head.kind", HEAD_KINDS)
     steps = c.integer("train.head.ttt_length", lo=1)
     c.number("train.head.step_weight", lo=0, lo_open=True)
+    c.number("train.head.accept_weight", lo=0)
     c.choice("train.head.export_dtype", DTYPE_NAMES)
     c.path("train.head.init_from", "dir", null=True, what="a head directory (config.json + model.safetensors)")
     if kind in ("eagle1", "multi_layer"):

@@ -33,7 +33,7 @@ from eaglet.training.ttt_attention import DenseKV, TTTPattern
 
 # Per-step statistics, summed over rows (and later over micro-batches and processes); *_fresh: over the rows whose
 # predicted token is not inside a verbatim repeat (`repeated_ngrams`)
-STATS = ("rows", "ploss", "correct", "accept", "vloss", "rows_fresh", "correct_fresh")
+STATS = ("rows", "ploss", "correct", "accept", "aloss", "vloss", "rows_fresh", "correct_fresh")
 
 
 def repeated_ngrams(tokens: torch.Tensor, n: int = 8) -> torch.Tensor:
@@ -113,12 +113,13 @@ def target_distribution(logits: torch.Tensor, vocab: torch.Tensor | None) -> Tar
 
 def step_terms(head: DraftHead, k: int, hidden: torch.Tensor, logits: torch.Tensor, dist: TargetDist,
                loss_mask: torch.Tensor, final_hidden: torch.Tensor | None,
-               repeated: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+               repeated: torch.Tensor | None = None, accept_grad: bool = False) -> dict[str, torch.Tensor]:
     """Sums over the rows of unrolled step k: soft cross-entropy `ploss` (with grad), `vloss` (EAGLE-1's SmoothL1
-    to the next target feature, with grad; zero without `final_hidden`), and the statistics (no grad): `rows`,
-    `correct` (draft top-1 == target top-1), `accept` (sum over rows of sum_x min(p(x), q(x)), the acceptance
-    probability of speculative sampling at temperature 1), and `rows_fresh` / `correct_fresh` over the rows whose
-    predicted token is not marked in `repeated` [B, T] (all rows without it)."""
+    to the next target feature, with grad; zero without `final_hidden`), `aloss` (-log of the acceptance
+    probability, with grad only when `accept_grad`), and the statistics (no grad): `rows`, `correct` (draft top-1 ==
+    target top-1), `accept` (sum over rows of a = sum_x min(p(x), q(x)), the acceptance probability of speculative
+    sampling at temperature 1), and `rows_fresh` / `correct_fresh` over the rows whose predicted token is not marked
+    in `repeated` [B, T] (all rows without it)."""
     T = loss_mask.shape[1]
     n = T - k - 2  # rows whose predicted token p+k+2 exists
     zero = logits.sum() * 0.0
@@ -136,12 +137,16 @@ def step_terms(head: DraftHead, k: int, hidden: torch.Tensor, logits: torch.Tens
         out["vloss"] = (v * valid).sum()
     else:
         out["vloss"] = zero
+    with torch.set_grad_enabled(accept_grad and torch.is_grad_enabled()):
+        accept = torch.minimum(dist.probs[:, tgt], logq.exp()).sum(-1)  # [B, n]
+        # the floor keeps the log finite where the draft puts no mass on the target's tokens (and its gradient
+        # then zero: such rows learn from ploss alone)
+        out["aloss"] = (-accept.clamp(min=1e-6).log() * valid).sum()
     with torch.no_grad():
         pred = head.to_target_ids(logits[:, :n].argmax(-1))  # [B, n]
         out["rows"] = valid.sum()
         right = (pred == dist.argmax[:, tgt]).float()  # [B, n]
         out["correct"] = (right * valid).sum()
-        accept = torch.minimum(dist.probs[:, tgt], logq.exp()).sum(-1)  # [B, n]
         out["accept"] = (accept * valid).sum()
         fresh = valid if repeated is None else valid * (~repeated[:, k + 2:]).float()  # [B, n]
         out["rows_fresh"] = fresh.sum()
@@ -151,11 +156,14 @@ def step_terms(head: DraftHead, k: int, hidden: torch.Tensor, logits: torch.Tens
 
 def draft_loss(head: DraftHead, tokens: torch.Tensor, loss_mask: torch.Tensor, feature: torch.Tensor,
                final_hidden: torch.Tensor, norm: torch.Tensor, *, steps: int, step_weight: float,
-               p_weight: float = 1.0, v_weight: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+               p_weight: float = 1.0, v_weight: float = 0.0,
+               a_weight: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
     """One micro-batch: the loss to backpropagate and the per-step statistics [steps, len(STATS)] (sums, no grad).
 
-    loss = sum_k step_weight^k * (p_weight * ploss_k + v_weight * vloss_k) / norm[k], with `norm` [steps] the
-    rows of step k over the whole optimiser step and every process (times 1/world_size, as DDP averages).
+    loss = sum_k step_weight^k * (p_weight * ploss_k + v_weight * vloss_k + a_weight * aloss_k) / norm[k], with
+    aloss_k = sum over rows of -log sum_x min(p(x), q(x)) (the acceptance itself as a loss, as in the LK losses;
+    `train.head.accept_weight`, 0 by default) and `norm` [steps] the rows of step k over the whole optimiser step and
+    every process (times 1/world_size, as DDP averages).
     EAGLE-1: steps=1, p_weight=0.1, v_weight=1 (EAGLE's weights). EAGLE-3: steps=7, step_weight=0.8, p_weight=1,
     v_weight=0 (no feature regression: its hidden state is its own, not the target's). Multi-layer: EAGLE-1's
     weights, steps=S (one per layer), step_weight=0.8."""
@@ -165,8 +173,9 @@ def draft_loss(head: DraftHead, tokens: torch.Tensor, loss_mask: torch.Tensor, f
     regress = final_hidden if v_weight else None
     loss, stats = 0.0, []
     for k, (hidden, logits) in enumerate(unroll(head, tokens, feature, steps)):
-        t = step_terms(head, k, hidden, logits, dist, loss_mask, regress, repeated)
-        loss = loss + step_weight**k * (p_weight * t["ploss"] + v_weight * t["vloss"]) / norm[k].clamp(min=1)
+        t = step_terms(head, k, hidden, logits, dist, loss_mask, regress, repeated, accept_grad=a_weight > 0)
+        terms = p_weight * t["ploss"] + v_weight * t["vloss"] + (a_weight * t["aloss"] if a_weight > 0 else 0.0)
+        loss = loss + step_weight**k * terms / norm[k].clamp(min=1)
         stats.append(torch.stack([t[name].detach().float() for name in STATS]))
     return loss, torch.stack(stats)  # scalar, [steps, len(STATS)]
 
@@ -198,7 +207,8 @@ class DraftObjective(nn.Module):
         # EAGLE-1 and multi-layer heads output target features (the target's lm_head reads them): regress them
         regress = head.KIND in ("eagle1", "multi_layer")
         self.kw = dict(steps=steps, step_weight=float(hc.step_weight),
-                       p_weight=float(hc.p_weight) if regress else 1.0, v_weight=float(hc.v_weight) if regress else 0.0)
+                       p_weight=float(hc.p_weight) if regress else 1.0, v_weight=float(hc.v_weight) if regress else 0.0,
+                       a_weight=float(hc.get("accept_weight", 0.0)))
 
     @property
     def steps(self) -> int:
@@ -209,15 +219,15 @@ class DraftObjective(nn.Module):
 
 
 def window_metrics(w: torch.Tensor, with_vloss: bool) -> dict[str, float]:
-    """Summed statistics [steps, len(STATS)] of a logging window -> train/acc_k, ploss_k, expected_accept_k
-    (and vloss_k) as means over the counted rows; train/expected_accept is step 0's; train/acc_0_fresh step 0's
+    """Summed statistics [steps, len(STATS)] of a logging window -> train/acc_k, ploss_k, expected_accept_k,
+    aloss_k (and vloss_k) as means over the counted rows; train/expected_accept is step 0's; train/acc_0_fresh step 0's
     accuracy outside verbatim repeats."""
     rows = w[:, STATS.index("rows")].clamp(min=1)  # [steps]
     out = {}
     for k in range(w.shape[0]):
         mean = {name: float(w[k, STATS.index(name)] / rows[k]) for name in STATS}
         out |= {f"train/acc_{k}": mean["correct"], f"train/ploss_{k}": mean["ploss"],
-                f"train/expected_accept_{k}": mean["accept"]}
+                f"train/expected_accept_{k}": mean["accept"], f"train/aloss_{k}": mean["aloss"]}
         if with_vloss:
             out[f"train/vloss_{k}"] = mean["vloss"]
     out["train/expected_accept"] = out["train/expected_accept_0"]

@@ -51,6 +51,20 @@ def test_a_few_steps_reduce_the_loss(target, tmp_path, small_cfg, kind):
     assert ("train/vloss_2" in log[-1]) == (kind == "multi_layer")
 
 
+def test_accept_weight_trains_the_acceptance(target, tmp_path, small_cfg):
+    """train.head.accept_weight reaches the objective: the loss logged is the soft cross-entropy plus the weighted
+    -log acceptance (train/aloss_k), and on repeated data the expected acceptance rises."""
+    cfg = small_cfg("eagle3", "data.synthetic.num=8", "train.batch_size=8", "train.steps=12", "train.optim.lr=3e-3",
+                    "train.optim.warmup_steps=1", "train.head.accept_weight=1.0")
+    train(cfg, tmp_path / "run", target=target)
+    log = log_of(tmp_path / "run")
+    assert {f"train/aloss_{k}" for k in range(3)} <= set(log[-1])
+    assert log[-1]["train/expected_accept"] > log[0]["train/expected_accept"]
+    first = log[0]
+    want = sum(0.8**k * (first[f"train/ploss_{k}"] + first[f"train/aloss_{k}"]) for k in range(3))
+    assert first["train/loss"] == pytest.approx(want, rel=1e-4)
+
+
 def test_compiled_objective_trains_as_eager(target, tmp_path, small_cfg):
     """train.compile=true (one torch.compile graph, dynamic over the batches' lengths) ends where eager does."""
     over = ("train.steps=3", "train.head.ttt_length=2", "train.head.export_dtype=float32")

@@ -105,6 +105,47 @@ def test_draft_loss_normalisation(target):
     assert (stats[:, STATS.index("vloss")] == 0).all()
 
 
+def test_accept_loss_is_minus_log_acceptance_and_raises_it(target):
+    """aloss = sum over counted rows of -log sum_x min(p(x), q(x)); with accept_grad a gradient step on the draft
+    logits raises the acceptance; without it the term carries no gradient."""
+    head = new_draft_head("eagle3", target, draft_vocab_size=None)
+    B, T, V, k = 2, 9, target.args.vocab_size, 1
+    g = torch.Generator().manual_seed(5)
+    dist = target_distribution(torch.randn(B, T, V, generator=g) * 3, None)
+    mask = torch.rand(B, T, generator=g) < 0.7
+    logits = (torch.randn(B, T, V, generator=g) * 3).requires_grad_()
+    t = step_terms(head, k, torch.zeros(B, T, target.args.dim), logits, dist, mask, None, accept_grad=True)
+    n = T - k - 2
+    q = logits[:, :n].detach().softmax(-1)
+    a = torch.minimum(dist.probs[:, k + 1:k + 1 + n], q).sum(-1)  # [B, n]
+    valid = mask[:, k + 2:].float()
+    assert torch.allclose(t["aloss"], (-a.log() * valid).sum(), rtol=1e-5)
+    assert torch.allclose(t["accept"], (a * valid).sum(), rtol=1e-5)
+    t["aloss"].backward()
+    stepped = (logits - 0.5 * logits.grad).detach()
+    after = step_terms(head, k, torch.zeros(B, T, target.args.dim), stepped, dist, mask, None)
+    assert float(after["accept"]) > float(t["accept"])
+    assert not step_terms(head, k, torch.zeros(B, T, target.args.dim), logits, dist, mask, None)["aloss"].requires_grad
+
+
+def test_draft_loss_accept_weight_adds_the_weighted_term(target):
+    """loss(a_weight) = loss(0) + a_weight * sum_k w^k aloss_k / norm_k; a_weight 0 is the soft cross-entropy alone."""
+    head = new_draft_head("eagle3", target, draft_vocab_size=32)
+    head.set_draft_vocab(torch.arange(0, 256, 8))
+    g = torch.Generator().manual_seed(6)
+    B, T = 2, 12
+    tokens = torch.randint(0, 256, (B, T), generator=g)
+    mask = torch.rand(B, T, generator=g) < 0.7
+    feats, hidden = torch.randn(B, T, 3 * 128, generator=g), torch.randn(B, T, 128, generator=g)
+    norm = step_counts(mask, 3)
+    base, stats = draft_loss(head, tokens, mask, feats, hidden, norm, steps=3, step_weight=0.8)
+    loss, stats2 = draft_loss(head, tokens, mask, feats, hidden, norm, steps=3, step_weight=0.8, a_weight=0.5)
+    assert torch.equal(stats, stats2)
+    extra = sum(0.8**k * stats[k, STATS.index("aloss")] / norm[k] for k in range(3))
+    assert torch.allclose(loss.detach(), base.detach() + 0.5 * extra, rtol=1e-6)
+    assert float(extra) > 0
+
+
 def repeated_reference(ids: list[int], n: int) -> list[bool]:
     """Whether the n-gram ending at each position occurred earlier in ids (a set of tuples)."""
     seen, out = set(), [False] * len(ids)
