@@ -88,7 +88,8 @@ def test_step_terms_alignment(target, kind, k):
 
 
 def test_draft_loss_normalisation(target):
-    """loss = sum_k w^k ploss_k / norm_k (EAGLE-3); stats sum per step; eagle1's vloss only with v_weight."""
+    """loss = sum_k w^k ploss_k / norm_k (EAGLE-3); stats sum per step; eagle1's vloss only with v_weight; with
+    a_weight the loss adds a_weight * sum_k w^k aloss_k / norm_k."""
     head = new_draft_head("eagle3", target, draft_vocab_size=32)
     head.set_draft_vocab(torch.arange(0, 256, 8))
     g = torch.Generator().manual_seed(3)
@@ -103,6 +104,11 @@ def test_draft_loss_normalisation(target):
     want = sum(0.8**k * stats[k, STATS.index("ploss")] / norm[k] for k in range(3))
     assert torch.allclose(loss.detach(), want, rtol=1e-6)
     assert (stats[:, STATS.index("vloss")] == 0).all()
+    weighted, same = draft_loss(head, tokens, mask, feats, hidden, norm, steps=3, step_weight=0.8, a_weight=0.5)
+    assert torch.equal(stats, same)
+    extra = sum(0.8**k * stats[k, STATS.index("aloss")] / norm[k] for k in range(3))
+    assert float(extra) > 0
+    assert torch.allclose(weighted.detach(), loss.detach() + 0.5 * extra, rtol=1e-6)
 
 
 def test_accept_loss_is_minus_log_acceptance_and_raises_it(target):
@@ -126,24 +132,6 @@ def test_accept_loss_is_minus_log_acceptance_and_raises_it(target):
     after = step_terms(head, k, torch.zeros(B, T, target.args.dim), stepped, dist, mask, None)
     assert float(after["accept"]) > float(t["accept"])
     assert not step_terms(head, k, torch.zeros(B, T, target.args.dim), logits, dist, mask, None)["aloss"].requires_grad
-
-
-def test_draft_loss_accept_weight_adds_the_weighted_term(target):
-    """loss(a_weight) = loss(0) + a_weight * sum_k w^k aloss_k / norm_k; a_weight 0 is the soft cross-entropy alone."""
-    head = new_draft_head("eagle3", target, draft_vocab_size=32)
-    head.set_draft_vocab(torch.arange(0, 256, 8))
-    g = torch.Generator().manual_seed(6)
-    B, T = 2, 12
-    tokens = torch.randint(0, 256, (B, T), generator=g)
-    mask = torch.rand(B, T, generator=g) < 0.7
-    feats, hidden = torch.randn(B, T, 3 * 128, generator=g), torch.randn(B, T, 128, generator=g)
-    norm = step_counts(mask, 3)
-    base, stats = draft_loss(head, tokens, mask, feats, hidden, norm, steps=3, step_weight=0.8)
-    loss, stats2 = draft_loss(head, tokens, mask, feats, hidden, norm, steps=3, step_weight=0.8, a_weight=0.5)
-    assert torch.equal(stats, stats2)
-    extra = sum(0.8**k * stats[k, STATS.index("aloss")] / norm[k] for k in range(3))
-    assert torch.allclose(loss.detach(), base.detach() + 0.5 * extra, rtol=1e-6)
-    assert float(extra) > 0
 
 
 def repeated_reference(ids: list[int], n: int) -> list[bool]:
