@@ -157,13 +157,13 @@ def step_terms(head: DraftHead, k: int, hidden: torch.Tensor, logits: torch.Tens
 def draft_loss(head: DraftHead, tokens: torch.Tensor, loss_mask: torch.Tensor, feature: torch.Tensor,
                final_hidden: torch.Tensor, norm: torch.Tensor, *, steps: int, step_weight: float,
                p_weight: float = 1.0, v_weight: float = 0.0,
-               a_weight: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+               a_weight: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """One micro-batch: the loss to backpropagate and the per-step statistics [steps, len(STATS)] (sums, no grad).
 
     loss = sum_k step_weight^k * (p_weight * ploss_k + v_weight * vloss_k + a_weight * aloss_k) / norm[k], with
     aloss_k = sum over rows of -log sum_x min(p(x), q(x)) (the acceptance itself as a loss, as in the LK losses;
-    `train.head.accept_weight`, 0 by default) and `norm` [steps] the rows of step k over the whole optimiser step and
-    every process (times 1/world_size, as DDP averages).
+    `train.head.accept_weight`; a_weight None: off, no gradient through it) and `norm` [steps] the rows of step k
+    over the whole optimiser step and every process (times 1/world_size, as DDP averages).
     EAGLE-1: steps=1, p_weight=0.1, v_weight=1 (EAGLE's weights). EAGLE-3: steps=7, step_weight=0.8, p_weight=1,
     v_weight=0 (no feature regression: its hidden state is its own, not the target's). Multi-layer: EAGLE-1's
     weights, steps=S (one per layer), step_weight=0.8."""
@@ -173,8 +173,9 @@ def draft_loss(head: DraftHead, tokens: torch.Tensor, loss_mask: torch.Tensor, f
     regress = final_hidden if v_weight else None
     loss, stats = 0.0, []
     for k, (hidden, logits) in enumerate(unroll(head, tokens, feature, steps)):
-        t = step_terms(head, k, hidden, logits, dist, loss_mask, regress, repeated, accept_grad=a_weight > 0)
-        terms = p_weight * t["ploss"] + v_weight * t["vloss"] + (a_weight * t["aloss"] if a_weight > 0 else 0.0)
+        # `is not None`, not `> 0`: under torch.compile a float argument is symbolic, and a branch on it fails
+        t = step_terms(head, k, hidden, logits, dist, loss_mask, regress, repeated, accept_grad=a_weight is not None)
+        terms = p_weight * t["ploss"] + v_weight * t["vloss"] + (0.0 if a_weight is None else a_weight * t["aloss"])
         loss = loss + step_weight**k * terms / norm[k].clamp(min=1)
         stats.append(torch.stack([t[name].detach().float() for name in STATS]))
     return loss, torch.stack(stats)  # scalar, [steps, len(STATS)]
@@ -208,7 +209,7 @@ class DraftObjective(nn.Module):
         regress = head.KIND in ("eagle1", "multi_layer")
         self.kw = dict(steps=steps, step_weight=float(hc.step_weight),
                        p_weight=float(hc.p_weight) if regress else 1.0, v_weight=float(hc.v_weight) if regress else 0.0,
-                       a_weight=float(hc.get("accept_weight", 0.0)))
+                       a_weight=float(hc.get("accept_weight", 0.0)) or None)
 
     @property
     def steps(self) -> int:

@@ -65,9 +65,12 @@ def test_accept_weight_trains_the_acceptance(target, tmp_path, small_cfg):
     assert first["train/loss"] == pytest.approx(want, rel=1e-4)
 
 
-def test_compiled_objective_trains_as_eager(target, tmp_path, small_cfg):
-    """train.compile=true (one torch.compile graph, dynamic over the batches' lengths) ends where eager does."""
-    over = ("train.steps=3", "train.head.ttt_length=2", "train.head.export_dtype=float32")
+@pytest.mark.parametrize("accept_weight", [0.0, 0.5])
+def test_compiled_objective_trains_as_eager(target, tmp_path, small_cfg, accept_weight):
+    """train.compile=true (one torch.compile graph, dynamic over the batches' lengths) ends where eager does, with and
+    without the acceptance loss."""
+    over = ("train.steps=3", "train.head.ttt_length=2", "train.head.export_dtype=float32",
+            f"train.head.accept_weight={accept_weight}")
     eager = train(small_cfg("eagle3", *over), tmp_path / "eager", target=target)
     compiled = train(small_cfg("eagle3", *over, "train.compile=true"), tmp_path / "compiled", target=target)
     a, b = (load_file(Path(m["head_dir"]) / "model.safetensors") for m in (eager, compiled))
