@@ -442,15 +442,17 @@ def sweep_candidates(c: dict, N: int, K: int, epi: int, M: int, w: torch.Tensor)
                                                                  num_warps=8 if bn * bm >= 8192 else 4), plan))
 
 
-def run_sweep(models: list[str], ms=(1, 8, 64)) -> str:
-    """Time the invariant projections (folded norms) under launch configs around the table's (`sweep_candidates`);
-    the best one's rows checked for invariance (`rows_invariant`: a decode plan with the table's tiles at 64 and 80
-    rows; a tile for more rows against the table's calls of fewer)."""
+def run_sweep(models: list[str], ms=(1, 8, 64), projs=None) -> str:
+    """Time the invariant projections (folded norms; `projs`: only these of `sweep_shapes`) under launch configs around
+    the table's (`sweep_candidates`); the best one's rows checked for invariance (`rows_invariant`: a decode plan with
+    the table's tiles at 64 and 80 rows; a tile for more rows against the table's calls of fewer)."""
     out = ["| model | proj | N x K | M | table µs | best | best µs | best / table | rows invariant |",
            "|---|---|---|---|---|---|---|---|---|"]
     for model in models:
         c = MODELS[model]
         for proj, (N, K, epi) in sweep_shapes(c).items():
+            if projs and proj not in projs:
+                continue
             ws = weights(N, K)
             copies = len(ws)
             for M in ms:
@@ -547,6 +549,7 @@ def main() -> None:
     ap.add_argument("--ms", default=",".join(map(str, PROJ_MS)), help="proj: comma list of row counts")
     ap.add_argument("--sweep-ms", default="1,8,64", help="sweep: comma list of row counts (1-16: plans; above: "
                     f"tiles; at most {SWEEP_PREFILL})")
+    ap.add_argument("--sweep-projs", default=None, help="sweep: comma list of qkv, o, gate_up, down, lm_head (all)")
     ap.add_argument("--trace", default=None, help="step: profile each invariant and folded graph's replays, trace "
                     "files into this folder, a per-kernel table printed")
     args = ap.parse_args()
@@ -576,7 +579,8 @@ def main() -> None:
         emit("Invariant tree attention: split length, key tile, stages", run_attn_sweep(models))
     if "sweep" in parts:
         sweep_ms = [int(m) for m in args.sweep_ms.split(",")]
-        emit("Launch-config sweep (invariant projections)", run_sweep(models, sweep_ms))
+        projs = args.sweep_projs.split(",") if args.sweep_projs else None
+        emit("Launch-config sweep (invariant projections)", run_sweep(models, sweep_ms, projs))
     print("\n".join(md))
     if bad:
         raise SystemExit(f"the invariant kernels disagree with their references in {len(bad)} rows")

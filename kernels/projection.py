@@ -166,18 +166,24 @@ def _table(N: int, K: int, M: int, epi: int, dtype: torch.dtype, sms: int, hip: 
            two: bool = False) -> dict:
     """The config of a call on a GPU of `sms` SMs (CUs), AMD's when `hip`, with a second input when `two`. Up to
     MAX_SPLIT_M rows the x tile is the smallest of 16 / 32 / 64 rows that holds them (each weight tile read by one
-    program per split), but for 33-64 rows the smallest x tile whose grid still fits one wave: the programs of a
-    weight tile then read it once from HBM and again from L2. The 64-row sweep (`bench_invariant --parts sweep
-    --sweep-ms 64`, H200) chose these tiles for SmolLM2: qkv 16 rows (5.33 µs; one 64-row tile 9.73), o 16 (4.00;
-    32 rows 4.15), gate_up and down 32 (5.70, 5.46); the 8B's grids fit no wave in less than 64. A row's bits do not
-    depend on its tile (module doc; the sweep checked qkv's, o's and gate_up's rows in the tiles it chose)."""
+    program per split), but for 33-64 rows the smallest x tile whose grid still fits one wave, and 32 rows where
+    none does: the programs of a weight tile then read it once from HBM and again from L2. The 64-row sweep
+    (`bench_invariant --parts sweep --sweep-ms 64`, H200) chose these tiles for SmolLM2: qkv 16 rows (5.33 µs; one
+    64-row tile 9.73), o 16 (4.00; 32 rows 4.15), gate_up and down 32 (5.70, 5.46); the 8B's qkv, o and down fit one
+    wave only in 64-row tiles, its gate_up and both LM heads in none. A row's bits do not depend on its tile (module
+    doc; the sweep checked qkv's, o's and gate_up's rows in the tiles it chose)."""
     cfg = _config(N, K, epi, dtype, sms, hip)
     if M > MAX_SPLIT_M:
         return _prefill_tiles(cfg, epi, head_dim, dtype, hip, two)
     block_m = 16 if M <= 16 else 32 if M <= 32 else 64
     if block_m == 64:
         grid = triton.cdiv(N, cfg["BLOCK_N"]) * cfg["SPLITS"] * (2 if two else 1)  # programs per x tile
-        block_m = next((bm for bm in (16, 32) if triton.cdiv(M, bm) * grid <= sms), 64)
+        # a grid past one wave even in 64-row tiles (LM heads, the 8B's gate_up): 32-row tiles, the two programs of
+        # a weight tile adjacent (m fastest), so it is read once from HBM; one 64-row tile doubles a program's
+        # bytes (its x tile is as large as its weight tile) at one program an SM: the 8B LM head at 64 rows 506 µs,
+        # at 32 rows 274 (SmolLM2's 43.4 / 26.6)
+        fits = [bm for bm in (16, 32, 64) if triton.cdiv(M, bm) * grid <= sms]
+        block_m = fits[0] if fits else 32
     if hip and block_m == 64:
         cfg = dict(cfg, num_warps=_HIP_WARPS_64)
     if not hip and M <= 16 and dtype.itemsize == 2 and triton.cdiv(N, 64) * cfg["SPLITS"] <= sms:

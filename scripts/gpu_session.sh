@@ -23,6 +23,8 @@
 #              SYNTH_CACHE continues an earlier session's), packed into OUT/synth.txz.* parts; train on it with
 #              data.source=selfgen data.selfgen.dir=<the unpacked folder>
 #   experiments after train: EAGLE-1 and multi-layer heads, then compare_heads, datasets and sweep_tree
+#   trees      sweep_tree with the shipped head (TREE_ARGS: more overrides), then its fastest tree by decode tokens/s
+#              on the 80 MT-bench first turns at B=1 and 8, each with its AR pass (the issue-level run of a tree)
 #   scaling    training tokens/s on one GPU and on all (DDP), the throughput probes of `train` alone
 #   lossless   bf16 greedy speculative vs plain decoding on the 80 MT-bench first turns (invariant numerics):
 #              each head kind of LOSSLESS_HEADS (default eagle3 eagle1 multi_layer) x chain/eagle2 x B 1/8; the
@@ -30,7 +32,7 @@
 # Results go to OUT (default $OUT, else ./gpu_out); tables are printed last.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-stage=${1:?stage: tests | invariant | e2e | ar | kernels | ablation | regen | synth | train | experiments | scaling | lossless}
+stage=${1:?stage: tests | invariant | e2e | ar | kernels | ablation | regen | synth | train | experiments | trees | scaling | lossless}
 out=${2:-${OUT:-gpu_out}}
 mkdir -p "$out"
 source scripts/offline_gpu_env.sh
@@ -293,6 +295,28 @@ print(m['num_tokens'] / m['num_sequences'])")
     tar cz -C /tmp --exclude=wandb --exclude=trace.json --exclude=outputs.jsonl exp train/{eagle1,multi_layer}.log \
       train/{eagle1,multi_layer}/{train_log.jsonl,metrics.json} > "$out/runs.tgz"
     cat "$out"/compare_heads/runs.md "$out"/datasets/runs.md ;;
+  trees)
+    train_setup >/dev/null 2>&1
+    R=/tmp/trees; mkdir -p $R
+    sweep $R/sweep_tree.log $R/sweep_tree +experiment=sweep_tree target.path="$smol" ${TREE_ARGS:-}
+    python -m eaglet.experiments.report $R/sweep_tree --out "$out/sweep_tree" | tail -1
+    # the sweep's run of the most decode tokens/s, as overrides (its folder name is s<steps>_k<topk>_n<tokens>_b<B>)
+    best=$(python - $R/sweep_tree <<'PY'
+import json, re, sys
+from pathlib import Path
+runs = [(json.loads((d / "metrics.json").read_text())["decode_tokens_per_s"], d.name)
+        for d in Path(sys.argv[1]).iterdir() if (d / "metrics.json").is_file()]
+s, k, n = re.match(r"s(\d+)_k(\d+)_n(\d+)_b", max(runs)[1]).groups()
+print(f"tree.steps={s} tree.topk={k} tree.num_draft_tokens={n}")
+PY
+)
+    echo "[gpu_session] fastest tree: $best"
+    for b in ${TREE_BATCHES:-1 8}; do
+      timeout ${RUN_S:-240} python run_spec.py hydra.run.dir=$R/best_b$b logger=none print_answers=0 \
+        target.path="$smol" data.max_turns=1 gen.batch_size=$b $best > $R/best_b$b.log 2>&1 || tail -3 $R/best_b$b.log
+    done
+    python scripts/summarize_runs.py $R/best_b* | tee "$out/best_tree.md"
+    tar cz -C $R --exclude=wandb --exclude=trace.json --exclude=.hydra . > "$out/trees.tgz" ;;
   scaling)
     train_setup
     probes
