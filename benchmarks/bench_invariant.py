@@ -146,7 +146,7 @@ def proj_cases(c: dict, M: int):
     yield "down", len(wd), wd[0].numel() * BYTES + M * I * BYTES + 2 * act, ops, \
         rel_err(P.linear_add(x0, a, wd[0]), P.linear_add_ref(x0, a, wd[0]))
 
-    if M <= 64:  # the LM head runs on the decode / verify rows only (a prefill's logits are its last row's)
+    if M <= 512:  # the LM head runs on decode / verify rows (a B=8 verify of 16 tokens: 128), a prefill on one
         we = weights(V, H)
         ops = {
             "invariant": lambda i: P.linear(x, we[i], None, g, EPS),
@@ -244,7 +244,9 @@ def attn_inputs(B, N, Hq, Hkv, D, prefix, page_size=16, tree=True, seed=0):
     return q, k, v, pt, pl, mask
 
 
-ATTN_CASES = [(1, 1, 1024), (1, 8, 1024), (8, 1, 1024), (8, 8, 1024), (1, 8, 4096), (8, 8, 4096)]  # (B, N, L)
+# (B, N, L); N = 16-64: the verifies of the wider trees (sweep_tree)
+ATTN_CASES = [(1, 1, 1024), (1, 8, 1024), (8, 1, 1024), (8, 8, 1024), (1, 8, 4096), (8, 8, 4096), (1, 16, 1024),
+              (1, 64, 1024), (8, 16, 1024)]
 
 
 def run_attn(models: list[str], bw: float) -> str:
@@ -290,7 +292,10 @@ def trace_graph(graph, path: str, replays: int = 5) -> str:
     return summarise(list(groups.values()), top=16, by_grid=True)
 
 
-def run_step(models: list[str], trace_dir: str | None = None) -> str:
+STEP_CASES = ((1, 1), (8, 1), (1, 8), (8, 8))  # (B, T): decode and verify, T tokens per request
+
+
+def run_step(models: list[str], trace_dir: str | None = None, step_cases=STEP_CASES) -> str:
     from eaglet.models.kv_cache import ForwardBatch, KVCache, slots_for
     from eaglet.models.llama import ModelArgs, Transformer
 
@@ -311,7 +316,7 @@ def run_step(models: list[str], trace_dir: str | None = None) -> str:
                 layer.post_attention_layernorm.weight.uniform_(0.5, 1.5)
         net.eval()
         cases = []
-        for B, T in ((1, 1), (8, 1), (1, 8), (8, 8)):
+        for B, T in step_cases:
             kv = KVCache.for_model(args, max_reqs=B, max_context=ctx, page_size=16, dtype=DTYPE, device=DEV)
             reqs = [kv.alloc_request() for _ in range(B)]
             for r in reqs:
@@ -425,8 +430,8 @@ def rows_invariant(c: dict, N: int, K: int, epi: int, w: torch.Tensor, cfgs: dic
 
 def sweep_candidates(c: dict, N: int, K: int, epi: int, M: int, w: torch.Tensor):
     """(label, cfg) of the plans and tiles tried at M rows: up to 16 rows, every split count and 16-row tile of
-    DECODE_TILES; above, the table's plan in every tile of WIDE_TILES (PREFILL_TILES past 64 rows). RoPE tiles stay
-    within a head."""
+    DECODE_TILES; above, the table's plan in every tile of WIDE_TILES (past MAX_SPLIT_M rows also in PREFILL_TILES,
+    in-program). RoPE tiles stay within a head."""
     if M <= 16:
         for splits, (bk, bn, stages, warps) in itertools.product((1, 2, 4, 8), DECODE_TILES):
             split_k = triton.cdiv(triton.cdiv(K, splits), bk) * bk
@@ -436,10 +441,15 @@ def sweep_candidates(c: dict, N: int, K: int, epi: int, M: int, w: torch.Tensor)
                             num_stages=stages, BLOCK_M=16))
     else:
         plan = P.launch_config(N, K, 1, epi, DTYPE, w.device, c["D"])
-        for bn, bm, stages in WIDE_TILES if M <= P.MAX_SPLIT_M else PREFILL_TILES:
+        prefill = M > P.MAX_SPLIT_M
+        # past MAX_SPLIT_M rows the prefill tiles, and the split-K grid's tiles too (a B=8 verify of 16 tokens is 128
+        # rows: which grid serves such calls is what this measures)
+        tiles = ([(t, True) for t in PREFILL_TILES] if prefill else []) + [(t, False) for t in WIDE_TILES]
+        for (bn, bm, stages), in_program in tiles:
             if not (epi == P._ROPE and c["D"] % bn):
-                yield (f"n{bn} m{bm} st{stages}", with_plan(dict(BLOCK_N=bn, BLOCK_M=bm, num_stages=stages,
-                                                                 num_warps=8 if bn * bm >= 8192 else 4), plan))
+                label = f"{'' if in_program or not prefill else 'split '}n{bn} m{bm} st{stages}"
+                yield label, with_plan(dict(BLOCK_N=bn, BLOCK_M=bm, num_stages=stages, IN_PROGRAM=in_program,
+                                            num_warps=8 if bn * bm >= 8192 else 4), plan)
 
 
 def run_sweep(models: list[str], ms=(1, 8, 64), projs=None) -> str:
@@ -456,7 +466,7 @@ def run_sweep(models: list[str], ms=(1, 8, 64), projs=None) -> str:
             ws = weights(N, K)
             copies = len(ws)
             for M in ms:
-                if M > P.MAX_SPLIT_M and epi == P._PLAIN:  # the LM head runs on decode and verify rows only
+                if M > 512 and epi == P._PLAIN:  # the LM head runs on decode and verify rows only
                     continue
                 call = proj_call(c, N, K, epi, M)
                 base = P.launch_config(N, K, M, epi, DTYPE, ws[0].device, c["D"])
@@ -550,15 +560,23 @@ def main() -> None:
     ap.add_argument("--sweep-ms", default="1,8,64", help="sweep: comma list of row counts (1-16: plans; above: "
                     f"tiles; at most {SWEEP_PREFILL})")
     ap.add_argument("--sweep-projs", default=None, help="sweep: comma list of qkv, o, gate_up, down, lm_head (all)")
+    ap.add_argument("--step-cases", default=",".join(f"{b}x{t}" for b, t in STEP_CASES),
+                    help="step: comma list of BxT (requests x tokens each; T > 1: a verify)")
+    ap.add_argument("--max-split-m", type=int, default=None, help=f"run with kernels/projection.py's MAX_SPLIT_M "
+                    f"at this (the rows up to which the split-K grid runs; {P.MAX_SPLIT_M}): a measurement of the "
+                    "constant, as attn_sweep's of the attention's")
     ap.add_argument("--trace", default=None, help="step: profile each invariant and folded graph's replays, trace "
                     "files into this folder, a per-kernel table printed")
     args = ap.parse_args()
+    if args.max_split_m is not None:
+        P.MAX_SPLIT_M = args.max_split_m
     torch.manual_seed(0)
     bw = copy_bandwidth()
     print(f"{torch.cuda.get_device_name()}: copy {bw / 1e12:.2f} TB/s (read+write)", flush=True)
     models = args.models.split(",")
     parts = args.parts.split(",")
-    md = [provenance() + f"Measured copy bandwidth: {bw / 1e12:.2f} TB/s (read+write). bf16, CUDA graphs.\n"]
+    md = [provenance() + f"Measured copy bandwidth: {bw / 1e12:.2f} TB/s (read+write). bf16, CUDA graphs; "
+          f"MAX_SPLIT_M {P.MAX_SPLIT_M}.\n"]
 
     def emit(title: str, table: str) -> None:  # written as each part ends: a run cut short keeps what it measured
         md.extend([f"## {title}", "", table, ""])
@@ -574,7 +592,8 @@ def main() -> None:
     if "attn" in parts:
         emit("Tree attention", run_attn(models, bw))
     if "step" in parts:
-        emit("Whole forward (random weights, 1k-token prefix)", run_step(models, args.trace))
+        step_cases = [tuple(map(int, c.split("x"))) for c in args.step_cases.split(",")]
+        emit("Whole forward (random weights, 1k-token prefix)", run_step(models, args.trace, step_cases))
     if "attn_sweep" in parts:
         emit("Invariant tree attention: split length, key tile, stages", run_attn_sweep(models))
     if "sweep" in parts:

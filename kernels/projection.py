@@ -164,33 +164,38 @@ def _prefill_tiles(cfg: dict, epi: int, head_dim: int, dtype: torch.dtype, hip: 
 
 def _table(N: int, K: int, M: int, epi: int, dtype: torch.dtype, sms: int, hip: bool, head_dim: int = 64,
            two: bool = False) -> dict:
-    """The config of a call on a GPU of `sms` SMs (CUs), AMD's when `hip`, with a second input when `two`. Up to
-    MAX_SPLIT_M rows the x tile is the smallest of 16 / 32 / 64 rows that holds them (each weight tile read by one
-    program per split), but for 33-64 rows the smallest x tile whose grid still fits one wave, and 32 rows where
-    none does: the programs of a weight tile then read it once from HBM and again from L2. The 64-row sweep
-    (`bench_invariant --parts sweep --sweep-ms 64`, H200) chose these tiles for SmolLM2: qkv 16 rows (5.33 µs; one
-    64-row tile 9.73), o 16 (4.00; 32 rows 4.15), gate_up and down 32 (5.70, 5.46); the 8B's qkv, o and down fit one
+    """The config of a call on a GPU of `sms` SMs (CUs), AMD's when `hip`, with a second input when `two`. Up to 16
+    rows one 16-row x tile (each weight tile read by one program per split); for 17-64 rows the smallest x tile
+    whose grid still fits one wave (the programs of a weight tile then read it once from HBM and again from L2),
+    and 128-row weight tiles where none does. The sweeps (`bench_invariant --parts sweep --sweep-ms 32,64`, H200)
+    chose these x tiles for SmolLM2: at 64 rows qkv 16 (5.33 µs; one 64-row tile 9.73), o 16 (4.00; 32 rows 4.15),
+    gate_up and down 32 (5.70, 5.46); gate_up at 32 rows 16 (5.22; 32 rows 5.58). The 8B's qkv, o and down fit one
     wave only in 64-row tiles, its gate_up and both LM heads in none. A row's bits do not depend on its tile (module
-    doc; the sweep checked qkv's, o's and gate_up's rows in the tiles it chose)."""
+    doc; the sweeps checked the rows of the tiles they chose)."""
     cfg = _config(N, K, epi, dtype, sms, hip)
     if M > MAX_SPLIT_M:
-        return _prefill_tiles(cfg, epi, head_dim, dtype, hip, two)
+        return dict(_prefill_tiles(cfg, epi, head_dim, dtype, hip, two), IN_PROGRAM=True)
     block_m = 16 if M <= 16 else 32 if M <= 32 else 64
-    if block_m == 64:
+    if block_m > 16:
         grid = triton.cdiv(N, cfg["BLOCK_N"]) * cfg["SPLITS"] * (2 if two else 1)  # programs per x tile
-        # a grid past one wave even in 64-row tiles (LM heads, the 8B's gate_up): 32-row tiles, the two programs of
-        # a weight tile adjacent (m fastest), so it is read once from HBM; one 64-row tile doubles a program's
-        # bytes (its x tile is as large as its weight tile) at one program an SM: the 8B LM head at 64 rows 506 µs,
-        # at 32 rows 274 (SmolLM2's 43.4 / 26.6)
-        fits = [bm for bm in (16, 32, 64) if triton.cdiv(M, bm) * grid <= sms]
-        block_m = fits[0] if fits else 32
+        fits = [bm for bm in (16, 32, 64) if bm <= block_m and triton.cdiv(M, bm) * grid <= sms]
+        if fits:
+            block_m = fits[0]
+        elif not hip and dtype.itemsize == 2 and epi != _ROPE:
+            # a grid past one wave in every tile (LM heads, the 8B's gate_up): 128 weight rows a program, so that
+            # its x tile is half its weight tile, in 48 KB stages at 64 rows (MI300's 64 KB of LDS holds no two;
+            # fp32 doubles them). The sweep at 32 / 64 rows (H200; rows bit-identical): the 8B LM head 248 / 286 µs
+            # against 262 / 302 in 64-row weight tiles, SmolLM2's 19.2 / 25.0 against 22.5 / 26.3, the 8B gate_up
+            # 60.7 / 68.4 against 62.7 / 71.7; one stage fewer where K is under 8 tiles (SmolLM2's 576)
+            stages = (3 if block_m == 32 else 4) - (K < 8 * cfg["BLOCK_K"])
+            cfg = dict(cfg, BLOCK_N=128, num_warps=4 if block_m == 32 else 8, num_stages=stages)
     if hip and block_m == 64:
         cfg = dict(cfg, num_warps=_HIP_WARPS_64)
     if not hip and M <= 16 and dtype.itemsize == 2 and triton.cdiv(N, 64) * cfg["SPLITS"] <= sms:
         # a grid within one wave: each program streams a long slab, and 5 stages of 20 KB keep more of it in flight
         # (8B qkv 16.0 µs, 4 stages 16.6; o 11.8 / 12.0); with more programs than SMs, 4 (8B gate_up 57.4 / 58.0)
         cfg = dict(cfg, num_stages=5)
-    return dict(cfg, BLOCK_M=block_m)
+    return dict(cfg, BLOCK_M=block_m, IN_PROGRAM=False)
 
 
 def launch_config(N: int, K: int, M: int, epi: int, dtype: torch.dtype, device: torch.device,
@@ -506,7 +511,7 @@ def _launch(epi: int, x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, 
         c2 = launch_config(N, K2, M, epi, x.dtype, x.device, d)
         splits2, split_k2 = c2["SPLITS"], c2["SPLIT_K"]
     block_m, block_n = cfg["BLOCK_M"], cfg["BLOCK_N"]
-    in_program = M > MAX_SPLIT_M
+    in_program = cfg.pop("IN_PROGRAM", M > MAX_SPLIT_M)  # the table's; a hand-made cfg (tests, sweeps): by rows
     m_tiles, n_tiles = triton.cdiv(M, block_m), triton.cdiv(N, block_n)
     n_splits = splits + splits2
     ws = cnt = out
@@ -633,7 +638,7 @@ def _case(epi: int, M: int, N: int, K: int, K2: int, norm: int, norm2: int, bias
     if K2:
         c2 = _table(N, K2, M, epi, torch.bfloat16, sms, hip, d)
         splits2, split_k2 = c2["SPLITS"], c2["SPLIT_K"]
-    in_program = M > MAX_SPLIT_M
+    in_program = cfg.pop("IN_PROGRAM")
     partials = not in_program and splits + splits2 > 1
     out_stride = hq * d if epi == _ROPE else N // 2 if epi == _SILU else N  # q [M, Hq, D], silu [M, I], else [M, N]
     rope = epi == _ROPE
