@@ -26,7 +26,7 @@ element is fixed by the weight's shape (`_config`):
   * The MMA: the weight rows are its M dimension (BLOCK_N) and x's rows its N (BLOCK_M, zero-padded). An element of
     an MMA does not depend on the other elements, so a row gives the same bits in a 16-row tile as in a 128-row one
     (tests/kernels/test_projection.py checks this on the GPU in bf16; fp32 takes FMA dots, sequential in k).
-Decode-sized calls (M <= MAX_SPLIT_M) run one program per (BLOCK_N weight rows, split, 16 x rows): the split-K fills
+Decode and verify calls (M <= MAX_SPLIT_M) run one program per (BLOCK_N weight rows, split, x tile): the split-K fills
 the GPU where the weight has few row tiles (an 8B o_proj: 64 tiles of 64 rows for 132 SMs) and every program streams
 its slab of the weight once. Their partials go to an fp32 workspace; the last program of a tile to finish (an atomic
 counter, reset by that program) adds them in split order and runs the epilogue. Prefill (more rows) runs one program
@@ -56,7 +56,12 @@ from eaglet.kernels.rope import rope_store_ref
 # `Transformer.fold_norm_weights`): only the row scale 1/rms(x) remains, and the K loop multiplies nothing
 FOLDED = "folded"
 _PLAIN, _ADD, _SILU, _ROPE = 0, 1, 2, 3  # the epilogue
-MAX_SPLIT_M = 64  # rows up to which the split-K grid runs (decode, verify); above, the prefill tiles
+# rows up to which the split-K grid runs (decode, verify: B=8 x 16 tree tokens is 128); above, the prefill tiles,
+# whose grid of 128 x 128 tiles leaves most SMs idle at these rows (SmolLM2's qkv: 8 programs). H200, a layer's
+# four projections at 128 / 256 rows: SmolLM2 22.7 / 27.8 µs against 50.3 / 50.4 in prefill tiles (the fastest
+# non-invariant path: 23.1 / 24.3), the 8B 201 / 366 against 255 / 362; a B=8 verify of 16 tokens 1.44 against
+# 2.27 ms (SmolLM2), 9.58 against 11.18 (8B)
+MAX_SPLIT_M = 256
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -623,7 +628,7 @@ def linear_add(res: torch.Tensor, a: torch.Tensor, weight: torch.Tensor, bias: t
 # ----------------------------------------------------------------------------------------------------
 # Compile cases (kernels/_compile_cases.py)
 
-_CASE_ROWS = (1, 32, 64, 2048)  # one per row bucket of `_table`: the 16-, 32- and 64-row split-K tiles, prefill
+_CASE_ROWS = (1, 32, 64, 128, 2048)  # a row count per bucket of `_table`: split-K tiles of 16 / 32 / 64 rows, prefill
 
 
 def _case(epi: int, M: int, N: int, K: int, K2: int, norm: int, norm2: int, bias: bool, heads: tuple, sms: int,

@@ -24,7 +24,8 @@
 #              data.source=selfgen data.selfgen.dir=<the unpacked folder>
 #   experiments after train: EAGLE-1 and multi-layer heads, then compare_heads, datasets and sweep_tree
 #   trees      sweep_tree with the shipped head (TREE_ARGS: more overrides), then its fastest tree by decode tokens/s
-#              on the 80 MT-bench first turns at B=1 and 8, each with its AR pass (the issue-level run of a tree)
+#              on the 80 MT-bench first turns at B=1 and 8, each with its AR pass (the issue-level run of a tree);
+#              TREES="5/4/8 6/8/16" (steps/topk/tokens): those trees so, without the sweep
 #   scaling    training tokens/s on one GPU and on all (DDP), the throughput probes of `train` alone
 #   lossless   bf16 greedy speculative vs plain decoding on the 80 MT-bench first turns (invariant numerics):
 #              each head kind of LOSSLESS_HEADS (default eagle3 eagle1 multi_layer) x chain/eagle2 x B 1/8; the
@@ -298,24 +299,31 @@ print(m['num_tokens'] / m['num_sequences'])")
   trees)
     train_setup >/dev/null 2>&1
     R=/tmp/trees; mkdir -p $R
-    sweep $R/sweep_tree.log $R/sweep_tree +experiment=sweep_tree target.path="$smol" ${TREE_ARGS:-}
-    python -m eaglet.experiments.report $R/sweep_tree --out "$out/sweep_tree" | tail -1
-    # the sweep's run of the most decode tokens/s, as overrides (its folder name is s<steps>_k<topk>_n<tokens>_b<B>)
-    best=$(python - $R/sweep_tree <<'PY'
+    trees=${TREES:-}  # steps/topk/tokens, space-separated: these trees, without the sweep
+    if [[ -z $trees ]]; then
+      sweep $R/sweep_tree.log $R/sweep_tree +experiment=sweep_tree target.path="$smol" ${TREE_ARGS:-}
+      python -m eaglet.experiments.report $R/sweep_tree --out "$out/sweep_tree" | tail -1
+      # the sweep's run of the most decode tokens/s (its folder name is s<steps>_k<topk>_n<tokens>_b<B>)
+      trees=$(python - $R/sweep_tree <<'PY'
 import json, re, sys
 from pathlib import Path
 runs = [(json.loads((d / "metrics.json").read_text())["decode_tokens_per_s"], d.name)
         for d in Path(sys.argv[1]).iterdir() if (d / "metrics.json").is_file()]
-s, k, n = re.match(r"s(\d+)_k(\d+)_n(\d+)_b", max(runs)[1]).groups()
-print(f"tree.steps={s} tree.topk={k} tree.num_draft_tokens={n}")
+print("/".join(re.match(r"s(\d+)_k(\d+)_n(\d+)_b", max(runs)[1]).groups()))
 PY
 )
-    echo "[gpu_session] fastest tree: $best"
-    for b in ${TREE_BATCHES:-1 8}; do
-      timeout ${RUN_S:-240} python run_spec.py hydra.run.dir=$R/best_b$b logger=none print_answers=0 \
-        target.path="$smol" data.max_turns=1 gen.batch_size=$b $best > $R/best_b$b.log 2>&1 || tail -3 $R/best_b$b.log
+      echo "[gpu_session] fastest tree: $trees"
+    fi
+    for t in $trees; do
+      IFS=/ read -r s k n <<< "$t"
+      for b in ${TREE_BATCHES:-1 8}; do
+        d=$R/tree_${s}_${k}_${n}_b$b
+        timeout ${RUN_S:-240} python run_spec.py hydra.run.dir=$d logger=none print_answers=0 target.path="$smol" \
+          data.max_turns=1 gen.batch_size=$b tree.steps=$s tree.topk=$k tree.num_draft_tokens=$n > $d.log 2>&1 ||
+          tail -3 $d.log
+      done
     done
-    python scripts/summarize_runs.py $R/best_b* | tee "$out/best_tree.md"
+    python scripts/summarize_runs.py $R/tree_* | tee "$out/trees.md"
     tar cz -C $R --exclude=wandb --exclude=trace.json --exclude=.hydra . > "$out/trees.tgz" ;;
   scaling)
     train_setup

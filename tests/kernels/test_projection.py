@@ -1,6 +1,6 @@
 """The batch-invariant projections (kernels/projection.py) against their torch references, and the property they
-exist for: a row's result is bit-identical whatever else is in the call (M = 1, 2, 7, 8, 16, 37, 64 on the split-K
-grid, a 513-row prefill on the wide tiles), with splits of K and without.
+exist for: a row's result is bit-identical whatever else is in the call (M = 1, 2, 7, 8, 16, 37, 64
+and 130 on the split-K grid, a 513-row prefill on the wide tiles), with splits of K and without.
 
 On CPU run with TRITON_INTERPRET=1 (CI does): fp32, the Triton kernel itself. On a GPU the same tests run there, plus
 bf16 / fp16 at SmolLM2-135M's and Llama-3.1-8B's shapes with the launch table's own configs.
@@ -16,7 +16,7 @@ from kernel_testing import CUDA, DEVICE, gpu_only, needs_kernel, rel_err
 
 EPS = 1e-6
 MAX_POS = 131072  # angles up to ~1.3e5 rad: the cos/sin range reduction
-INVARIANT_MS = (1, 2, 7, 8, 16, 37, 64, 513)  # decode, verify sizes, the split grid's limit, a prefill
+INVARIANT_MS = (1, 2, 7, 8, 16, 37, 64, 130, 513)  # decode, verify sizes (B=8 x 16 tokens: 128), a prefill
 
 
 def rows(M, K, gen, dtype):
@@ -69,7 +69,7 @@ SHAPES = [
     pytest.param(1, 96, 200, 1, id="M1-ktail"),
     pytest.param(5, 130, 320, 3, id="M5-ntail-split3"),
     pytest.param(20, 192, 256, 2, id="M20-two-mtiles"),
-    pytest.param(70, 64, 192, 3, id="M70-prefill-tiles"),
+    pytest.param(270, 64, 192, 3, id="M270-prefill-tiles"),
 ]
 
 
@@ -110,7 +110,7 @@ QKV_SHAPES = [
     pytest.param(8, 200, 3, 1, 64, False, False, 1, id="M8-H200-D64"),
     pytest.param(1, 256, 4, 1, 128, True, False, 2, id="M1-D128-bias-split"),
     pytest.param(16, 192, 9, 3, 64, False, True, 2, id="M16-eagle3-two-inputs"),
-    pytest.param(66, 128, 2, 1, 64, False, False, 2, id="M66-prefill-tiles"),
+    pytest.param(266, 128, 2, 1, 64, False, False, 2, id="M266-prefill-tiles"),
 ]
 
 
@@ -141,8 +141,8 @@ def test_proj_rope_store_matches_reference(M, H, Hq, Hkv, D, bias, two, splits):
 @needs_kernel
 @pytest.mark.parametrize("splits", [1, 3])
 def test_rows_are_bit_identical_across_m(splits):
-    """Every function's row m is the same bits whatever M is (the split grid up to 64 rows, the wide prefill tiles
-    above), and equals that row computed alone: what makes a verify compute its tokens as decoding does."""
+    """Every function's row m is the same bits whatever M is (the split grid up to MAX_SPLIT_M rows, the wide prefill
+    tiles above), and equals that row computed alone: what makes a verify compute its tokens as decoding does."""
     gen = torch.Generator().manual_seed(splits)
     dt = torch.bfloat16 if CUDA else torch.float32
     H, Hq, Hkv, D, I = 192, 3, 1, 64, 160
@@ -221,7 +221,7 @@ MODELS = {"smollm2": (576, 1536, 9, 3, 64), "llama3_8b": (4096, 14336, 32, 8, 12
 @pytest.mark.parametrize("model", list(MODELS))
 def test_model_shapes_gpu(model, dtype):
     """The table's configs at the real shapes: close to the reference, and every row bit-identical across M
-    (decode 1, verify 8, the split grid's 64, a 513-token prefill) for all four block projections and the LM head."""
+    (decode 1, verify 8, 64 and 130 rows, a 513-token prefill) for all four block projections and the LM head."""
     H, I, Hq, Hkv, D = MODELS[model]
     gen = torch.Generator().manual_seed(0)
     big = 513
@@ -242,7 +242,7 @@ def test_model_shapes_gpu(model, dtype):
     assert rel_err(full["q"], want_q) < tol(dtype)
     assert rel_err(full["gu"], P.gate_up_silu_ref(x, g, wgu, EPS)) < tol(dtype)
     assert rel_err(full["down"], P.linear_add_ref(x, a, wd)) < tol(dtype)
-    for M in (1, 8, 64):
+    for M in (1, 8, 64, 130):
         part = every(M)
         for name, t in part.items():
             assert torch.equal(t, full[name][:M]), (name, M)
