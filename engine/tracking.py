@@ -13,9 +13,14 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def git_commit() -> str | None:
+    """HEAD, with "-dirty" where tracked files differ from it (a copy of a working tree, as the GPU machine runs,
+    keeps the .git of an older commit: its HEAD alone would name code that did not run)."""
     try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, timeout=5)
-        return out.stdout.strip() or None
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, timeout=5)
+        if not head.stdout.strip():
+            return None
+        clean = subprocess.run(["git", "diff", "--quiet", "HEAD", "--"], cwd=REPO, capture_output=True, timeout=10)
+        return head.stdout.strip() + ("-dirty" if clean.returncode == 1 else "")
     except (OSError, subprocess.SubprocessError):
         return None
 
