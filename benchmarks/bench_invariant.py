@@ -32,6 +32,7 @@ import argparse
 import contextlib
 import itertools
 import json
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -249,7 +250,9 @@ ATTN_CASES = [(1, 1, 1024), (1, 8, 1024), (8, 1, 1024), (8, 8, 1024), (1, 8, 409
               (1, 64, 1024), (8, 16, 1024)]
 
 
-def run_attn(models: list[str], bw: float) -> str:
+def run_attn(models: list[str], bw: float, trace_dir: str | None = None) -> str:
+    """Invariant against split-KV tree attention on ATTN_CASES (trace_dir: and each invariant graph's per-kernel
+    time, the split pass against the merge)."""
     head = "| model | B | N | prefix | KV floor µs | invariant µs | split-KV µs | inv / split-KV |"
     out = [head, "|" + "---|" * (head.count("|") - 1)]
     for model in models:
@@ -262,6 +265,13 @@ def run_attn(models: list[str], bw: float) -> str:
                 tree_attention(*inputs, max_prefix_len=bound, invariant=inv)  # compile / autotune outside capture
                 t[name] = bench_graph(lambda i, inv=inv: tree_attention(*inputs, max_prefix_len=bound, invariant=inv),
                                       1)
+            if trace_dir:
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph):
+                    tree_attention(*inputs, max_prefix_len=bound, invariant=True)
+                print(f"  -- {model} attention B={B} N={N} L={L} invariant graph:\n"
+                      + trace_graph(graph, f"{trace_dir}/attn_{c['name']}_b{B}_n{N}_l{L}.json"), flush=True)
+                del graph
             floor = B * (L + N) * c["Hkv"] * c["D"] * 2 * BYTES / bw * 1e6
             ratio = t["invariant"] / t["split"] if t["invariant"] and t["split"] else None
             out.append(f"| {model} | {B} | {N} | {L} | {floor:.2f} | {fmt(t['invariant'], '.2f')} | "
@@ -566,10 +576,12 @@ def main() -> None:
                     f"at this (the rows up to which the split-K grid runs; {P.MAX_SPLIT_M}): a measurement of the "
                     "constant, as attn_sweep's of the attention's")
     ap.add_argument("--trace", default=None, help="step: profile each invariant and folded graph's replays, trace "
-                    "files into this folder, a per-kernel table printed")
+                    "files into this folder, a per-kernel table printed (attn: each invariant call's)")
     args = ap.parse_args()
     if args.max_split_m is not None:
         P.MAX_SPLIT_M = args.max_split_m
+    if args.trace:
+        Path(args.trace).mkdir(parents=True, exist_ok=True)
     torch.manual_seed(0)
     bw = copy_bandwidth()
     print(f"{torch.cuda.get_device_name()}: copy {bw / 1e12:.2f} TB/s (read+write)", flush=True)
@@ -590,7 +602,7 @@ def main() -> None:
         emit("Projections", table)
         bad = [r for r in rows if not r["err"] < 1e-2]
     if "attn" in parts:
-        emit("Tree attention", run_attn(models, bw))
+        emit("Tree attention", run_attn(models, bw, args.trace))
     if "step" in parts:
         step_cases = [tuple(map(int, c.split("x"))) for c in args.step_cases.split(",")]
         emit("Whole forward (random weights, 1k-token prefix)", run_step(models, args.trace, step_cases))
