@@ -172,11 +172,11 @@ def _table(N: int, K: int, M: int, epi: int, dtype: torch.dtype, sms: int, hip: 
     """The config of a call on a GPU of `sms` SMs (CUs), AMD's when `hip`, with a second input when `two`. Up to 16
     rows one 16-row x tile (each weight tile read by one program per split); for 17-MAX_SPLIT_M rows the smallest x
     tile (of 16 / 32 / 64 rows) whose grid still fits one wave (the programs of a weight tile then read it once
-    from HBM and again from L2), and 128-row weight tiles where none does. The sweeps (`bench_invariant --parts sweep --sweep-ms 32,64`, H200)
-    chose these x tiles for SmolLM2: at 64 rows qkv 16 (5.33 µs; one 64-row tile 9.73), o 16 (4.00; 32 rows 4.15),
-    gate_up and down 32 (5.70, 5.46); gate_up at 32 rows 16 (5.22; 32 rows 5.58). The 8B's qkv, o and down fit one
-    wave only in 64-row tiles, its gate_up and both LM heads in none. A row's bits do not depend on its tile (module
-    doc; the sweeps checked the rows of the tiles they chose)."""
+    from HBM and again from L2), and 128-row weight tiles where none does. The sweeps (`bench_invariant --parts
+    sweep --sweep-ms 32,64`, H200) chose these x tiles for SmolLM2: at 64 rows qkv 16 (5.33 µs; one 64-row tile
+    9.73), o 16 (4.00; 32 rows 4.15), gate_up and down 32 (5.70, 5.46); gate_up at 32 rows 16 (5.22; 32 rows 5.58).
+    The 8B's qkv, o and down fit one wave only in 64-row tiles, its gate_up and both LM heads in none. A row's bits
+    do not depend on its tile (module doc; the sweeps checked the rows of the tiles they chose)."""
     cfg = _config(N, K, epi, dtype, sms, hip)
     if M > MAX_SPLIT_M:
         return dict(_prefill_tiles(cfg, epi, head_dim, dtype, hip, two), IN_PROGRAM=True)
