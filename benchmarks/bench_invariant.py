@@ -56,6 +56,9 @@ MODELS = {
     "Llama-3.1-8B": dict(name="llama3_8b", H=4096, I=14336, Hq=32, Hkv=8, D=128, V=128256, layers=32),
 }
 PROJ_MS = (1, 8, 32, 64, 2048)
+# rows up to which the LM head is timed: it runs on decode and verify rows (a B=8 verify of 16 tokens: 128); a
+# prefill's logits are its last row's
+LM_HEAD_MAX_ROWS = 512
 LAYER = ("qkv", "o", "gate_up", "down")
 EPS = 1e-5
 
@@ -147,7 +150,7 @@ def proj_cases(c: dict, M: int):
     yield "down", len(wd), wd[0].numel() * BYTES + M * I * BYTES + 2 * act, ops, \
         rel_err(P.linear_add(x0, a, wd[0]), P.linear_add_ref(x0, a, wd[0]))
 
-    if M <= 512:  # the LM head runs on decode / verify rows (a B=8 verify of 16 tokens: 128), a prefill on one
+    if M <= LM_HEAD_MAX_ROWS:
         we = weights(V, H)
         ops = {
             "invariant": lambda i: P.linear(x, we[i], None, g, EPS),
@@ -476,7 +479,7 @@ def run_sweep(models: list[str], ms=(1, 8, 64), projs=None) -> str:
             ws = weights(N, K)
             copies = len(ws)
             for M in ms:
-                if M > 512 and epi == P._PLAIN:  # the LM head runs on decode and verify rows only
+                if M > LM_HEAD_MAX_ROWS and epi == P._PLAIN:
                     continue
                 call = proj_call(c, N, K, epi, M)
                 base = P.launch_config(N, K, M, epi, DTYPE, ws[0].device, c["D"])

@@ -19,10 +19,13 @@ def git_commit() -> str | None:
         head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, timeout=5)
         if not head.stdout.strip():
             return None
-        clean = subprocess.run(["git", "diff", "--quiet", "HEAD", "--"], cwd=REPO, capture_output=True, timeout=10)
-        return head.stdout.strip() + ("-dirty" if clean.returncode == 1 else "")
     except (OSError, subprocess.SubprocessError):
         return None
+    try:
+        clean = subprocess.run(["git", "diff", "--quiet", "HEAD", "--"], cwd=REPO, capture_output=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):  # a slow or failed check leaves HEAD as it is
+        return head.stdout.strip()
+    return head.stdout.strip() + ("-dirty" if clean.returncode == 1 else "")
 
 
 def environment(device: torch.device) -> dict:

@@ -314,16 +314,17 @@ PY
 )
       echo "[gpu_session] fastest tree: $trees"
     fi
+    made=()  # this call's runs (an earlier call on the machine left its own in $R)
     for t in $trees; do
       IFS=/ read -r s k n <<< "$t"
       for b in ${TREE_BATCHES:-1 8}; do
-        d=$R/tree_${s}_${k}_${n}_b$b
+        d=$R/tree_${s}_${k}_${n}_b$b; made+=("$d")
         timeout ${RUN_S:-240} python run_spec.py hydra.run.dir=$d logger=none print_answers=0 target.path="$smol" \
           data.max_turns=1 gen.batch_size=$b tree.steps=$s tree.topk=$k tree.num_draft_tokens=$n > $d.log 2>&1 ||
           tail -3 $d.log
       done
     done
-    python scripts/summarize_runs.py $R/tree_* | tee "$out/trees.md"
+    python scripts/summarize_runs.py "${made[@]}" | tee "$out/trees.md"
     tar cz -C $R --exclude=wandb --exclude=trace.json --exclude=.hydra . > "$out/trees.tgz" ;;
   scaling)
     train_setup
