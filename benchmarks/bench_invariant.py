@@ -22,8 +22,8 @@ benchmarks/bench_linear.py; floors = bytes that must move over the measured copy
          16-row tiles, above (up to a 2,048-row prefill) the tiles of the table's plan; the best one's rows checked
          for invariance against the table's other tiles (tuning: `_config` / `_table` follow it; --sweep-ms picks
          the rows).
-  attn_sweep  invariant tree attention's split length, key tile and stages (one set for every call), on decode and
-         verify cases (tuning).
+  attn_sweep  invariant tree attention's row tile, split length, key tile and stages (one set for every call), on
+         decode and verify cases (tuning).
 """
 
 from __future__ import annotations
@@ -510,41 +510,50 @@ def run_sweep(models: list[str], ms=(1, 8, 64), projs=None) -> str:
 
 
 @contextlib.contextmanager
-def invariant_attention_tiles(chunk: int, block_n: int, stages: int):
-    """Run invariant tree attention with another split length, key tile and stage count (module constants of
-    kernels/tree_attention.py, the same for every call: they fix the arithmetic, so the module takes one set)."""
-    saved = TA._INVARIANT_CHUNK, TA._INVARIANT_BLOCK_N, TA._inv_meta
+def invariant_attention_tiles(chunk: int, block_n: int, stages: int, rows: int | None, merge_s: int,
+                              heads: int | None):
+    """Run invariant tree attention with another split length, key tile, stage count and merge block (module constants
+    of kernels/tree_attention.py, the same for every call: they fix the arithmetic, so the module takes one set), row
+    tile and merge rows a program for every call (None: the module's choice per call)."""
+    saved = TA._INVARIANT_CHUNK, TA._INVARIANT_BLOCK_N, TA._inv_rows, TA._inv_merge_heads, TA._inv_meta
 
-    def meta(group, n, nk, hip):
-        fwd, merge = saved[2](group, n, nk, hip)
-        return dict(fwd, BLOCK_N=block_n, CHUNK=chunk, num_stages=stages), dict(merge, CHUNK=chunk)
+    def meta(*args):
+        fwd, merge = saved[4](*args)
+        return dict(fwd, BLOCK_N=block_n, CHUNK=chunk, num_stages=stages), dict(merge, CHUNK=chunk, BLOCK_S=merge_s)
 
     TA._INVARIANT_CHUNK, TA._INVARIANT_BLOCK_N, TA._inv_meta = chunk, block_n, meta
+    TA._inv_rows = saved[2] if rows is None else (lambda b_hkv, n, group: rows)
+    TA._inv_merge_heads = saved[3] if heads is None else (lambda n_rows, group, head_dim: heads)
     TA._prepare.cache_clear()
     try:
         yield
     finally:
-        TA._INVARIANT_CHUNK, TA._INVARIANT_BLOCK_N, TA._inv_meta = saved
+        TA._INVARIANT_CHUNK, TA._INVARIANT_BLOCK_N, TA._inv_rows, TA._inv_merge_heads, TA._inv_meta = saved
         TA._prepare.cache_clear()
 
 
-ATTN_SWEEP_CASES = [(1, 1, 1024), (1, 8, 1024), (8, 8, 1024), (1, 8, 4096)]  # (B, N, L)
+ATTN_SWEEP_CASES = [(1, 1, 1024), (1, 8, 1024), (8, 1, 1024), (8, 8, 1024), (8, 16, 1024), (1, 8, 4096)]  # (B, N, L)
 
 
 def run_attn_sweep(models: list[str]) -> str:
-    """Invariant tree attention under split lengths x key tiles x stages: µs per case and their sum (the table's
-    constants marked). A choice changes every call's arithmetic alike; tests/kernels/test_tree_attention.py's
-    invariance tests on the GPU check the one taken."""
-    cands = [(c, n, st) for c in (64, 128, 256) for n in (32, 64, 128) for st in (2, 3) if n <= c]
-    current = (TA._INVARIANT_CHUNK, TA._INVARIANT_BLOCK_N, TA._inv_meta(4, 8, 8, False)[0]["num_stages"])
+    """Invariant tree attention under row tiles, split lengths, key tiles, stages, merge blocks and merge rows a
+    program (None: the module's choice per call): µs per case and their sum (the module's choice marked). A constant
+    changes every call's arithmetic alike; tests/kernels/test_tree_attention.py's invariance tests on the GPU check
+    the one taken."""
+    stages = TA._inv_meta(4, 8, 8, 128, False, 16, 1)[0]["num_stages"]
+    current = (None, TA._INVARIANT_CHUNK, TA._INVARIANT_BLOCK_N, stages, TA._INVARIANT_MERGE, None)
+    cands = [current, (16, *current[1:]), (64, *current[1:]), (None, 128, 32, stages, TA._INVARIANT_MERGE, None)]
+    cands += [(None, TA._INVARIANT_CHUNK, TA._INVARIANT_BLOCK_N, stages, s, h) for s in (16, 32) for h in (None, 1)
+              if (s, h) != current[4:]]
     cases = [(model, B, N, L) for model in models for B, N, L in ATTN_SWEEP_CASES]
-    head = "| chunk | key tile | stages | " + " | ".join(f"{m.split('-')[0]} B={B} N={N} L={L}" for m, B, N, L in cases)
-    out = [head + " | sum µs |", "|" + "---|" * (len(cases) + 4)]
+    head = "| rows | chunk | key tile | stages | merge block | merge rows | " + " | ".join(
+        f"{m.split('-')[0]} B={B} N={N} L={L}" for m, B, N, L in cases)
+    out = [head + " | sum µs |", "|" + "---|" * (len(cases) + 7)]
     inputs = {(m, B, N, L): attn_inputs(B, N, MODELS[m]["Hq"], MODELS[m]["Hkv"], MODELS[m]["D"], L)
               for m, B, N, L in cases}
-    for chunk, block_n, stages in cands:
+    for cand in cands:
         ts = []
-        with invariant_attention_tiles(chunk, block_n, stages):
+        with invariant_attention_tiles(*cand[1:4], cand[0], *cand[4:]):
             for key in cases:
                 args, bound = inputs[key], key[3] + 64
 
@@ -554,12 +563,13 @@ def run_attn_sweep(models: list[str]) -> str:
                     call(0)
                     ts.append(bench_graph(call, 1))
                 except Exception as e:  # noqa: BLE001 - a config that does not compile is skipped
-                    print(f"    chunk {chunk} tile {block_n} st{stages} {key}: {type(e).__name__}", flush=True)
+                    print(f"    {cand} {key}: {type(e).__name__}", flush=True)
                     ts.append(None)
         total = sum(ts) if all(t is not None for t in ts) else None
-        mark = " (table)" if (chunk, block_n, stages) == current else ""
-        out.append(f"| {chunk}{mark} | {block_n} | {stages} | " + " | ".join(fmt(t, ".2f") for t in ts)
-                   + f" | {fmt(total, '.1f')} |")
+        rows, chunk, block_n, st, merge_s, heads = cand
+        mark = " (module)" if cand == current else ""
+        out.append(f"| {rows or 'per call'}{mark} | {chunk} | {block_n} | {st} | {merge_s} | {heads or 'per call'} | "
+                   + " | ".join(fmt(t, ".2f") for t in ts) + f" | {fmt(total, '.1f')} |")
         print("  " + out[-1], flush=True)
     return "\n".join(out)
 
@@ -610,7 +620,7 @@ def main() -> None:
         step_cases = [tuple(map(int, c.split("x"))) for c in args.step_cases.split(",")]
         emit("Whole forward (random weights, 1k-token prefix)", run_step(models, args.trace, step_cases))
     if "attn_sweep" in parts:
-        emit("Invariant tree attention: split length, key tile, stages", run_attn_sweep(models))
+        emit("Invariant tree attention: row tile, split length, key tile, stages, merge", run_attn_sweep(models))
     if "sweep" in parts:
         sweep_ms = [int(m) for m in args.sweep_ms.split(",")]
         projs = args.sweep_projs.split(",") if args.sweep_projs else None

@@ -42,3 +42,32 @@ def fixed_sum0(t, N: tl.constexpr, BM: tl.constexpr):
     if N >= 2:
         t = _halve(t, 1, BM)
     return tl.reshape(t, (BM,))
+
+
+@triton.jit
+def _halve1(t, BM: tl.constexpr, H: tl.constexpr):
+    """t [BM, 2H] -> t[:, :H] + t[:, H:] [BM, H] (`_halve` along axis 1)."""
+    return tl.sum(tl.reshape(t, (BM, 2, H)), axis=1)
+
+
+@triton.jit
+def fixed_sum1(t, BM: tl.constexpr, N: tl.constexpr):
+    """Sum over axis 1 of t [BM, N] (N a power of two, 1..256) -> [BM], pairwise as `fixed_sum0`: column j +
+    column j + N/2, then again on the half."""
+    if N >= 256:
+        t = _halve1(t, BM, 128)
+    if N >= 128:
+        t = _halve1(t, BM, 64)
+    if N >= 64:
+        t = _halve1(t, BM, 32)
+    if N >= 32:
+        t = _halve1(t, BM, 16)
+    if N >= 16:
+        t = _halve1(t, BM, 8)
+    if N >= 8:
+        t = _halve1(t, BM, 4)
+    if N >= 4:
+        t = _halve1(t, BM, 2)
+    if N >= 2:
+        t = _halve1(t, BM, 1)
+    return tl.reshape(t, (BM,))

@@ -32,15 +32,17 @@ Invariant mode (`invariant=True`, `_inv_fwd_kernel` + `_inv_merge_kernel`): a qu
 own keys, never on the batch, the tree around it or the grid's split count, so a tree node's output is bit-identical
 to the output of the same token decoded alone at the same position. A node at depth d with prefix P sees the logical
 sequence 0..P+d: the prefix, then its ancestors in depth order (the j-th allowed new key is its depth-j ancestor: new
-tokens are numbered parents first, and key j of the new tokens is at position P + j). Every program holds 16 query
-rows (an MMA tile of the same shape for every call: TOKS = 16 // G tokens of G heads) and walks splits of a fixed
+tokens are numbered parents first, and key j of the new tokens is at position P + j). Every program holds a tile of
+16 or 64 query rows (TOKS tokens of G heads; `_inv_rows` picks per call: an MMA row's bits do not depend on the
+tile's rows, and the row sums are `fixed_sum1`'s, in an order written out) and walks splits of a fixed
 `_INVARIANT_CHUNK` logical positions in `_INVARIANT_BLOCK_N`-key tiles from the split's start. A split whose keys are
-in every row's sequence (below the prefix; causal: below the tile's first token) is attended once for the 16 rows;
-the splits that reach the tree are attended per token (one sub-program each, its ancestors gathered into depth order).
-The merge takes a row's splits in blocks of `_INVARIANT_MERGE`, each summed in `fixed_sum0`'s order, so a verify,
-a decode step and a prefill reduce alike. On an H200 a decode costs 0.77-1.00x the split-KV kernel, a B=1 verify of
-8 tokens 1.02-1.23x and a B=8 one 1.4-1.8x (results/invariant_h200/; one program of two 16-row tiles, each K/V tile
-loaded once for both, was slower at B=1 and no faster at B=8: the B=8 cost is not the prefix read again).
+in every row's sequence (below the prefix; causal: below the tile's first token) is attended once for the tile; a
+split that reaches the tree is attended by the tile's leaves, each with its ancestors gathered into depth order,
+for its own rows and its ancestors' (their keys past their depth masked). The merge takes a row's splits in blocks of
+`_INVARIANT_MERGE`, each summed in `fixed_sum0`'s order, so a verify, a decode step and a prefill reduce alike. On an
+H200 (results/invariant_h200/attention_row_tiles.md) a decode costs 0.98-1.06x the split-KV kernel, a B=1 verify of
+8 tokens 0.95-1.16x, a B=8 one 1.18-1.36x and one of 16 tokens 1.7-2.1x: the splits stay 128 keys long whatever the
+batch, so a B=8 verify writes and merges 3x the partial outputs of the split-KV kernel's plan.
 """
 
 from __future__ import annotations
@@ -54,7 +56,7 @@ import triton
 import triton.language as tl
 
 from eaglet.kernels._compile_cases import TARGET_SMS, TREES, CompileCase, Ptr, model_shapes
-from eaglet.kernels._fixed_order import fixed_sum0
+from eaglet.kernels._fixed_order import fixed_sum0, fixed_sum1
 from eaglet.kernels._utils import autotune_configs, is_hip, is_interpret, sm_count, use_triton
 
 SUPPORTED_HEAD_DIMS = (64, 128)
@@ -82,7 +84,20 @@ _MERGE_SPLITS = 64
 # context bound), and its key tile (fixed: tile boundaries must not move with an autotuner's choice).
 _INVARIANT_CHUNK = 128
 _INVARIANT_BLOCK_N = 64
-_INVARIANT_MERGE = 64  # splits merged per pass (a constant: the merge's summation order must not follow the grid)
+_INVARIANT_BLOCK_N_HIP = 32  # gfx942, 8 waves: 64-key tiles spilled the 8B's 64-row tile (256 VGPRs); 32 take 154
+# Splits merged per pass (a constant: the merge's summation order must not follow the grid): 16 cover a 2k context in
+# one pass; 64, mostly masked at a 1k prefix, took 25 µs of a 71 µs B=8 x 16 verify of the 8B (H200).
+_INVARIANT_MERGE = 16
+_INVARIANT_MERGE_ELEMS = 512  # a merge program's rows x head_dim (a token's heads, up to 4 at D=128)
+_INVARIANT_MERGE_WIDE_ROWS = 1024  # rows of a call from which a merge program takes a token's heads, not one row
+# Query rows of a tile, chosen per call (`_inv_rows`; at most _INVARIANT_CHUNK: a causal tile's tokens cross one split
+# end): 64, or 16 where a request's rows of a KV head fit in 16 and the call has this many (request, KV head) pairs,
+# where the smaller tile's registers buy occupancy (H200, bench_invariant --parts attn_sweep, µs in 16 / 64-row tiles:
+# the 8B's B=8 decode 18.9 / 20.7; its B=8 verify of 16 tokens 82.1 / 65.8, of 8 44.4 / 39.3; SmolLM2's B=8 verify
+# of 8 16.3 / 12.3, B=1 of 8 at a 4k prefix 10.5 / 9.6). A row's bits do not depend on the tile: an MMA row's do
+# not (benchmarks/probes/mma_rows_probe.py: 16-128 rows, 4 and 8 warps), and the row sums are `fixed_sum1`'s.
+_INVARIANT_ROWS = (16, 64)
+_INVARIANT_SMALL_PAIRS = 64
 # Largest row tile: 128 rows x D fp32 accumulator is 64 registers/thread at 8 warps.
 _MAX_BLOCK_M = 128
 # Resident programs per SM worth filling: several 4-warp 64-row programs (their K/V streams
@@ -407,29 +422,36 @@ def _fwd_kernel(
 
 
 @triton.jit
-def _inv_tiles(acc, l_i, m_i, q, K, V, pt_row, kvh, lo, hi, prefix, allowed, rank, jj, qk_scale, stride_kp,
-               stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, GATHER: tl.constexpr, HEAD_DIM: tl.constexpr,
-               PAGE_SIZE: tl.constexpr, DOT_DTYPE: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Online softmax of the 16 rows over logical key positions [lo, hi) in BLOCK_N tiles from lo. GATHER: logical
-    position prefix + e is one token's depth-e ancestor, new key j with rank[j] == e among its allowed keys (a tree
-    token's sequence); else a logical position is where it sits in the pool (the prefix, a causal row's keys)."""
+def _inv_tiles(acc, l_i, m_i, q, K, V, pt_row, kvh, lo, hi, row_hi, prefix, anc, qk_scale, stride_kp, stride_ks,
+               stride_kh, stride_vp, stride_vs, stride_vh, GATHER: tl.constexpr, HEAD_DIM: tl.constexpr,
+               PAGE_SIZE: tl.constexpr, DOT_DTYPE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_NK: tl.constexpr):
+    """Online softmax of the tile's rows over logical key positions [lo, hi) in BLOCK_N tiles from lo, row r's keys
+    those below row_hi[r] (<= hi). GATHER: logical position prefix + e is the depth-e ancestor of the sub-program's
+    token, new key anc[e] (a tree token's sequence, anc [BLOCK_NK] its keys in depth order); else a logical position is
+    where it sits in the pool (the prefix, a causal row's keys). A key past a row's end gives p = 0 whatever K/V
+    hold there (finite: written ancestors, or zero past hi), so the row's sums are those of its own sequence."""
     offs_d = tl.arange(0, HEAD_DIM)  # [D]
+    ROWS: tl.constexpr = q.shape[0]
     for start in range(lo, hi, BLOCK_N):
         pos = start + tl.arange(0, BLOCK_N)  # [BLOCK_N] logical key positions
         kv_ok = pos < hi  # [BLOCK_N]
         phys = pos  # [BLOCK_N] pool positions
         if GATHER and start + BLOCK_N > prefix:  # the tile reaches the ancestors
-            e = pos - prefix  # [BLOCK_N]
-            hit = allowed[None, :] & (rank[None, :] == e[:, None])  # [BLOCK_N, BLOCK_NK]
-            phys = tl.where(e >= 0, prefix + tl.sum(tl.where(hit, jj[None, :], 0), 1), pos)  # [BLOCK_N]
+            e = tl.minimum(tl.maximum(pos - prefix, 0), BLOCK_NK - 1)  # [BLOCK_N] depth (clamped for the gather)
+            phys = tl.where(pos >= prefix, prefix + tl.gather(anc, e, 0), pos)  # [BLOCK_N]
         page = tl.load(pt_row + phys // PAGE_SIZE, mask=kv_ok, other=0)  # [BLOCK_N]
         slot_k = page.to(tl.int64) * stride_kp + (phys % PAGE_SIZE) * stride_ks  # [BLOCK_N]
         slot_v = page.to(tl.int64) * stride_vp + (phys % PAGE_SIZE) * stride_vs  # [BLOCK_N]
         k = tl.load(K + kvh * stride_kh + slot_k[:, None] + offs_d[None, :], mask=kv_ok[:, None], other=0.0)
         v = tl.load(V + kvh * stride_vh + slot_v[:, None] + offs_d[None, :], mask=kv_ok[:, None], other=0.0)
-        qk = tl.dot(q, tl.trans(k.to(DOT_DTYPE)), input_precision="ieee")  # [16, BLOCK_N]
-        qk = tl.where(kv_ok[None, :], qk * qk_scale, float("-inf"))  # [16, BLOCK_N]
-        acc, l_i, m_i = _softmax_update(acc, l_i, m_i, qk, v, DOT_DTYPE)
+        qk = tl.dot(q, tl.trans(k.to(DOT_DTYPE)), input_precision="ieee")  # [ROWS, BLOCK_N]
+        qk = tl.where(pos[None, :] < row_hi[:, None], qk * qk_scale, float("-inf"))  # [ROWS, BLOCK_N]
+        m_new = tl.maximum(m_i, tl.max(qk, 1))  # [ROWS] (`_softmax_update`, its row sum in a fixed order)
+        p = tl.math.exp2(qk - m_new[:, None])  # [ROWS, BLOCK_N]
+        alpha = tl.math.exp2(m_i - m_new)  # [ROWS]
+        l_i = l_i * alpha + fixed_sum1(p, ROWS, BLOCK_N)
+        acc = tl.dot(p.to(DOT_DTYPE), v.to(DOT_DTYPE), acc * alpha[:, None], input_precision="ieee")  # [ROWS, D]
+        m_i = m_new
     return acc, l_i, m_i
 
 
@@ -439,18 +461,20 @@ def _inv_fwd_kernel(
     stride_qb, stride_qn, stride_qh, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
     stride_ptb, stride_mb, stride_mi,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr, HAS_MASK: tl.constexpr,
-    SPLIT: tl.constexpr, DOT_DTYPE: tl.constexpr, TOKS: tl.constexpr, HEAD_TILES: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_NK: tl.constexpr, CHUNK: tl.constexpr,
+    SPLIT: tl.constexpr, DOT_DTYPE: tl.constexpr, ROWS: tl.constexpr, TOKS: tl.constexpr, TOKS_P2: tl.constexpr,
+    HEAD_TILES: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_NK: tl.constexpr, CHUNK: tl.constexpr,
 ):
-    """Invariant mode (module doc). Grid (row tiles, num_splits + tail * (TOKS - 1), B * Hkv). A row tile is 16 query
-    rows: TOKS tokens of GROUP heads (GROUP <= 16), or 16 heads of one token (HEAD_TILES tiles a token). Split s is
-    the logical key positions [s * CHUNK, (s + 1) * CHUNK) of each row's sequence. Where every token of the tile sees
-    the same keys there (a split below the prefix; causal: below the tile's first token), sub-program 0 attends it
-    for all rows at once; elsewhere sub-program t attends token t's own keys (its ancestors gathered into depth order)
-    with the whole tile's q and stores that token's rows. Programs 0..num_splits-1 of axis 1 are sub-program 0 of
-    every split; the rest are sub-programs 1..TOKS-1 of the first `tail` splits that are not shared (the only ones
-    they have work in), so no program waits on a split it has nothing to do in. O as in `_fwd_kernel`; a split past a
-    row's sequence is not written (the merge reads a row's first cdiv(length, CHUNK) splits)."""
+    """Invariant mode (module doc). Grid (row tiles, num_splits + tail * (TOKS - 1), B * Hkv). A row tile is ROWS
+    query rows: TOKS tokens of GROUP heads (GROUP <= ROWS), or ROWS heads of one token (HEAD_TILES tiles a token).
+    Split s is the logical key positions [s * CHUNK, (s + 1) * CHUNK) of each row's sequence. Where every token of the
+    tile sees the same keys there (a split below the prefix; causal: below the tile's first token), sub-program 0
+    attends it for all rows at once. Elsewhere sub-program t attends token t's own keys (its ancestors gathered into
+    depth order) with the whole tile's q, and stores the rows of t and of its ancestors in the tile that no later
+    token of the tile descends from (an ancestor's sequence is the start of t's: it is attended with its rows' keys
+    past their own depth masked), so only the tile's leaves work (causal: its last token). Programs 0..num_splits-1
+    of axis 1 are sub-program 0 of every split; the rest are sub-programs 1..TOKS-1 of the first `tail` splits that
+    are not shared (the only ones they have work in). O as in `_fwd_kernel`; a split past a row's sequence is not
+    written (the merge reads a row's first cdiv(length, CHUNK) splits)."""
     tile = tl.program_id(0)
     j = tl.program_id(1)
     pid_bh = tl.program_id(2)
@@ -459,12 +483,13 @@ def _inv_fwd_kernel(
     kvh = pid_bh % Hkv
     prefix = tl.load(PL + b)
     GT: tl.constexpr = GROUP // HEAD_TILES  # heads of one token in a tile
-    rr = tl.arange(0, 16)  # [16] the tile's rows
-    tok = tok_tile * TOKS + rr // GT  # [16] new-token index of each row
-    grp = (tile % HEAD_TILES) * GT + rr % GT  # [16] query head within the KV head's group
-    row_ok = (rr < TOKS * GT) & (tok < N)  # [16]
-    offs_d = tl.arange(0, HEAD_DIM)  # [D]
+    rr = tl.arange(0, ROWS)  # [ROWS] the tile's rows
+    c = rr // GT  # [ROWS] each row's token, counted in the tile
     first = tok_tile * TOKS  # the tile's first token
+    tok = first + c  # [ROWS] new-token index of each row
+    grp = (tile % HEAD_TILES) * GT + rr % GT  # [ROWS] query head within the KV head's group
+    row_ok = (c < TOKS) & (tok < N)  # [ROWS]
+    offs_d = tl.arange(0, HEAD_DIM)  # [D]
     if HAS_MASK:  # keys [0, shared_end) are in every row's sequence
         shared_end = prefix
     else:
@@ -478,61 +503,72 @@ def _inv_fwd_kernel(
     lo = split * CHUNK
     shared = lo + CHUNK <= shared_end
     t = first + sub  # the token this sub-program attends for, outside the shared splits
+    jj = tl.arange(0, BLOCK_NK)  # [BLOCK_NK] new-key index
     if shared:
-        go = sub == 0
-        row_st = row_ok  # [16] the rows it stores
-    else:
-        go = (t < N) & (split < num_splits)
-        row_st = row_ok & (tok == t)  # [16]
-    if go:
-        jj = tl.arange(0, BLOCK_NK)  # [BLOCK_NK] new-key index
-        if HAS_MASK:
-            allowed = tl.load(MASK + b * stride_mb + t * stride_mi + jj, mask=jj < tl.where(t < N, NK, 0), other=0) != 0
-            rank = tl.cumsum(allowed.to(tl.int32), 0) - 1  # [BLOCK_NK] depth of each allowed new key
-            depth = tl.sum(allowed.to(tl.int32), 0) - 1
+        anc = jj
+        row_hi = lo + CHUNK + rr * 0  # [ROWS]
+        row_st = row_ok & (rr * 0 + sub == 0)  # [ROWS] the rows it stores
+    elif HAS_MASK:
+        # The tile's mask rows: each token's depth and each key's owner (the last tile token whose sequence holds
+        # it). Key j is token j when the call writes its own keys (NK == N); else no token serves another.
+        a = tl.arange(0, TOKS_P2)  # [TOKS_P2] tokens, counted in the tile
+        a_ok = (a < TOKS) & (first + a < N)  # [TOKS_P2]
+        blk = tl.load(MASK + b * stride_mb + (first + a)[:, None] * stride_mi + jj[None, :],
+                      mask=a_ok[:, None] & (jj < NK)[None, :], other=0) != 0  # [TOKS_P2, BLOCK_NK]
+        depth_r = tl.gather(tl.sum(blk.to(tl.int32), 1) - 1, tl.minimum(c, TOKS_P2 - 1), 0)  # [ROWS]
+        owner_j = tl.max(tl.where(blk, a[:, None], -1), 0)  # [BLOCK_NK]
+        owner_r = tl.gather(owner_j, tl.minimum(tok, BLOCK_NK - 1), 0)  # [ROWS]
+        owner_r = tl.where(NK == N, owner_r, c)  # [ROWS]
+        t_keys = tl.load(MASK + b * stride_mb + t * stride_mi + jj, mask=jj < tl.where(t < N, NK, 0), other=0) != 0
+        anc = tl.sort(tl.where(t_keys, jj, BLOCK_NK + jj))  # [BLOCK_NK] t's ancestors-or-self, root first
+        row_hi = tl.minimum(lo + CHUNK, prefix + depth_r + 1)  # [ROWS] row sequence [0, P + depth]
+        row_st = row_ok & (owner_r == sub) & (row_hi > lo)  # [ROWS]
+    else:  # causal: the tile's last token holds every row's sequence
+        anc = jj
+        row_hi = tl.minimum(lo + CHUNK, prefix + tok + 1)  # [ROWS]
+        last = tl.minimum(N - first, TOKS) - 1  # the tile's last token, counted in the tile
+        row_st = row_ok & (rr * 0 + sub == last) & (row_hi > lo)  # [ROWS]
+    hi = tl.max(tl.where(row_st, row_hi, lo), 0)
+    if (split < num_splits) & (hi > lo):
+        q_ptrs = Q + b * stride_qb + tok[:, None] * stride_qn + (kvh * GROUP + grp)[:, None] * stride_qh  # [ROWS, 1]
+        q = tl.load(q_ptrs + offs_d[None, :], mask=row_ok[:, None], other=0.0).to(DOT_DTYPE)  # [ROWS, D]
+        m_i = tl.full([ROWS], -1.0e30, dtype=tl.float32)
+        l_i = tl.zeros([ROWS], dtype=tl.float32)
+        acc = tl.zeros([ROWS, HEAD_DIM], dtype=tl.float32)
+        pt_row = PT + b * stride_ptb
+        acc, l_i, m_i = _inv_tiles(acc, l_i, m_i, q, K, V, pt_row, kvh, lo, hi, row_hi, prefix, anc, qk_scale,
+                                   stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, HAS_MASK, HEAD_DIM,
+                                   PAGE_SIZE, DOT_DTYPE, BLOCK_N, BLOCK_NK)
+        l_safe = tl.where(l_i > 0, l_i, 1.0)  # [ROWS]
+        o = acc / l_safe[:, None]  # [ROWS, D]
+        if SPLIT:
+            part_row = ((pid_bh * num_splits + split) * N + tok) * GROUP + grp  # [ROWS] row of [B, Hkv, S, N, G]
+            tl.store(O + part_row[:, None] * HEAD_DIM + offs_d[None, :], o, mask=row_st[:, None])
+            LSE = O + tl.num_programs(2) * num_splits * N * GROUP * HEAD_DIM
+            lse = tl.where(l_i > 0, m_i + tl.math.log2(l_safe), float("-inf"))  # [ROWS]
+            tl.store(LSE + part_row, lse, mask=row_st)
         else:
-            allowed = jj < 0
-            rank = jj
-            depth = t
-        hi = tl.where(shared, lo + CHUNK, tl.minimum(lo + CHUNK, prefix + depth + 1))  # row sequence [0, P + depth]
-        if hi > lo:
-            q_ptrs = Q + b * stride_qb + tok[:, None] * stride_qn + (kvh * GROUP + grp)[:, None] * stride_qh + offs_d[None, :]
-            q = tl.load(q_ptrs, mask=row_ok[:, None], other=0.0).to(DOT_DTYPE)  # [16, D]
-            m_i = tl.full([16], -1.0e30, dtype=tl.float32)
-            l_i = tl.zeros([16], dtype=tl.float32)
-            acc = tl.zeros([16, HEAD_DIM], dtype=tl.float32)
-            pt_row = PT + b * stride_ptb
-            acc, l_i, m_i = _inv_tiles(acc, l_i, m_i, q, K, V, pt_row, kvh, lo, hi, prefix, allowed, rank, jj,
-                                       qk_scale, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
-                                       HAS_MASK, HEAD_DIM, PAGE_SIZE, DOT_DTYPE, BLOCK_N)
-            l_safe = tl.where(l_i > 0, l_i, 1.0)  # [16]
-            o = acc / l_safe[:, None]  # [16, D]
-            if SPLIT:
-                part_row = ((pid_bh * num_splits + split) * N + tok) * GROUP + grp  # [16] row of [B, Hkv, S, N, G]
-                tl.store(O + part_row[:, None] * HEAD_DIM + offs_d[None, :], o, mask=row_st[:, None])
-                LSE = O + tl.num_programs(2) * num_splits * N * GROUP * HEAD_DIM
-                lse = tl.where(l_i > 0, m_i + tl.math.log2(l_safe), float("-inf"))  # [16]
-                tl.store(LSE + part_row, lse, mask=row_st)
-            else:
-                out_row = (b * N + tok) * (Hkv * GROUP) + kvh * GROUP + grp  # [16] row of [B, N, Hq]
-                tl.store(O + out_row[:, None] * HEAD_DIM + offs_d[None, :], o.to(O.dtype.element_ty),
-                         mask=row_st[:, None])
+            out_row = (b * N + tok) * (Hkv * GROUP) + kvh * GROUP + grp  # [ROWS] row of [B, N, Hq]
+            tl.store(O + out_row[:, None] * HEAD_DIM + offs_d[None, :], o.to(O.dtype.element_ty),
+                     mask=row_st[:, None])
 
 
 @triton.jit
 def _inv_merge_kernel(WS, PL, MASK, OUT, num_splits, N, NK, Hkv, stride_mb, stride_mi,
                       GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, HAS_MASK: tl.constexpr, BLOCK_NK: tl.constexpr,
-                      CHUNK: tl.constexpr, BLOCK_S: tl.constexpr):
-    """Invariant mode: one packed row's splits [0, cdiv(its sequence length, CHUNK)) merged BLOCK_S at a time (a
-    constant), each block's sums in `fixed_sum0`'s order and the blocks in split order: the same arithmetic for a
-    row whatever the grid's split count."""
-    row = tl.program_id(0)
+                      CHUNK: tl.constexpr, BLOCK_S: tl.constexpr, HEADS: tl.constexpr):
+    """Invariant mode: HEADS packed rows of one token (grid (N * cdiv(GROUP, HEADS), B * Hkv)), each row's splits
+    [0, cdiv(its sequence length, CHUNK)) merged BLOCK_S at a time (a constant), each block's sums in `fixed_sum0`'s
+    order (per element: the same for any HEADS) and the blocks in split order: the same arithmetic for a row whatever
+    the grid's split count. The rows of a token share its length, so every block holds a split of each row."""
+    HT: tl.constexpr = (GROUP + HEADS - 1) // HEADS  # programs a token
+    tok = tl.program_id(0) // HT
     pid_bh = tl.program_id(1)
     LSE = WS + tl.num_programs(1) * num_splits * N * GROUP * HEAD_DIM
     b = pid_bh // Hkv
     kvh = pid_bh % Hkv
-    tok = row // GROUP
-    grp = row % GROUP
+    grp = (tl.program_id(0) % HT) * HEADS + tl.arange(0, HEADS)  # [HEADS] query heads within the KV head's group
+    row_ok = grp < GROUP  # [HEADS]
     prefix = tl.load(PL + b)
     if HAS_MASK:
         jj = tl.arange(0, BLOCK_NK)  # [BLOCK_NK]
@@ -542,29 +578,32 @@ def _inv_merge_kernel(WS, PL, MASK, OUT, num_splits, N, NK, Hkv, stride_mb, stri
         length = prefix + tok + 1
     n_used = tl.cdiv(length, CHUNK)
     offs_d = tl.arange(0, HEAD_DIM)  # [D]
-    row0 = pid_bh * num_splits * N * GROUP + row  # split 0 of this row in [B, Hkv, S, N, G]
-    m = -1.0e30
-    l = 0.0
-    acc = tl.zeros([HEAD_DIM], dtype=tl.float32)
+    row0 = pid_bh * num_splits * N * GROUP + tok * GROUP + grp  # [HEADS] split 0 of each row in [B, Hkv, S, N, G]
+    m = tl.full([HEADS], -1.0e30, dtype=tl.float32)
+    l = tl.zeros([HEADS], dtype=tl.float32)
+    acc = tl.zeros([HEADS, HEAD_DIM], dtype=tl.float32)
     for s0 in range(0, n_used, BLOCK_S):
         offs_s = s0 + tl.arange(0, BLOCK_S)  # [BLOCK_S]
-        ok = offs_s < n_used  # [BLOCK_S]
-        part_rows = row0 + offs_s * (N * GROUP)  # [BLOCK_S]
-        lse = tl.load(LSE + part_rows, mask=ok, other=float("-inf"))  # [BLOCK_S]
-        o = tl.load(WS + part_rows[:, None] * HEAD_DIM + offs_d[None, :], mask=ok[:, None], other=0.0)  # [BLOCK_S, D]
-        m_blk = tl.max(lse, 0)  # exact in any order
-        w = tl.math.exp2(lse - m_blk)  # [BLOCK_S]; 0 for the unused
-        l_blk = fixed_sum0(w[:, None], BLOCK_S, 1)  # [1]
-        acc_blk = fixed_sum0(w[:, None] * o, BLOCK_S, HEAD_DIM)  # [D]
-        m_new = tl.maximum(m, m_blk)
-        a_old = tl.math.exp2(m - m_new)
-        a_blk = tl.math.exp2(m_blk - m_new)
-        l = l * a_old + tl.sum(l_blk, 0) * a_blk
-        acc = acc * a_old + acc_blk * a_blk  # [D]
+        ok = (offs_s < n_used)[:, None] & row_ok[None, :]  # [BLOCK_S, HEADS]
+        part_rows = row0[None, :] + offs_s[:, None] * (N * GROUP)  # [BLOCK_S, HEADS]
+        lse = tl.load(LSE + part_rows, mask=ok, other=float("-inf"))  # [BLOCK_S, HEADS]
+        o = tl.load(WS + part_rows[:, :, None] * HEAD_DIM + offs_d[None, None, :], mask=ok[:, :, None],
+                    other=0.0)  # [BLOCK_S, HEADS, D]
+        m_blk = tl.max(lse, 0)  # [HEADS] exact in any order; -inf only for a padding head
+        w = tl.math.exp2(lse - tl.where(row_ok, m_blk, 0.0)[None, :])  # [BLOCK_S, HEADS]; 0 for the unused
+        l_blk = fixed_sum0(w, BLOCK_S, HEADS)  # [HEADS]
+        wo = tl.reshape(w[:, :, None] * o, (BLOCK_S, HEADS * HEAD_DIM))  # [BLOCK_S, HEADS * D]
+        acc_blk = tl.reshape(fixed_sum0(wo, BLOCK_S, HEADS * HEAD_DIM), (HEADS, HEAD_DIM))  # [HEADS, D]
+        m_new = tl.maximum(m, m_blk)  # [HEADS]
+        a_old = tl.math.exp2(m - m_new)  # [HEADS]
+        a_blk = tl.math.exp2(m_blk - m_new)  # [HEADS]
+        # explicit FMAs: the same rounding whatever contraction the compiler would pick for this tile shape
+        l = tl.fma(l, a_old, l_blk * a_blk)
+        acc = tl.fma(acc, a_old[:, None], acc_blk * a_blk[:, None])  # [HEADS, D]
         m = m_new
-    out = acc / tl.where(l > 0, l, 1.0)  # [D]
-    out_row = (b * N + tok) * (Hkv * GROUP) + kvh * GROUP + grp
-    tl.store(OUT + out_row * HEAD_DIM + offs_d, out.to(OUT.dtype.element_ty))
+    out = acc / tl.where(l > 0, l, 1.0)[:, None]  # [HEADS, D]
+    out_row = (b * N + tok) * (Hkv * GROUP) + kvh * GROUP + grp  # [HEADS]
+    tl.store(OUT + out_row[:, None] * HEAD_DIM + offs_d[None, :], out.to(OUT.dtype.element_ty), mask=row_ok[:, None])
 
 
 @triton.jit
@@ -686,17 +725,32 @@ def _meta(t: torch.Tensor | None) -> tuple | None:
     return None if t is None else (t.shape, t.stride(), t.dtype, t.device)
 
 
-def _inv_meta(group: int, n: int, nk: int, hip: bool) -> tuple[dict, dict]:
+def _inv_rows(b_hkv: int, n: int, group: int) -> int:
+    """The row tile of an invariant call of b_hkv (request, KV head) pairs, n tokens of `group` heads."""
+    small, wide = _INVARIANT_ROWS
+    return small if n * group <= small and b_hkv >= _INVARIANT_SMALL_PAIRS else wide
+
+
+def _inv_merge_heads(rows: int, group: int, head_dim: int) -> int:
+    """Rows a merge program takes, of a call merging `rows` rows (each row's bits are the same for any count)."""
+    if rows < _INVARIANT_MERGE_WIDE_ROWS:
+        return 1
+    return min(triton.next_power_of_2(group), _INVARIANT_MERGE_ELEMS // head_dim)
+
+
+def _inv_meta(group: int, n: int, nk: int, head_dim: int, hip: bool, rows: int, heads: int) -> tuple[dict, dict]:
     """The invariant kernels' meta-parameters for `group` query heads a KV head, n query tokens and nk new keys:
-    (`_inv_fwd_kernel`'s, `_inv_merge_kernel`'s). 16-row tiles of TOKS tokens, at most n (HEAD_TILES tiles of one
-    token's heads for groups > 16; a row's bits do not depend on where in the tile it sits, nor on whether its split
-    is attended for the tile or for its token alone), the fixed split and key tile. MI300 (`hip`): one software stage, as `_fwd_configs`' AMD entries, and 8 waves (in 4,
-    SmolLM2's verify of 60 tokens spilled 7 SGPRs on gfx942); the same for every call, as the tiles (a row's sums
-    follow the layout)."""
+    (`_inv_fwd_kernel`'s, `_inv_merge_kernel`'s). `rows`-row tiles of TOKS tokens, at most n (HEAD_TILES
+    tiles of one token's heads for larger groups; a row's bits do not depend on where in the tile it sits, nor on
+    whether its split is attended for the tile or for a token of the tile), the fixed split and key tile. MI300
+    (`hip`): one software stage and 32-key tiles, as `_fwd_configs`' AMD entries, and 8 waves (in 4, SmolLM2's verify
+    of 60 tokens spilled 7 SGPRs on gfx942); the same for every call (a row's sums follow the layout)."""
     block_nk = max(16, triton.next_power_of_2(nk))
-    fwd = dict(TOKS=max(1, min(16 // group, n)), HEAD_TILES=max(1, group // 16), BLOCK_N=_INVARIANT_BLOCK_N,
-               BLOCK_NK=block_nk, CHUNK=_INVARIANT_CHUNK, num_warps=8 if hip else 4, num_stages=1 if hip else 2)
-    merge = dict(BLOCK_NK=block_nk, CHUNK=_INVARIANT_CHUNK, BLOCK_S=_INVARIANT_MERGE, num_warps=4)
+    toks = max(1, min(rows // group, n))
+    fwd = dict(ROWS=rows, TOKS=toks, TOKS_P2=triton.next_power_of_2(toks), HEAD_TILES=max(1, group // rows),
+               BLOCK_N=_INVARIANT_BLOCK_N_HIP if hip else _INVARIANT_BLOCK_N, BLOCK_NK=block_nk, CHUNK=_INVARIANT_CHUNK,
+               num_warps=8 if hip else 4, num_stages=1 if hip else 2)
+    merge = dict(BLOCK_NK=block_nk, CHUNK=_INVARIANT_CHUNK, BLOCK_S=_INVARIANT_MERGE, HEADS=heads, num_warps=4)
     return fwd, merge
 
 
@@ -757,15 +811,17 @@ def _prepare(q, k, v, pt, pl, mask, sm_scale, max_prefix_len, interpret: bool, i
     )
     mask_strides = mask[1][:2] if mask is not None else (0, 0)
     strides = (*q_stride[:3], *k_stride[:3], *v_stride[:3], pt[1][0], *mask_strides)
-    if invariant:  # 16-row tiles, fixed splits and tiles, no autotuning (module doc)
+    if invariant:  # fixed row tiles, splits and tiles, no autotuning (module doc)
         need(group <= 16 or group % 16 == 0,
              lambda: f"invariant tree attention needs Hq/Hkv <= 16 or a multiple of 16, got {group}")
-        fwd_meta, merge_meta = _inv_meta(group, N, NK, is_hip() if hip is None else hip)
+        hip = is_hip() if hip is None else hip
+        fwd_meta, merge_meta = _inv_meta(group, N, NK, D, hip, _inv_rows(B * Hkv, N, group),
+                                         _inv_merge_heads(B * N * Hq, group, D))
         toks, head_tiles = fwd_meta["TOKS"], fwd_meta["HEAD_TILES"]
         num_splits = _cdiv(kv_max, _INVARIANT_CHUNK)
         split = num_splits > 1
         # the splits a tile's tokens do not share: their keys past shared_end, at most NK (a tree; causal: the
-        # tile's other tokens, fewer than 16), over at most one split boundary more than their length
+        # tile's other tokens, fewer than its rows), over at most one split boundary more than their length
         tail = min(num_splits, (_cdiv(NK, _INVARIANT_CHUNK) if mask is not None else 1) + 1)
         fwd_args = (scale * _LOG2E, num_splits, tail, N, NK, Hkv, *strides)
         fwd_kw = dict(GROUP=group, HEAD_DIM=D, PAGE_SIZE=page_size, HAS_MASK=mask is not None, SPLIT=split,
@@ -773,7 +829,8 @@ def _prepare(q, k, v, pt, pl, mask, sm_scale, max_prefix_len, interpret: bool, i
         grid = (_cdiv(N, toks) * head_tiles, num_splits + tail * (toks - 1), B * Hkv)
         merge = None
         if split:
-            merge = (_inv_merge_kernel, (N * group, B * Hkv), (num_splits, N, NK, Hkv, *mask_strides),
+            merge_grid = (N * _cdiv(group, merge_meta["HEADS"]), B * Hkv)
+            merge = (_inv_merge_kernel, merge_grid, (num_splits, N, NK, Hkv, *mask_strides),
                      dict(GROUP=group, HEAD_DIM=D, HAS_MASK=mask is not None, **merge_meta), True)
         ws_numel = B * Hkv * num_splits * N * group * (D + 1) if split else 0  # partial outputs + LSEs
         return _inv_fwd_kernel, grid, fwd_args, fwd_kw, ws_numel, merge

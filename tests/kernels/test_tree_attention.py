@@ -203,13 +203,14 @@ def _chain(mask_row: torch.Tensor) -> list[int]:
 
 INVARIANT_CASES = [
     # (B, N, Hq, Hkv, D, prefix_lens, page_size, tree); prefixes straddle the 64-key tiles and the 128-key splits;
-    # groups of 2 (8 tokens a 16-row tile), 3 (5 tokens and a padding row), 1 (16 tokens), 32 (two tiles a token);
+    # groups of 2 (32 tokens a 64-row tile), 3 (21 tokens and a padding row), 1 (64 tokens), 32 (two tokens a tile);
     # two causal tiles whose tokens cross a split boundary
     pytest.param(2, 9, 4, 2, 64, [37, 509], 16, True, id="tree-split-boundary"),
-    pytest.param(2, 20, 4, 4, 64, [115, 3], 16, False, id="causal-two-tiles-split-boundary"),
+    pytest.param(2, 70, 1, 1, 64, [115, 3], 16, False, id="causal-two-tiles-split-boundary"),
     pytest.param(1, 24, 6, 2, 128, [1030], 8, True, id="tree-group3-D128"),
     pytest.param(2, 7, 4, 4, 64, [0, 60], 1, False, id="causal-page1"),
     pytest.param(1, 5, 32, 1, 64, [200], 16, True, id="tree-group32"),
+    pytest.param(1, 6, 2, 1, 64, [2090], 16, True, id="tree-merge-two-blocks"),  # 17 splits: two merge passes
 ]
 
 
@@ -245,6 +246,27 @@ def test_invariant_node_equals_its_decode(dtype, B, N, Hq, Hkv, D, prefix, page_
             one = tree_attention(q[:, i:i + 1].contiguous(), k2, v2, page_table, lens, None,
                                  max_prefix_len=max(prefix) + 3000, invariant=True)  # [B, 1, Hq, D]
             assert torch.equal(one[b, 0], out[b, i]), (b, i)
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16] if CUDA else [torch.float32])
+@pytest.mark.parametrize("B,N,Hq,Hkv,D,prefix,tree", [
+    (2, 9, 4, 2, 64, [37, 509], True), (1, 24, 6, 2, 128, [1030], True), (2, 20, 2, 2, 64, [115, 3], False),
+    (3, 1, 4, 1, 128, [700, 3, 260], False),
+])
+def test_invariant_rows_do_not_depend_on_the_row_tile(monkeypatch, dtype, B, N, Hq, Hkv, D, prefix, tree):
+    """invariant=True: a call gives the same bits in 16-row and in 64-row tiles, and merging one row or several a
+    program (`_inv_rows` and `_inv_merge_heads` pick per call)."""
+    Hq, Hkv = _scale_heads(Hq, Hkv)
+    inputs = make_inputs(B, N, Hq, Hkv, D, prefix, 16, dtype, tree, seed=3)
+    outs = []
+    for rows, heads in zip(ta._INVARIANT_ROWS, (1, 4)):
+        monkeypatch.setattr(ta, "_inv_rows", lambda b_hkv, n, group, rows=rows: rows)
+        monkeypatch.setattr(ta, "_inv_merge_heads", lambda n_rows, group, head_dim, heads=heads: heads)
+        ta._prepare.cache_clear()
+        outs.append(tree_attention(*inputs, max_prefix_len=max(prefix), invariant=True))
+    ta._prepare.cache_clear()
+    assert torch.equal(outs[0], outs[1])
 
 
 @gpu_only
