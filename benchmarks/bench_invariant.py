@@ -22,8 +22,8 @@ benchmarks/bench_linear.py; floors = bytes that must move over the measured copy
          16-row tiles, above (up to a 2,048-row prefill) the tiles of the table's plan; the best one's rows checked
          for invariance against the table's other tiles (tuning: `_config` / `_table` follow it; --sweep-ms picks
          the rows).
-  attn_sweep  invariant tree attention's row tile, split length, key tile and stages (one set for every call), on
-         decode and verify cases (tuning).
+  attn_sweep  invariant tree attention's row tile (fixed, or the module's per-call choice), split length, key tile,
+         stages and merge block (one set for every call), on decode and verify cases (tuning).
 """
 
 from __future__ import annotations
@@ -510,25 +510,23 @@ def run_sweep(models: list[str], ms=(1, 8, 64), projs=None) -> str:
 
 
 @contextlib.contextmanager
-def invariant_attention_tiles(chunk: int, block_n: int, stages: int, rows: int | None, merge_s: int,
-                              heads: int | None):
+def invariant_attention_tiles(chunk: int, block_n: int, stages: int, rows: int | None, merge_s: int):
     """Run invariant tree attention with another split length, key tile, stage count and merge block (module constants
-    of kernels/tree_attention.py, the same for every call: they fix the arithmetic, so the module takes one set), row
-    tile and merge rows a program for every call (None: the module's choice per call)."""
-    saved = TA._INVARIANT_CHUNK, TA._INVARIANT_BLOCK_N, TA._inv_rows, TA._inv_merge_heads, TA._inv_meta
+    of kernels/tree_attention.py, the same for every call: they fix the arithmetic, so the module takes one set) and
+    row tile for every call (None: the module's choice per call)."""
+    saved = TA._INVARIANT_CHUNK, TA._INVARIANT_BLOCK_N, TA._inv_rows, TA._inv_meta
 
     def meta(*args):
-        fwd, merge = saved[4](*args)
+        fwd, merge = saved[3](*args)
         return dict(fwd, BLOCK_N=block_n, CHUNK=chunk, num_stages=stages), dict(merge, CHUNK=chunk, BLOCK_S=merge_s)
 
     TA._INVARIANT_CHUNK, TA._INVARIANT_BLOCK_N, TA._inv_meta = chunk, block_n, meta
     TA._inv_rows = saved[2] if rows is None else (lambda b_hkv, n, group: rows)
-    TA._inv_merge_heads = saved[3] if heads is None else (lambda n_rows, group, head_dim: heads)
     TA._prepare.cache_clear()
     try:
         yield
     finally:
-        TA._INVARIANT_CHUNK, TA._INVARIANT_BLOCK_N, TA._inv_rows, TA._inv_merge_heads, TA._inv_meta = saved
+        TA._INVARIANT_CHUNK, TA._INVARIANT_BLOCK_N, TA._inv_rows, TA._inv_meta = saved
         TA._prepare.cache_clear()
 
 
@@ -536,24 +534,22 @@ ATTN_SWEEP_CASES = [(1, 1, 1024), (1, 8, 1024), (8, 1, 1024), (8, 8, 1024), (8, 
 
 
 def run_attn_sweep(models: list[str]) -> str:
-    """Invariant tree attention under row tiles, split lengths, key tiles, stages, merge blocks and merge rows a
-    program (None: the module's choice per call): µs per case and their sum (the module's choice marked). A constant
-    changes every call's arithmetic alike; tests/kernels/test_tree_attention.py's invariance tests on the GPU check
-    the one taken."""
-    stages = TA._inv_meta(4, 8, 8, 128, False, 16, 1)[0]["num_stages"]
-    current = (None, TA._INVARIANT_CHUNK, TA._INVARIANT_BLOCK_N, stages, TA._INVARIANT_MERGE, None)
-    cands = [current, (16, *current[1:]), (64, *current[1:]), (None, 128, 32, stages, TA._INVARIANT_MERGE, None)]
-    cands += [(None, TA._INVARIANT_CHUNK, TA._INVARIANT_BLOCK_N, stages, s, h) for s in (16, 32) for h in (None, 1)
-              if (s, h) != current[4:]]
+    """Invariant tree attention under row tiles (None: the module's choice per call), split lengths, key tiles,
+    stages and merge blocks: µs per case and their sum (the module's choice marked). A constant changes every call's
+    arithmetic alike; tests/kernels/test_tree_attention.py's invariance tests on the GPU check the one taken."""
+    stages = TA._inv_meta(4, 8, 8, False, 16)[0]["num_stages"]
+    current = (None, TA._INVARIANT_CHUNK, TA._INVARIANT_BLOCK_N, stages, TA._INVARIANT_MERGE)
+    cands = [current, (16, *current[1:]), (64, *current[1:]), (None, 128, 32, stages, TA._INVARIANT_MERGE),
+             (None, TA._INVARIANT_CHUNK, TA._INVARIANT_BLOCK_N, stages, 2 * TA._INVARIANT_MERGE)]
     cases = [(model, B, N, L) for model in models for B, N, L in ATTN_SWEEP_CASES]
-    head = "| rows | chunk | key tile | stages | merge block | merge rows | " + " | ".join(
+    head = "| rows | chunk | key tile | stages | merge block | " + " | ".join(
         f"{m.split('-')[0]} B={B} N={N} L={L}" for m, B, N, L in cases)
-    out = [head + " | sum µs |", "|" + "---|" * (len(cases) + 7)]
+    out = [head + " | sum µs |", "|" + "---|" * (len(cases) + 6)]
     inputs = {(m, B, N, L): attn_inputs(B, N, MODELS[m]["Hq"], MODELS[m]["Hkv"], MODELS[m]["D"], L)
               for m, B, N, L in cases}
     for cand in cands:
         ts = []
-        with invariant_attention_tiles(*cand[1:4], cand[0], *cand[4:]):
+        with invariant_attention_tiles(*cand[1:4], cand[0], cand[4]):
             for key in cases:
                 args, bound = inputs[key], key[3] + 64
 
@@ -566,9 +562,9 @@ def run_attn_sweep(models: list[str]) -> str:
                     print(f"    {cand} {key}: {type(e).__name__}", flush=True)
                     ts.append(None)
         total = sum(ts) if all(t is not None for t in ts) else None
-        rows, chunk, block_n, st, merge_s, heads = cand
+        rows, chunk, block_n, st, merge_s = cand
         mark = " (module)" if cand == current else ""
-        out.append(f"| {rows or 'per call'}{mark} | {chunk} | {block_n} | {st} | {merge_s} | {heads or 'per call'} | "
+        out.append(f"| {rows or 'per call'}{mark} | {chunk} | {block_n} | {st} | {merge_s} | "
                    + " | ".join(fmt(t, ".2f") for t in ts) + f" | {fmt(total, '.1f')} |")
         print("  " + out[-1], flush=True)
     return "\n".join(out)

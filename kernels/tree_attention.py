@@ -88,8 +88,6 @@ _INVARIANT_BLOCK_N_HIP = 32  # gfx942, 8 waves: 64-key tiles spilled the 8B's 64
 # Splits merged per pass (a constant: the merge's summation order must not follow the grid): 16 cover a 2k context in
 # one pass; 64, mostly masked at a 1k prefix, took 25 µs of a 71 µs B=8 x 16 verify of the 8B (H200).
 _INVARIANT_MERGE = 16
-_INVARIANT_MERGE_ELEMS = 512  # a merge program's rows x head_dim (a token's heads, up to 4 at D=128)
-_INVARIANT_MERGE_WIDE_ROWS = 1024  # rows of a call from which a merge program takes a token's heads, not one row
 # Query rows of a tile, chosen per call (`_inv_rows`; at most _INVARIANT_CHUNK: a causal tile's tokens cross one split
 # end): 64, or 16 where a request's rows of a KV head fit in 16 and the call has this many (request, KV head) pairs,
 # where the smaller tile's registers buy occupancy (H200, bench_invariant --parts attn_sweep, µs in 16 / 64-row tiles:
@@ -556,19 +554,17 @@ def _inv_fwd_kernel(
 @triton.jit
 def _inv_merge_kernel(WS, PL, MASK, OUT, num_splits, N, NK, Hkv, stride_mb, stride_mi,
                       GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, HAS_MASK: tl.constexpr, BLOCK_NK: tl.constexpr,
-                      CHUNK: tl.constexpr, BLOCK_S: tl.constexpr, HEADS: tl.constexpr):
-    """Invariant mode: HEADS packed rows of one token (grid (N * cdiv(GROUP, HEADS), B * Hkv)), each row's splits
-    [0, cdiv(its sequence length, CHUNK)) merged BLOCK_S at a time (a constant), each block's sums in `fixed_sum0`'s
-    order (per element: the same for any HEADS) and the blocks in split order: the same arithmetic for a row whatever
-    the grid's split count. The rows of a token share its length, so every block holds a split of each row."""
-    HT: tl.constexpr = (GROUP + HEADS - 1) // HEADS  # programs a token
-    tok = tl.program_id(0) // HT
+                      CHUNK: tl.constexpr, BLOCK_S: tl.constexpr):
+    """Invariant mode: one packed row's splits [0, cdiv(its sequence length, CHUNK)) merged BLOCK_S at a time (a
+    constant), each block's sums in `fixed_sum0`'s order and the blocks in split order: the same arithmetic for a
+    row whatever the grid's split count. (A program for a token's heads at once was no faster: attn_sweep.)"""
+    row = tl.program_id(0)
     pid_bh = tl.program_id(1)
     LSE = WS + tl.num_programs(1) * num_splits * N * GROUP * HEAD_DIM
     b = pid_bh // Hkv
     kvh = pid_bh % Hkv
-    grp = (tl.program_id(0) % HT) * HEADS + tl.arange(0, HEADS)  # [HEADS] query heads within the KV head's group
-    row_ok = grp < GROUP  # [HEADS]
+    tok = row // GROUP
+    grp = row % GROUP
     prefix = tl.load(PL + b)
     if HAS_MASK:
         jj = tl.arange(0, BLOCK_NK)  # [BLOCK_NK]
@@ -578,32 +574,29 @@ def _inv_merge_kernel(WS, PL, MASK, OUT, num_splits, N, NK, Hkv, stride_mb, stri
         length = prefix + tok + 1
     n_used = tl.cdiv(length, CHUNK)
     offs_d = tl.arange(0, HEAD_DIM)  # [D]
-    row0 = pid_bh * num_splits * N * GROUP + tok * GROUP + grp  # [HEADS] split 0 of each row in [B, Hkv, S, N, G]
-    m = tl.full([HEADS], -1.0e30, dtype=tl.float32)
-    l = tl.zeros([HEADS], dtype=tl.float32)
-    acc = tl.zeros([HEADS, HEAD_DIM], dtype=tl.float32)
+    row0 = pid_bh * num_splits * N * GROUP + row  # split 0 of this row in [B, Hkv, S, N, G]
+    m = -1.0e30
+    l = 0.0
+    acc = tl.zeros([HEAD_DIM], dtype=tl.float32)
     for s0 in range(0, n_used, BLOCK_S):
         offs_s = s0 + tl.arange(0, BLOCK_S)  # [BLOCK_S]
-        ok = (offs_s < n_used)[:, None] & row_ok[None, :]  # [BLOCK_S, HEADS]
-        part_rows = row0[None, :] + offs_s[:, None] * (N * GROUP)  # [BLOCK_S, HEADS]
-        lse = tl.load(LSE + part_rows, mask=ok, other=float("-inf"))  # [BLOCK_S, HEADS]
-        o = tl.load(WS + part_rows[:, :, None] * HEAD_DIM + offs_d[None, None, :], mask=ok[:, :, None],
-                    other=0.0)  # [BLOCK_S, HEADS, D]
-        m_blk = tl.max(lse, 0)  # [HEADS] exact in any order; -inf only for a padding head
-        w = tl.math.exp2(lse - tl.where(row_ok, m_blk, 0.0)[None, :])  # [BLOCK_S, HEADS]; 0 for the unused
-        l_blk = fixed_sum0(w, BLOCK_S, HEADS)  # [HEADS]
-        wo = tl.reshape(w[:, :, None] * o, (BLOCK_S, HEADS * HEAD_DIM))  # [BLOCK_S, HEADS * D]
-        acc_blk = tl.reshape(fixed_sum0(wo, BLOCK_S, HEADS * HEAD_DIM), (HEADS, HEAD_DIM))  # [HEADS, D]
-        m_new = tl.maximum(m, m_blk)  # [HEADS]
-        a_old = tl.math.exp2(m - m_new)  # [HEADS]
-        a_blk = tl.math.exp2(m_blk - m_new)  # [HEADS]
-        # explicit FMAs: the same rounding whatever contraction the compiler would pick for this tile shape
-        l = tl.fma(l, a_old, l_blk * a_blk)
-        acc = tl.fma(acc, a_old[:, None], acc_blk * a_blk[:, None])  # [HEADS, D]
+        ok = offs_s < n_used  # [BLOCK_S]
+        part_rows = row0 + offs_s * (N * GROUP)  # [BLOCK_S]
+        lse = tl.load(LSE + part_rows, mask=ok, other=float("-inf"))  # [BLOCK_S]
+        o = tl.load(WS + part_rows[:, None] * HEAD_DIM + offs_d[None, :], mask=ok[:, None], other=0.0)  # [BLOCK_S, D]
+        m_blk = tl.max(lse, 0)  # exact in any order
+        w = tl.math.exp2(lse - m_blk)  # [BLOCK_S]; 0 for the unused
+        l_blk = tl.sum(fixed_sum0(w[:, None], BLOCK_S, 1), 0)
+        acc_blk = fixed_sum0(w[:, None] * o, BLOCK_S, HEAD_DIM)  # [D]
+        m_new = tl.maximum(m, m_blk)
+        a_old = tl.math.exp2(m - m_new)
+        a_blk = tl.math.exp2(m_blk - m_new)
+        l = tl.fma(l, a_old, l_blk * a_blk)  # explicit FMAs: no contraction left to the compiler
+        acc = tl.fma(acc, a_old, acc_blk * a_blk)  # [D]
         m = m_new
-    out = acc / tl.where(l > 0, l, 1.0)[:, None]  # [HEADS, D]
-    out_row = (b * N + tok) * (Hkv * GROUP) + kvh * GROUP + grp  # [HEADS]
-    tl.store(OUT + out_row[:, None] * HEAD_DIM + offs_d[None, :], out.to(OUT.dtype.element_ty), mask=row_ok[:, None])
+    out = acc / tl.where(l > 0, l, 1.0)  # [D]
+    out_row = (b * N + tok) * (Hkv * GROUP) + kvh * GROUP + grp
+    tl.store(OUT + out_row * HEAD_DIM + offs_d, out.to(OUT.dtype.element_ty))
 
 
 @triton.jit
@@ -731,14 +724,7 @@ def _inv_rows(b_hkv: int, n: int, group: int) -> int:
     return small if n * group <= small and b_hkv >= _INVARIANT_SMALL_PAIRS else wide
 
 
-def _inv_merge_heads(rows: int, group: int, head_dim: int) -> int:
-    """Rows a merge program takes, of a call merging `rows` rows (each row's bits are the same for any count)."""
-    if rows < _INVARIANT_MERGE_WIDE_ROWS:
-        return 1
-    return min(triton.next_power_of_2(group), _INVARIANT_MERGE_ELEMS // head_dim)
-
-
-def _inv_meta(group: int, n: int, nk: int, head_dim: int, hip: bool, rows: int, heads: int) -> tuple[dict, dict]:
+def _inv_meta(group: int, n: int, nk: int, hip: bool, rows: int) -> tuple[dict, dict]:
     """The invariant kernels' meta-parameters for `group` query heads a KV head, n query tokens and nk new keys:
     (`_inv_fwd_kernel`'s, `_inv_merge_kernel`'s). `rows`-row tiles of TOKS tokens, at most n (HEAD_TILES
     tiles of one token's heads for larger groups; a row's bits do not depend on where in the tile it sits, nor on
@@ -750,7 +736,7 @@ def _inv_meta(group: int, n: int, nk: int, head_dim: int, hip: bool, rows: int, 
     fwd = dict(ROWS=rows, TOKS=toks, TOKS_P2=triton.next_power_of_2(toks), HEAD_TILES=max(1, group // rows),
                BLOCK_N=_INVARIANT_BLOCK_N_HIP if hip else _INVARIANT_BLOCK_N, BLOCK_NK=block_nk, CHUNK=_INVARIANT_CHUNK,
                num_warps=8 if hip else 4, num_stages=1 if hip else 2)
-    merge = dict(BLOCK_NK=block_nk, CHUNK=_INVARIANT_CHUNK, BLOCK_S=_INVARIANT_MERGE, HEADS=heads, num_warps=4)
+    merge = dict(BLOCK_NK=block_nk, CHUNK=_INVARIANT_CHUNK, BLOCK_S=_INVARIANT_MERGE, num_warps=4)
     return fwd, merge
 
 
@@ -815,8 +801,7 @@ def _prepare(q, k, v, pt, pl, mask, sm_scale, max_prefix_len, interpret: bool, i
         need(group <= 16 or group % 16 == 0,
              lambda: f"invariant tree attention needs Hq/Hkv <= 16 or a multiple of 16, got {group}")
         hip = is_hip() if hip is None else hip
-        fwd_meta, merge_meta = _inv_meta(group, N, NK, D, hip, _inv_rows(B * Hkv, N, group),
-                                         _inv_merge_heads(B * N * Hq, group, D))
+        fwd_meta, merge_meta = _inv_meta(group, N, NK, hip, _inv_rows(B * Hkv, N, group))
         toks, head_tiles = fwd_meta["TOKS"], fwd_meta["HEAD_TILES"]
         num_splits = _cdiv(kv_max, _INVARIANT_CHUNK)
         split = num_splits > 1
@@ -829,8 +814,7 @@ def _prepare(q, k, v, pt, pl, mask, sm_scale, max_prefix_len, interpret: bool, i
         grid = (_cdiv(N, toks) * head_tiles, num_splits + tail * (toks - 1), B * Hkv)
         merge = None
         if split:
-            merge_grid = (N * _cdiv(group, merge_meta["HEADS"]), B * Hkv)
-            merge = (_inv_merge_kernel, merge_grid, (num_splits, N, NK, Hkv, *mask_strides),
+            merge = (_inv_merge_kernel, (N * group, B * Hkv), (num_splits, N, NK, Hkv, *mask_strides),
                      dict(GROUP=group, HEAD_DIM=D, HAS_MASK=mask is not None, **merge_meta), True)
         ws_numel = B * Hkv * num_splits * N * group * (D + 1) if split else 0  # partial outputs + LSEs
         return _inv_fwd_kernel, grid, fwd_args, fwd_kw, ws_numel, merge

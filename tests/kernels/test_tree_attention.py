@@ -255,14 +255,12 @@ def test_invariant_node_equals_its_decode(dtype, B, N, Hq, Hkv, D, prefix, page_
     (3, 1, 4, 1, 128, [700, 3, 260], False),
 ])
 def test_invariant_rows_do_not_depend_on_the_row_tile(monkeypatch, dtype, B, N, Hq, Hkv, D, prefix, tree):
-    """invariant=True: a call gives the same bits in 16-row and in 64-row tiles, and merging one row or several a
-    program (`_inv_rows` and `_inv_merge_heads` pick per call)."""
+    """invariant=True: a call gives the same bits in 16-row and in 64-row tiles (`_inv_rows` picks per call)."""
     Hq, Hkv = _scale_heads(Hq, Hkv)
     inputs = make_inputs(B, N, Hq, Hkv, D, prefix, 16, dtype, tree, seed=3)
     outs = []
-    for rows, heads in zip(ta._INVARIANT_ROWS, (1, 4)):
+    for rows in ta._INVARIANT_ROWS:
         monkeypatch.setattr(ta, "_inv_rows", lambda b_hkv, n, group, rows=rows: rows)
-        monkeypatch.setattr(ta, "_inv_merge_heads", lambda n_rows, group, head_dim, heads=heads: heads)
         ta._prepare.cache_clear()
         outs.append(tree_attention(*inputs, max_prefix_len=max(prefix), invariant=True))
     ta._prepare.cache_clear()
