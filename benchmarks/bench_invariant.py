@@ -510,46 +510,44 @@ def run_sweep(models: list[str], ms=(1, 8, 64), projs=None) -> str:
 
 
 @contextlib.contextmanager
-def invariant_attention_tiles(chunk: int, block_n: int, stages: int, rows: int | None, merge_s: int):
-    """Run invariant tree attention with another split length, key tile, stage count and merge block (module constants
-    of kernels/tree_attention.py, the same for every call: they fix the arithmetic, so the module takes one set) and
-    row tile for every call (None: the module's choice per call)."""
-    saved = TA._INVARIANT_CHUNK, TA._INVARIANT_BLOCK_N, TA._inv_rows, TA._inv_meta
+def invariant_attention_tiles(rows: int | None = None, levels: int | None = None, warps: int | None = None):
+    """Run invariant tree attention with this row tile, these levels of the leaf tree formed in the forward and this
+    many warps for every call (None: the module's choice per call). The leaf length, key tile and merge block are
+    module constants that fix the arithmetic; the sweep measured them before (results/invariant_h200/)."""
+    saved = TA._inv_rows, TA._inv_levels, TA._inv_meta
 
     def meta(*args):
-        fwd, merge = saved[3](*args)
-        return dict(fwd, BLOCK_N=block_n, CHUNK=chunk, num_stages=stages), dict(merge, CHUNK=chunk, BLOCK_S=merge_s)
+        fwd, merge = saved[2](*args)
+        return (fwd if warps is None else dict(fwd, num_warps=warps)), merge
 
-    TA._INVARIANT_CHUNK, TA._INVARIANT_BLOCK_N, TA._inv_meta = chunk, block_n, meta
-    TA._inv_rows = saved[2] if rows is None else (lambda b_hkv, n, group: rows)
+    TA._inv_meta = meta
+    TA._inv_rows = saved[0] if rows is None else (lambda b_hkv, n, group: rows)
+    TA._inv_levels = saved[1] if levels is None else (lambda tiles, leaves, sms: levels)
     TA._prepare.cache_clear()
     try:
         yield
     finally:
-        TA._INVARIANT_CHUNK, TA._INVARIANT_BLOCK_N, TA._inv_rows, TA._inv_meta = saved
+        TA._inv_rows, TA._inv_levels, TA._inv_meta = saved
         TA._prepare.cache_clear()
 
 
-ATTN_SWEEP_CASES = [(1, 1, 1024), (1, 8, 1024), (8, 1, 1024), (8, 8, 1024), (8, 16, 1024), (1, 8, 4096)]  # (B, N, L)
+ATTN_SWEEP_CASES = [(1, 1, 1024), (1, 8, 1024), (8, 1, 1024), (8, 8, 1024), (8, 16, 1024), (1, 8, 4096),
+                    (8, 8, 4096)]  # (B, N, L)
 
 
 def run_attn_sweep(models: list[str]) -> str:
-    """Invariant tree attention under row tiles (None: the module's choice per call), split lengths, key tiles,
-    stages and merge blocks: µs per case and their sum (the module's choice marked). A constant changes every call's
-    arithmetic alike; tests/kernels/test_tree_attention.py's invariance tests on the GPU check the one taken."""
-    stages = TA._inv_meta(4, 8, 8, False, 16)[0]["num_stages"]
-    current = (None, TA._INVARIANT_CHUNK, TA._INVARIANT_BLOCK_N, stages, TA._INVARIANT_MERGE)
-    cands = [current, (16, *current[1:]), (64, *current[1:]), (None, 128, 32, stages, TA._INVARIANT_MERGE),
-             (None, TA._INVARIANT_CHUNK, TA._INVARIANT_BLOCK_N, stages, 2 * TA._INVARIANT_MERGE)]
+    """Invariant tree attention with the leaf tree's lower levels formed in the forward (0 to _INVARIANT_MAX_LEVELS)
+    in 4 and 8 warps, and the module's choice per call: µs per case and their sum. A row's bits do not depend on
+    these (tests/kernels/test_tree_attention.py checks on the GPU)."""
+    cands = [(None, None)] + [(lv, w) for lv in range(TA._INVARIANT_MAX_LEVELS + 1) for w in (4, 8)]
     cases = [(model, B, N, L) for model in models for B, N, L in ATTN_SWEEP_CASES]
-    head = "| rows | chunk | key tile | stages | merge block | " + " | ".join(
-        f"{m.split('-')[0]} B={B} N={N} L={L}" for m, B, N, L in cases)
-    out = [head + " | sum µs |", "|" + "---|" * (len(cases) + 6)]
+    head = "| levels | warps | " + " | ".join(f"{m.split('-')[0]} B={B} N={N} L={L}" for m, B, N, L in cases)
+    out = [head + " | sum µs |", "|" + "---|" * (len(cases) + 3)]
     inputs = {(m, B, N, L): attn_inputs(B, N, MODELS[m]["Hq"], MODELS[m]["Hkv"], MODELS[m]["D"], L)
               for m, B, N, L in cases}
-    for cand in cands:
+    for levels, warps in cands:
         ts = []
-        with invariant_attention_tiles(*cand[1:4], cand[0], cand[4]):
+        with invariant_attention_tiles(levels=levels, warps=warps):
             for key in cases:
                 args, bound = inputs[key], key[3] + 64
 
@@ -559,12 +557,10 @@ def run_attn_sweep(models: list[str]) -> str:
                     call(0)
                     ts.append(bench_graph(call, 1))
                 except Exception as e:  # noqa: BLE001 - a config that does not compile is skipped
-                    print(f"    {cand} {key}: {type(e).__name__}", flush=True)
+                    print(f"    {levels, warps} {key}: {type(e).__name__}", flush=True)
                     ts.append(None)
         total = sum(ts) if all(t is not None for t in ts) else None
-        rows, chunk, block_n, st, merge_s = cand
-        mark = " (module)" if cand == current else ""
-        out.append(f"| {rows or 'per call'}{mark} | {chunk} | {block_n} | {st} | {merge_s} | "
+        out.append(f"| {'per call (module)' if levels is None else levels} | {warps or 'module'} | "
                    + " | ".join(fmt(t, ".2f") for t in ts) + f" | {fmt(total, '.1f')} |")
         print("  " + out[-1], flush=True)
     return "\n".join(out)
@@ -616,7 +612,7 @@ def main() -> None:
         step_cases = [tuple(map(int, c.split("x"))) for c in args.step_cases.split(",")]
         emit("Whole forward (random weights, 1k-token prefix)", run_step(models, args.trace, step_cases))
     if "attn_sweep" in parts:
-        emit("Invariant tree attention: row tile, split length, key tile, stages, merge", run_attn_sweep(models))
+        emit("Invariant tree attention: levels of the leaf tree formed in the forward, warps", run_attn_sweep(models))
     if "sweep" in parts:
         sweep_ms = [int(m) for m in args.sweep_ms.split(",")]
         projs = args.sweep_projs.split(",") if args.sweep_projs else None

@@ -252,19 +252,24 @@ def test_invariant_node_equals_its_decode(dtype, B, N, Hq, Hkv, D, prefix, page_
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16] if CUDA else [torch.float32])
 @pytest.mark.parametrize("B,N,Hq,Hkv,D,prefix,tree", [
     (2, 9, 4, 2, 64, [37, 509], True), (1, 24, 6, 2, 128, [1030], True), (2, 20, 2, 2, 64, [115, 3], False),
-    (3, 1, 4, 1, 128, [700, 3, 260], False),
+    (3, 1, 4, 1, 128, [700, 3, 260], False), (1, 6, 2, 1, 64, [2090], True),
 ])
 def test_invariant_rows_do_not_depend_on_the_row_tile(monkeypatch, dtype, B, N, Hq, Hkv, D, prefix, tree):
-    """invariant=True: a call gives the same bits in 16-row and in 64-row tiles (`_inv_rows` picks per call)."""
+    """invariant=True: a call gives the same bits in 16-row and in 64-row tiles (`_inv_rows` picks per call) and
+    whatever part of the leaf tree the forward forms itself (`_inv_levels`, 0 to _INVARIANT_MAX_LEVELS)."""
     Hq, Hkv = _scale_heads(Hq, Hkv)
     inputs = make_inputs(B, N, Hq, Hkv, D, prefix, 16, dtype, tree, seed=3)
-    outs = []
+    outs = {}
     for rows in ta._INVARIANT_ROWS:
-        monkeypatch.setattr(ta, "_inv_rows", lambda b_hkv, n, group, rows=rows: rows)
-        ta._prepare.cache_clear()
-        outs.append(tree_attention(*inputs, max_prefix_len=max(prefix), invariant=True))
+        for levels in range(ta._INVARIANT_MAX_LEVELS + 1):
+            monkeypatch.setattr(ta, "_inv_rows", lambda b_hkv, n, group, rows=rows: rows)
+            monkeypatch.setattr(ta, "_inv_levels", lambda tiles, leaves, sms, levels=levels: levels)
+            ta._prepare.cache_clear()
+            outs[rows, levels] = tree_attention(*inputs, max_prefix_len=max(prefix), invariant=True)
     ta._prepare.cache_clear()
-    assert torch.equal(outs[0], outs[1])
+    first = outs[ta._INVARIANT_ROWS[0], 0]
+    for key, out in outs.items():
+        assert torch.equal(out, first), key
 
 
 @gpu_only
