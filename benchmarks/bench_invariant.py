@@ -510,24 +510,19 @@ def run_sweep(models: list[str], ms=(1, 8, 64), projs=None) -> str:
 
 
 @contextlib.contextmanager
-def invariant_attention_tiles(rows: int | None = None, levels: int | None = None, warps: int | None = None):
-    """Run invariant tree attention with this row tile, these levels of the leaf tree formed in the forward and this
-    many warps for every call (None: the module's choice per call). The leaf length, key tile and merge block are
-    module constants that fix the arithmetic; the sweep measured them before (results/invariant_h200/)."""
-    saved = TA._inv_rows, TA._inv_levels, TA._inv_meta
-
-    def meta(*args):
-        fwd, merge = saved[2](*args)
-        return (fwd if warps is None else dict(fwd, num_warps=warps)), merge
-
-    TA._inv_meta = meta
+def invariant_attention_tiles(rows: int | None = None, merge_rows: int | None = None, merge_warps: int | None = None):
+    """Run invariant tree attention with this row tile for every call (None: the module's choice per call) and this
+    many rows and warps a merge program (None: the module's constants). The leaf length, key tile and merge block are
+    module constants that fix the arithmetic; the sweeps in results/invariant_h200/ measured them."""
+    saved = TA._inv_rows, TA._INVARIANT_MERGE_ROWS, TA._INVARIANT_MERGE_WARPS
     TA._inv_rows = saved[0] if rows is None else (lambda b_hkv, n, group: rows)
-    TA._inv_levels = saved[1] if levels is None else (lambda tiles, leaves, sms: levels)
+    TA._INVARIANT_MERGE_ROWS = saved[1] if merge_rows is None else merge_rows
+    TA._INVARIANT_MERGE_WARPS = saved[2] if merge_warps is None else merge_warps
     TA._prepare.cache_clear()
     try:
         yield
     finally:
-        TA._inv_rows, TA._inv_levels, TA._inv_meta = saved
+        TA._inv_rows, TA._INVARIANT_MERGE_ROWS, TA._INVARIANT_MERGE_WARPS = saved
         TA._prepare.cache_clear()
 
 
@@ -536,18 +531,18 @@ ATTN_SWEEP_CASES = [(1, 1, 1024), (1, 8, 1024), (8, 1, 1024), (8, 8, 1024), (8, 
 
 
 def run_attn_sweep(models: list[str]) -> str:
-    """Invariant tree attention with the leaf tree's lower levels formed in the forward (0 to _INVARIANT_MAX_LEVELS)
-    in 4 and 8 warps, and the module's choice per call: µs per case and their sum. A row's bits do not depend on
-    these (tests/kernels/test_tree_attention.py checks on the GPU)."""
-    cands = [(None, None)] + [(lv, w) for lv in range(TA._INVARIANT_MAX_LEVELS + 1) for w in (4, 8)]
+    """Invariant tree attention with 1-16 rows a merge program in 4 and 8 warps (the module's constants first): µs per
+    case and their sum. A row's bits do not depend on these (tests/kernels/test_tree_attention.py checks on the
+    GPU)."""
+    cands = [(None, None), (1, 4), (2, 4), (4, 8), (8, 4), (8, 8), (16, 8)]
     cases = [(model, B, N, L) for model in models for B, N, L in ATTN_SWEEP_CASES]
-    head = "| levels | warps | " + " | ".join(f"{m.split('-')[0]} B={B} N={N} L={L}" for m, B, N, L in cases)
+    head = "| merge rows | merge warps | " + " | ".join(f"{m.split('-')[0]} B={B} N={N} L={L}" for m, B, N, L in cases)
     out = [head + " | sum µs |", "|" + "---|" * (len(cases) + 3)]
     inputs = {(m, B, N, L): attn_inputs(B, N, MODELS[m]["Hq"], MODELS[m]["Hkv"], MODELS[m]["D"], L)
               for m, B, N, L in cases}
-    for levels, warps in cands:
+    for merge_rows, warps in cands:
         ts = []
-        with invariant_attention_tiles(levels=levels, warps=warps):
+        with invariant_attention_tiles(merge_rows=merge_rows, merge_warps=warps):
             for key in cases:
                 args, bound = inputs[key], key[3] + 64
 
@@ -557,10 +552,11 @@ def run_attn_sweep(models: list[str]) -> str:
                     call(0)
                     ts.append(bench_graph(call, 1))
                 except Exception as e:  # noqa: BLE001 - a config that does not compile is skipped
-                    print(f"    {levels, warps} {key}: {type(e).__name__}", flush=True)
+                    print(f"    {merge_rows, warps} {key}: {type(e).__name__}", flush=True)
                     ts.append(None)
         total = sum(ts) if all(t is not None for t in ts) else None
-        out.append(f"| {'per call (module)' if levels is None else levels} | {warps or 'module'} | "
+        mod = (TA._INVARIANT_MERGE_ROWS, TA._INVARIANT_MERGE_WARPS)
+        out.append(f"| {merge_rows or f'{mod[0]} (module)'} | {warps or mod[1]} | "
                    + " | ".join(fmt(t, ".2f") for t in ts) + f" | {fmt(total, '.1f')} |")
         print("  " + out[-1], flush=True)
     return "\n".join(out)
@@ -612,7 +608,7 @@ def main() -> None:
         step_cases = [tuple(map(int, c.split("x"))) for c in args.step_cases.split(",")]
         emit("Whole forward (random weights, 1k-token prefix)", run_step(models, args.trace, step_cases))
     if "attn_sweep" in parts:
-        emit("Invariant tree attention: levels of the leaf tree formed in the forward, warps", run_attn_sweep(models))
+        emit("Invariant tree attention: rows and warps a merge program", run_attn_sweep(models))
     if "sweep" in parts:
         sweep_ms = [int(m) for m in args.sweep_ms.split(",")]
         projs = args.sweep_projs.split(",") if args.sweep_projs else None

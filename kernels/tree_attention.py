@@ -56,7 +56,7 @@ import triton
 import triton.language as tl
 
 from eaglet.kernels._compile_cases import TARGET_SMS, TREES, CompileCase, Ptr, model_shapes
-from eaglet.kernels._fixed_order import fixed_sum0, fixed_sum1
+from eaglet.kernels._fixed_order import fixed_sum1
 from eaglet.kernels._utils import autotune_configs, is_hip, is_interpret, sm_count, use_triton
 
 SUPPORTED_HEAD_DIMS = (64, 128)
@@ -85,12 +85,13 @@ _MERGE_SPLITS = 64
 _INVARIANT_CHUNK = 128
 _INVARIANT_BLOCK_N = 64
 _INVARIANT_BLOCK_N_HIP = 32  # gfx942, 8 waves: 64-key tiles spilled the 8B's 64-row tile (256 VGPRs); 32 take 154
-# Leaves a block of the leaf tree (a binary tree of adjacent pairs; the blocks are folded in order): 16 cover a 2k
-# context. A forward program forms up to 2^_INVARIANT_MAX_LEVELS leaves' node itself (LEVELS + 1 states live) while
-# _INVARIANT_GROUP_FILL group programs an SM remain (`_inv_levels`).
-_INVARIANT_MERGE = 16
-_INVARIANT_MAX_LEVELS = 3
-_INVARIANT_GROUP_FILL = 1
+# The leaf tree: blocks of 16 leaves (`_inv_node16`: 2k keys), each a binary tree of adjacent pairs, the blocks folded
+# in order. The forward stores every leaf: forming the nodes of 2-8 shared leaves in one program was slower in all
+# but one case (H200, 1k-4k prefixes, B=1 and 8, both models: the sweep's sum 320-568 µs against 306; the 8B's B=8
+# verify of 8 tokens at a 4k prefix 81.1 against 87.0 µs), each program's leaves a serial chain of dependent loads.
+# Packed rows a merge program combines, and its warps.
+_INVARIANT_MERGE_ROWS = 4
+_INVARIANT_MERGE_WARPS = 4
 # Query rows of a tile, chosen per call (`_inv_rows`; at most _INVARIANT_CHUNK: a causal tile's tokens cross one split
 # end): 64, or 16 where a request's rows of a KV head fit in 16 and the call has this many (request, KV head) pairs,
 # where the smaller tile's registers buy occupancy (H200, bench_invariant --parts attn_sweep, µs in 16 / 64-row tiles:
@@ -458,15 +459,14 @@ def _inv_tiles(acc, l_i, m_i, q, K, V, pt_row, kvh, lo, hi, row_hi, prefix, anc,
 
 @triton.jit
 def _inv_comb(m_a, l_a, acc_a, m_b, l_b, acc_b):
-    """The one combine of two unnormalised softmax states of adjacent key ranges, a before b: (m [R] running max in
-    log2 units, l [R] sum of exp2, acc [R, D] weighted values). The forward's groups and the merge's tree both take
-    it, so a node of the leaf tree has the same bits whichever kernel formed it. The sentinel state of an empty range
+    """The combine of two unnormalised softmax states of adjacent key ranges, a before b, elementwise over any leading
+    shape S: m [S] (running max, log2 units), l [S] (sum of exp2), acc [S, D]. The sentinel state of an empty range
     (m = -1e30, l = 0, acc = 0) is an exact identity on either side: exp2(0) is 1 and exp2(-1e30 - m) is 0."""
-    m = tl.maximum(m_a, m_b)  # [R]
-    a = tl.math.exp2(m_a - m)  # [R]
-    b = tl.math.exp2(m_b - m)  # [R]
-    l = tl.fma(l_a, a, l_b * b)  # [R]; explicit FMAs: no contraction left to the compiler
-    acc = tl.fma(acc_a, a[:, None], acc_b * b[:, None])  # [R, D]
+    m = tl.maximum(m_a, m_b)  # [S]
+    a = tl.math.exp2(m_a - m)  # [S]
+    b = tl.math.exp2(m_b - m)  # [S]
+    l = tl.fma(l_a, a, l_b * b)  # [S]; explicit FMAs: no contraction left to the compiler
+    acc = tl.fma(acc_a, tl.expand_dims(a, -1), acc_b * tl.expand_dims(b, -1))  # [S, D]
     return m, l, acc
 
 
@@ -498,44 +498,6 @@ def _inv_shared(q, K, V, pt_row, kvh, lo, qk_scale, stride_kp, stride_ks, stride
 
 
 @triton.jit
-def _inv_group(q, K, V, pt_row, kvh, lo, qk_scale, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
-               HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr, DOT_DTYPE: tl.constexpr, BLOCK_N: tl.constexpr,
-               CHUNK: tl.constexpr, LEVELS: tl.constexpr):
-    """The node of the leaf tree over the 2^LEVELS shared leaves from lo: adjacent pairs combined level by level (the
-    merge's tree), in post order, so LEVELS + 1 states are live at most."""
-    m, l, acc = _inv_shared(q, K, V, pt_row, kvh, lo, qk_scale, stride_kp, stride_ks, stride_kh, stride_vp,
-                            stride_vs, stride_vh, HEAD_DIM, PAGE_SIZE, DOT_DTYPE, BLOCK_N, CHUNK)
-    if LEVELS >= 1:
-        m1, l1, a1 = _inv_shared(q, K, V, pt_row, kvh, lo + CHUNK, qk_scale, stride_kp, stride_ks, stride_kh,
-                                 stride_vp, stride_vs, stride_vh, HEAD_DIM, PAGE_SIZE, DOT_DTYPE, BLOCK_N, CHUNK)
-        m, l, acc = _inv_comb(m, l, acc, m1, l1, a1)
-    if LEVELS >= 2:
-        m2, l2, a2 = _inv_pair(q, K, V, pt_row, kvh, lo + 2 * CHUNK, qk_scale, stride_kp, stride_ks, stride_kh,
-                               stride_vp, stride_vs, stride_vh, HEAD_DIM, PAGE_SIZE, DOT_DTYPE, BLOCK_N, CHUNK)
-        m, l, acc = _inv_comb(m, l, acc, m2, l2, a2)
-    if LEVELS >= 3:
-        m4, l4, a4 = _inv_pair(q, K, V, pt_row, kvh, lo + 4 * CHUNK, qk_scale, stride_kp, stride_ks, stride_kh,
-                               stride_vp, stride_vs, stride_vh, HEAD_DIM, PAGE_SIZE, DOT_DTYPE, BLOCK_N, CHUNK)
-        m6, l6, a6 = _inv_pair(q, K, V, pt_row, kvh, lo + 6 * CHUNK, qk_scale, stride_kp, stride_ks, stride_kh,
-                               stride_vp, stride_vs, stride_vh, HEAD_DIM, PAGE_SIZE, DOT_DTYPE, BLOCK_N, CHUNK)
-        m4, l4, a4 = _inv_comb(m4, l4, a4, m6, l6, a6)
-        m, l, acc = _inv_comb(m, l, acc, m4, l4, a4)
-    return m, l, acc
-
-
-@triton.jit
-def _inv_pair(q, K, V, pt_row, kvh, lo, qk_scale, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
-              HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr, DOT_DTYPE: tl.constexpr, BLOCK_N: tl.constexpr,
-              CHUNK: tl.constexpr):
-    """The level-1 node of the two shared leaves from lo."""
-    m, l, acc = _inv_shared(q, K, V, pt_row, kvh, lo, qk_scale, stride_kp, stride_ks, stride_kh, stride_vp,
-                            stride_vs, stride_vh, HEAD_DIM, PAGE_SIZE, DOT_DTYPE, BLOCK_N, CHUNK)
-    m1, l1, a1 = _inv_shared(q, K, V, pt_row, kvh, lo + CHUNK, qk_scale, stride_kp, stride_ks, stride_kh, stride_vp,
-                             stride_vs, stride_vh, HEAD_DIM, PAGE_SIZE, DOT_DTYPE, BLOCK_N, CHUNK)
-    return _inv_comb(m, l, acc, m1, l1, a1)
-
-
-@triton.jit
 def _inv_store(m, l, acc, O, pid_bh, slot, n_slots, N, b, kvh, Hkv, tok, grp, rows, GROUP: tl.constexpr,
                HEAD_DIM: tl.constexpr, SPLIT: tl.constexpr):
     """The state of leaf-tree slot `slot` for `rows` [ROWS] of the tile. SPLIT: into the workspace, acc [B*Hkv, S, N,
@@ -555,25 +517,22 @@ def _inv_store(m, l, acc, O, pid_bh, slot, n_slots, N, b, kvh, Hkv, tok, grp, ro
 
 @triton.jit
 def _inv_fwd_kernel(
-    Q, K, V, PT, PL, MASK, O, qk_scale, n_slots, n_groups, tail, N, NK, Hkv,
+    Q, K, V, PT, PL, MASK, O, qk_scale, n_slots, tail, N, NK, Hkv,
     stride_qb, stride_qn, stride_qh, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
     stride_ptb, stride_mb, stride_mi,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr, HAS_MASK: tl.constexpr,
     SPLIT: tl.constexpr, DOT_DTYPE: tl.constexpr, ROWS: tl.constexpr, TOKS: tl.constexpr, TOKS_P2: tl.constexpr,
     HEAD_TILES: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_NK: tl.constexpr, CHUNK: tl.constexpr,
-    LEVELS: tl.constexpr,
 ):
-    """Invariant mode (module doc). Grid (row tiles, n_groups + tail * TOKS, B * Hkv). A row tile is ROWS query rows:
+    """Invariant mode (module doc). Grid (row tiles, n_slots + tail * TOKS, B * Hkv). A row tile is ROWS query rows:
     TOKS tokens of GROUP heads (GROUP <= ROWS), or ROWS heads of one token (HEAD_TILES tiles a token). Leaf s is the
-    logical key positions [s * CHUNK, (s + 1) * CHUNK) of each row's sequence; a group is 2^LEVELS leaves from a
-    multiple of 2^LEVELS. Programs j < n_groups of axis 1 take group j for the whole tile where every token of the
-    tile sees all its keys (below the prefix; causal: below the tile's first token) and store its tree node at its
-    first leaf's slot; in the group that holds the first leaf some token does not see whole, the leaves before it,
-    each at its own slot. The other programs are sub-program t of one of the first `tail` leaves from there on (the
-    only leaves the tile's tokens do not share): token t's own keys (its ancestors gathered into depth order) with the
-    whole tile's q, stored for the rows of t and of its ancestors in the tile that no later token of the tile
-    descends from (an ancestor's sequence is the start of t's: it is attended with its rows' keys past their own
-    depth masked), so only the tile's leaves work (causal: its last token). O: the workspace of `_inv_store`."""
+    logical key positions [s * CHUNK, (s + 1) * CHUNK) of each row's sequence. Program j < n_slots of axis 1 attends
+    leaf j for the whole tile where every token of the tile sees it whole (below the prefix; causal: below the tile's
+    first token). The others are sub-program t of one of the first `tail` leaves from there on (the only leaves the
+    tile's tokens do not share): token t's own keys (its ancestors gathered into depth order) with the whole tile's
+    q, stored for the rows of t and of its ancestors in the tile that no later token of the tile descends from (an
+    ancestor's sequence is the start of t's: it is attended with its rows' keys past their own depth masked), so only
+    the tile's leaves work (causal: its last token). O: the workspace of `_inv_store`."""
     tile = tl.program_id(0)
     j = tl.program_id(1)
     pid_bh = tl.program_id(2)
@@ -582,7 +541,6 @@ def _inv_fwd_kernel(
     kvh = pid_bh % Hkv
     prefix = tl.load(PL + b)
     GT: tl.constexpr = GROUP // HEAD_TILES  # heads of one token in a tile
-    GSIZE: tl.constexpr = 1 << LEVELS  # leaves a group
     rr = tl.arange(0, ROWS)  # [ROWS] the tile's rows
     c = rr // GT  # [ROWS] each row's token, counted in the tile
     first = tok_tile * TOKS  # the tile's first token
@@ -597,25 +555,15 @@ def _inv_fwd_kernel(
     else:
         shared_end = prefix + first + 1
     n_shared = shared_end // CHUNK  # leaves every row of the tile sees whole
-    if j < n_groups:
-        g0 = j * GSIZE  # the group's first leaf
-        if g0 + GSIZE <= n_shared:
+    if j < n_slots:
+        if j < n_shared:
             q = tl.load(q_ptrs + offs_d[None, :], mask=row_ok[:, None], other=0.0).to(DOT_DTYPE)  # [ROWS, D]
-            m, l, acc = _inv_group(q, K, V, pt_row, kvh, g0 * CHUNK, qk_scale, stride_kp, stride_ks, stride_kh,
-                                   stride_vp, stride_vs, stride_vh, HEAD_DIM, PAGE_SIZE, DOT_DTYPE, BLOCK_N, CHUNK,
-                                   LEVELS)
-            _inv_store(m, l, acc, O, pid_bh, g0, n_slots, N, b, kvh, Hkv, tok, grp, row_ok, GROUP, HEAD_DIM, SPLIT)
-        elif g0 < n_shared:
-            q = tl.load(q_ptrs + offs_d[None, :], mask=row_ok[:, None], other=0.0).to(DOT_DTYPE)  # [ROWS, D]
-            for s in range(g0, n_shared):
-                m, l, acc = _inv_shared(q, K, V, pt_row, kvh, s * CHUNK, qk_scale, stride_kp, stride_ks, stride_kh,
-                                        stride_vp, stride_vs, stride_vh, HEAD_DIM, PAGE_SIZE, DOT_DTYPE, BLOCK_N,
-                                        CHUNK)
-                _inv_store(m, l, acc, O, pid_bh, s, n_slots, N, b, kvh, Hkv, tok, grp, row_ok, GROUP, HEAD_DIM,
-                           SPLIT)
+            m, l, acc = _inv_shared(q, K, V, pt_row, kvh, j * CHUNK, qk_scale, stride_kp, stride_ks, stride_kh,
+                                    stride_vp, stride_vs, stride_vh, HEAD_DIM, PAGE_SIZE, DOT_DTYPE, BLOCK_N, CHUNK)
+            _inv_store(m, l, acc, O, pid_bh, j, n_slots, N, b, kvh, Hkv, tok, grp, row_ok, GROUP, HEAD_DIM, SPLIT)
     else:
-        sub = (j - n_groups) // tail
-        leaf = n_shared + (j - n_groups) % tail
+        sub = (j - n_slots) // tail
+        leaf = n_shared + (j - n_slots) % tail
         lo = leaf * CHUNK
         t = first + sub  # the token this sub-program attends for
         jj = tl.arange(0, BLOCK_NK)  # [BLOCK_NK] new-key index
@@ -649,66 +597,86 @@ def _inv_fwd_kernel(
 
 
 @triton.jit
-def _inv_halve(m, l, acc, H: tl.constexpr, D: tl.constexpr):
-    """States [2H] -> [H]: state 2i combined with state 2i + 1 (`_inv_comb`), so an aligned block of 2^k leaves is
-    one node of the tree whatever the count of leaves around it."""
-    m_a, m_b = tl.split(tl.reshape(m, (H, 2)))  # [H] each
-    l_a, l_b = tl.split(tl.reshape(l, (H, 2)))  # [H] each
-    acc_a, acc_b = tl.split(tl.permute(tl.reshape(acc, (H, 2, D)), (0, 2, 1)))  # [H, D] each
-    return _inv_comb(m_a, l_a, acc_a, m_b, l_b, acc_b)
+def _inv_slot(WS, ML, rows, s, n_used, stride_s, HEAD_DIM: tl.constexpr):
+    """Leaf s's state (m, l [R], acc [R, D]) of the rows [R] (slot 0 of each in the workspace; stride_s between
+    slots), the sentinel past a row's leaves."""
+    ok = s < n_used  # [R]
+    p = rows + s * stride_s  # [R]
+    m = tl.load(ML + 2 * p, mask=ok, other=-1.0e30)  # [R]
+    l = tl.load(ML + 2 * p + 1, mask=ok, other=0.0)  # [R]
+    acc = tl.load(WS + p[:, None] * HEAD_DIM + tl.arange(0, HEAD_DIM)[None, :], mask=ok[:, None], other=0.0)
+    return m, l, acc
+
+
+@triton.jit
+def _inv_node2(WS, ML, rows, s, n_used, stride_s, HEAD_DIM: tl.constexpr):
+    """The tree node of leaves s, s + 1."""
+    m0, l0, a0 = _inv_slot(WS, ML, rows, s, n_used, stride_s, HEAD_DIM)
+    m1, l1, a1 = _inv_slot(WS, ML, rows, s + 1, n_used, stride_s, HEAD_DIM)
+    return _inv_comb(m0, l0, a0, m1, l1, a1)
+
+
+@triton.jit
+def _inv_node4(WS, ML, rows, s, n_used, stride_s, HEAD_DIM: tl.constexpr):
+    """The tree node of leaves s .. s + 3."""
+    m0, l0, a0 = _inv_node2(WS, ML, rows, s, n_used, stride_s, HEAD_DIM)
+    m1, l1, a1 = _inv_node2(WS, ML, rows, s + 2, n_used, stride_s, HEAD_DIM)
+    return _inv_comb(m0, l0, a0, m1, l1, a1)
+
+
+@triton.jit
+def _inv_node8(WS, ML, rows, s, n_used, stride_s, HEAD_DIM: tl.constexpr):
+    """The tree node of leaves s .. s + 7."""
+    m0, l0, a0 = _inv_node4(WS, ML, rows, s, n_used, stride_s, HEAD_DIM)
+    m1, l1, a1 = _inv_node4(WS, ML, rows, s + 4, n_used, stride_s, HEAD_DIM)
+    return _inv_comb(m0, l0, a0, m1, l1, a1)
+
+
+@triton.jit
+def _inv_node16(WS, ML, rows, s, n_used, stride_s, HEAD_DIM: tl.constexpr):
+    """The tree node of leaves s .. s + 15: one block of the leaf tree."""
+    m0, l0, a0 = _inv_node8(WS, ML, rows, s, n_used, stride_s, HEAD_DIM)
+    m1, l1, a1 = _inv_node8(WS, ML, rows, s + 8, n_used, stride_s, HEAD_DIM)
+    return _inv_comb(m0, l0, a0, m1, l1, a1)
 
 
 @triton.jit
 def _inv_merge_kernel(WS, PL, MASK, OUT, n_slots, N, NK, Hkv, stride_mb, stride_mi,
                       GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, HAS_MASK: tl.constexpr, BLOCK_NK: tl.constexpr,
-                      CHUNK: tl.constexpr, TOKS: tl.constexpr, LEVELS: tl.constexpr, BLOCK_S: tl.constexpr):
-    """Invariant mode: one packed row's leaves [0, cdiv(its sequence length, CHUNK)) combined by the fixed tree (module
-    doc): in blocks of BLOCK_S leaves, each a binary tree of adjacent pairs (`_inv_halve`), the blocks folded in
-    order. A slot the forward left empty (a group's later leaves, stored as one node at its first) loads the
-    sentinel, the identity of `_inv_comb`, so the row's bits are those of the tree over its single leaves."""
-    row = tl.program_id(0)
+                      CHUNK: tl.constexpr, ROWS: tl.constexpr):
+    """Invariant mode: ROWS packed rows of one (request, KV head), each row's leaves [0, cdiv(its sequence length,
+    CHUNK)) combined by the fixed tree (module doc): blocks of 16 leaves, each a binary tree of adjacent pairs
+    (`_inv_node16`, elementwise over the rows: no layout conversion), folded in order from the sentinel. A block past
+    a row's leaves is all sentinels (the identity), so a row's bits do not depend on ROWS or on its neighbours."""
+    pid = tl.program_id(0)
     pid_bh = tl.program_id(1)
     ML = WS + tl.num_programs(1) * n_slots * N * GROUP * HEAD_DIM
     b = pid_bh // Hkv
     kvh = pid_bh % Hkv
-    tok = row // GROUP
-    grp = row % GROUP
+    r = pid * ROWS + tl.arange(0, ROWS)  # [ROWS] packed rows of this (request, KV head)
+    r_ok = r < N * GROUP  # [ROWS]
+    tok = r // GROUP  # [ROWS]
+    grp = r % GROUP  # [ROWS]
     prefix = tl.load(PL + b)
     if HAS_MASK:
         jj = tl.arange(0, BLOCK_NK)  # [BLOCK_NK]
-        allowed = tl.load(MASK + b * stride_mb + tok * stride_mi + jj, mask=jj < NK, other=0) != 0
-        length = prefix + tl.sum(allowed.to(tl.int32), 0)
-        shared_end = prefix
+        allowed = tl.load(MASK + b * stride_mb + tok[:, None] * stride_mi + jj[None, :],
+                          mask=r_ok[:, None] & (jj < NK)[None, :], other=0) != 0  # [ROWS, BLOCK_NK]
+        length = prefix + tl.sum(allowed.to(tl.int32), 1)  # [ROWS]
     else:
-        length = prefix + tok + 1
-        shared_end = prefix + (tok // TOKS) * TOKS + 1  # the forward's rule for the row's tile
-    n_used = tl.cdiv(length, CHUNK)
-    GSIZE: tl.constexpr = 1 << LEVELS
-    grouped = (shared_end // CHUNK) // GSIZE * GSIZE  # leaves [0, grouped) were stored a group a slot
+        length = prefix + tok + 1  # [ROWS]
+    n_used = tl.where(r_ok, tl.cdiv(length, CHUNK), 0)  # [ROWS]
     offs_d = tl.arange(0, HEAD_DIM)  # [D]
-    row0 = pid_bh * n_slots * N * GROUP + row  # slot 0 of this row in [B*Hkv, S, N, G]
-    m = tl.full([1], -1.0e30, dtype=tl.float32)  # [1]
-    l = tl.zeros([1], dtype=tl.float32)  # [1]
-    acc = tl.zeros([1, HEAD_DIM], dtype=tl.float32)  # [1, D]
-    for s0 in range(0, n_used, BLOCK_S):
-        s = s0 + tl.arange(0, BLOCK_S)  # [BLOCK_S] leaves
-        ok = (s < n_used) & ((s >= grouped) | (s % GSIZE == 0))  # [BLOCK_S]
-        rows = row0 + s * (N * GROUP)  # [BLOCK_S]
-        ms = tl.load(ML + 2 * rows, mask=ok, other=-1.0e30)  # [BLOCK_S]
-        ls = tl.load(ML + 2 * rows + 1, mask=ok, other=0.0)  # [BLOCK_S]
-        accs = tl.load(WS + rows[:, None] * HEAD_DIM + offs_d[None, :], mask=ok[:, None], other=0.0)  # [BLOCK_S, D]
-        if BLOCK_S >= 16:
-            ms, ls, accs = _inv_halve(ms, ls, accs, 8, HEAD_DIM)
-        if BLOCK_S >= 8:
-            ms, ls, accs = _inv_halve(ms, ls, accs, 4, HEAD_DIM)
-        if BLOCK_S >= 4:
-            ms, ls, accs = _inv_halve(ms, ls, accs, 2, HEAD_DIM)
-        if BLOCK_S >= 2:
-            ms, ls, accs = _inv_halve(ms, ls, accs, 1, HEAD_DIM)
-        m, l, acc = _inv_comb(m, l, acc, ms, ls, accs)  # [1], [1], [1, D]
-    out = tl.reshape(acc / tl.where(l > 0, l, 1.0)[:, None], (HEAD_DIM,))  # [D]
-    out_row = (b * N + tok) * (Hkv * GROUP) + kvh * GROUP + grp
-    tl.store(OUT + out_row * HEAD_DIM + offs_d, out.to(OUT.dtype.element_ty))
+    row0 = pid_bh * n_slots * N * GROUP + r  # [ROWS] slot 0 of each row in [B*Hkv, S, N, G]
+    m = tl.full([ROWS], -1.0e30, dtype=tl.float32)  # [ROWS]
+    l = tl.zeros([ROWS], dtype=tl.float32)  # [ROWS]
+    acc = tl.zeros([ROWS, HEAD_DIM], dtype=tl.float32)  # [ROWS, D]
+    for s0 in range(0, tl.max(n_used, 0), 16):
+        mb, lb, ab = _inv_node16(WS, ML, row0, s0, n_used, N * GROUP, HEAD_DIM)  # [ROWS], [ROWS], [ROWS, D]
+        m, l, acc = _inv_comb(m, l, acc, mb, lb, ab)
+    out = acc / tl.where(l > 0, l, 1.0)[:, None]  # [ROWS, D]
+    out_row = (b * N + tok) * (Hkv * GROUP) + kvh * GROUP + grp  # [ROWS] row of [B, N, Hq]
+    tl.store(OUT + out_row[:, None] * HEAD_DIM + offs_d[None, :], out.to(OUT.dtype.element_ty), mask=r_ok[:, None])
 
 
 @triton.jit
@@ -836,31 +804,19 @@ def _inv_rows(b_hkv: int, n: int, group: int) -> int:
     return small if n * group <= small and b_hkv >= _INVARIANT_SMALL_PAIRS else wide
 
 
-def _inv_levels(tiles: int, leaves: int, num_sms: int) -> int:
-    """The levels of the leaf tree each forward program forms itself in a call of `tiles` (row tile, request, KV
-    head) programs a group and about `leaves` shared leaves: the most, up to _INVARIANT_MAX_LEVELS, that still leave
-    _INVARIANT_GROUP_FILL group programs an SM. A row's bits do not depend on it (module doc)."""
-    levels = 0
-    while levels < _INVARIANT_MAX_LEVELS and tiles * _cdiv(leaves, 2 << levels) >= _INVARIANT_GROUP_FILL * num_sms:
-        levels += 1
-    return levels
-
-
-def _inv_meta(group: int, n: int, nk: int, hip: bool, rows: int, levels: int) -> tuple[dict, dict]:
+def _inv_meta(group: int, n: int, nk: int, hip: bool, rows: int) -> tuple[dict, dict]:
     """The invariant kernels' meta-parameters for `group` query heads a KV head, n query tokens and nk new keys:
     (`_inv_fwd_kernel`'s, `_inv_merge_kernel`'s). `rows`-row tiles of TOKS tokens, at most n (HEAD_TILES
     tiles of one token's heads for larger groups; a row's bits do not depend on where in the tile it sits, nor on
-    whether its leaf is attended for the tile or for a token of the tile), groups of 2^levels leaves, the fixed leaf
-    and key tile. MI300 (`hip`): one software stage and 32-key tiles, as `_fwd_configs`' AMD entries, and 8 waves
+    whether its leaf is attended for the tile or for a token of the tile), the fixed leaf and key tile. MI300 (`hip`): one software stage and 32-key tiles, as `_fwd_configs`' AMD entries, and 8 waves
     (in 4, SmolLM2's verify of 60 tokens spilled 7 SGPRs on gfx942); the same for every call (a row's sums follow the
     layout)."""
     block_nk = max(16, triton.next_power_of_2(nk))
     toks = max(1, min(rows // group, n))
     fwd = dict(ROWS=rows, TOKS=toks, TOKS_P2=triton.next_power_of_2(toks), HEAD_TILES=max(1, group // rows),
                BLOCK_N=_INVARIANT_BLOCK_N_HIP if hip else _INVARIANT_BLOCK_N, BLOCK_NK=block_nk, CHUNK=_INVARIANT_CHUNK,
-               LEVELS=levels, num_warps=8 if hip or levels >= 2 else 4, num_stages=1 if hip else 2)
-    merge = dict(BLOCK_NK=block_nk, CHUNK=_INVARIANT_CHUNK, TOKS=toks, LEVELS=levels, BLOCK_S=_INVARIANT_MERGE,
-                 num_warps=4)
+               num_warps=8 if hip else 4, num_stages=1 if hip else 2)
+    merge = dict(BLOCK_NK=block_nk, CHUNK=_INVARIANT_CHUNK, ROWS=_INVARIANT_MERGE_ROWS, num_warps=_INVARIANT_MERGE_WARPS)
     return fwd, merge
 
 
@@ -921,33 +877,30 @@ def _prepare(q, k, v, pt, pl, mask, sm_scale, max_prefix_len, interpret: bool, i
     )
     mask_strides = mask[1][:2] if mask is not None else (0, 0)
     strides = (*q_stride[:3], *k_stride[:3], *v_stride[:3], pt[1][0], *mask_strides)
-    if num_sms is None:  # interpreter: few SMs, still splits (a CPU call without it takes the reference)
-        num_sms = sm_count(q_dev.index) if q_dev.type == "cuda" and not interpret else 8
     if invariant:  # fixed leaves and key tiles, no autotuning (module doc)
         need(group <= 16 or group % 16 == 0,
              lambda: f"invariant tree attention needs Hq/Hkv <= 16 or a multiple of 16, got {group}")
         hip = is_hip() if hip is None else hip
-        rows = _inv_rows(B * Hkv, N, group)
-        toks, head_tiles = max(1, min(rows // group, N)), max(1, group // rows)
-        tiles = _cdiv(N, toks) * head_tiles
+        fwd_meta, merge_meta = _inv_meta(group, N, NK, hip, _inv_rows(B * Hkv, N, group))
+        toks, tiles = fwd_meta["TOKS"], _cdiv(N, fwd_meta["TOKS"]) * fwd_meta["HEAD_TILES"]
         n_slots = _cdiv(kv_max, _INVARIANT_CHUNK)  # leaves
-        levels = _inv_levels(tiles * B * Hkv, max(1, (kv_max - NK) // _INVARIANT_CHUNK), num_sms)
-        fwd_meta, merge_meta = _inv_meta(group, N, NK, hip, rows, levels)
-        n_groups = _cdiv(n_slots, 1 << fwd_meta["LEVELS"])
         split = n_slots > 1
         # the leaves a tile's tokens do not share: their keys past shared_end, at most NK (a tree; causal: the
         # tile's other tokens, fewer than its rows), over at most one leaf boundary more than their length
         tail = min(n_slots, (_cdiv(NK, _INVARIANT_CHUNK) if mask is not None else 1) + 1)
-        fwd_args = (scale * _LOG2E, n_slots, n_groups, tail, N, NK, Hkv, *strides)
+        fwd_args = (scale * _LOG2E, n_slots, tail, N, NK, Hkv, *strides)
         fwd_kw = dict(GROUP=group, HEAD_DIM=D, PAGE_SIZE=page_size, HAS_MASK=mask is not None, SPLIT=split,
                       DOT_DTYPE=dot_dtype, **fwd_meta)
-        grid = (tiles, n_groups + tail * toks, B * Hkv)
+        grid = (tiles, n_slots + tail * toks, B * Hkv)
         merge = None
         if split:
-            merge = (_inv_merge_kernel, (N * group, B * Hkv), (n_slots, N, NK, Hkv, *mask_strides),
+            merge = (_inv_merge_kernel, (_cdiv(N * group, merge_meta["ROWS"]), B * Hkv),
+                     (n_slots, N, NK, Hkv, *mask_strides),
                      dict(GROUP=group, HEAD_DIM=D, HAS_MASK=mask is not None, **merge_meta), True)
         ws_numel = B * Hkv * n_slots * N * group * (D + 2) if split else 0  # acc, then (m, l), a leaf slot a row
         return _inv_fwd_kernel, grid, fwd_args, fwd_kw, ws_numel, merge
+    if num_sms is None:  # interpreter: few SMs, still splits (a CPU call without it takes the reference)
+        num_sms = sm_count(q_dev.index) if q_dev.type == "cuda" and not interpret else 8
     block_m, m_tiles, num_splits, chunk, apart = _plan(B, N, Hq, Hkv, kv_max, NK, num_sms)
     split = num_splits > 1
     fwd_args = (scale * _LOG2E, chunk, num_splits, N, NK, Hkv, *strides, pt[0][1] * page_size)  # kv_cap last

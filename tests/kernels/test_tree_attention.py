@@ -255,19 +255,19 @@ def test_invariant_node_equals_its_decode(dtype, B, N, Hq, Hkv, D, prefix, page_
     (3, 1, 4, 1, 128, [700, 3, 260], False), (1, 6, 2, 1, 64, [2090], True),
 ])
 def test_invariant_rows_do_not_depend_on_the_row_tile(monkeypatch, dtype, B, N, Hq, Hkv, D, prefix, tree):
-    """invariant=True: a call gives the same bits in 16-row and in 64-row tiles (`_inv_rows` picks per call) and
-    whatever part of the leaf tree the forward forms itself (`_inv_levels`, 0 to _INVARIANT_MAX_LEVELS)."""
+    """invariant=True: a call gives the same bits in 16-row and in 64-row tiles (`_inv_rows` picks per call) and with
+    any count of rows a merge program (a module constant: the merge's steps are elementwise over its rows)."""
     Hq, Hkv = _scale_heads(Hq, Hkv)
     inputs = make_inputs(B, N, Hq, Hkv, D, prefix, 16, dtype, tree, seed=3)
     outs = {}
     for rows in ta._INVARIANT_ROWS:
-        for levels in range(ta._INVARIANT_MAX_LEVELS + 1):
+        for merge_rows in (1, 4, 16):
             monkeypatch.setattr(ta, "_inv_rows", lambda b_hkv, n, group, rows=rows: rows)
-            monkeypatch.setattr(ta, "_inv_levels", lambda tiles, leaves, sms, levels=levels: levels)
+            monkeypatch.setattr(ta, "_INVARIANT_MERGE_ROWS", merge_rows)
             ta._prepare.cache_clear()
-            outs[rows, levels] = tree_attention(*inputs, max_prefix_len=max(prefix), invariant=True)
+            outs[rows, merge_rows] = tree_attention(*inputs, max_prefix_len=max(prefix), invariant=True)
     ta._prepare.cache_clear()
-    first = outs[ta._INVARIANT_ROWS[0], 0]
+    first = outs[ta._INVARIANT_ROWS[0], 1]
     for key, out in outs.items():
         assert torch.equal(out, first), key
 
