@@ -534,7 +534,7 @@ def run_attn_sweep(models: list[str]) -> str:
     """Invariant tree attention with 1-16 rows a merge program in 4 and 8 warps (the module's constants first): µs per
     case and their sum. A row's bits do not depend on these (tests/kernels/test_tree_attention.py checks on the
     GPU)."""
-    cands = [(None, None), (1, 4), (2, 4), (4, 8), (8, 4), (8, 8), (16, 8)]
+    cands = [(None, None), (1, 4), (2, 4), (4, 4), (4, 8), (8, 4), (16, 8)]
     cases = [(model, B, N, L) for model in models for B, N, L in ATTN_SWEEP_CASES]
     head = "| merge rows | merge warps | " + " | ".join(f"{m.split('-')[0]} B={B} N={N} L={L}" for m, B, N, L in cases)
     out = [head + " | sum µs |", "|" + "---|" * (len(cases) + 3)]

@@ -89,9 +89,11 @@ _INVARIANT_BLOCK_N_HIP = 32  # gfx942, 8 waves: 64-key tiles spilled the 8B's 64
 # in order. The forward stores every leaf: forming the nodes of 2-8 shared leaves in one program was slower in all
 # but one case (H200, 1k-4k prefixes, B=1 and 8, both models: the sweep's sum 320-568 µs against 306; the 8B's B=8
 # verify of 8 tokens at a 4k prefix 81.1 against 87.0 µs), each program's leaves a serial chain of dependent loads.
-# Packed rows a merge program combines, and its warps.
-_INVARIANT_MERGE_ROWS = 4
-_INVARIANT_MERGE_WARPS = 4
+# Packed rows a merge program combines, and its warps (H200, bench_invariant --parts attn_sweep, the sum over 14 cases
+# of 1k-4k prefixes: 8 rows in 8 warps 281.4 µs, 4 in 4 283.1, 1 in 4 316.9; the 8B's B=8 verify of 16 tokens 47.1,
+# 47.1, 56.6).
+_INVARIANT_MERGE_ROWS = 8
+_INVARIANT_MERGE_WARPS = 8
 # Query rows of a tile, chosen per call (`_inv_rows`; at most _INVARIANT_CHUNK: a causal tile's tokens cross one split
 # end): 64, or 16 where a request's rows of a KV head fit in 16 and the call has this many (request, KV head) pairs,
 # where the smaller tile's registers buy occupancy (H200, bench_invariant --parts attn_sweep, µs in 16 / 64-row tiles:
