@@ -383,8 +383,9 @@ def run_step(models: list[str], trace_dir: str | None = None, step_cases=STEP_CA
 DECODE_TILES = ((128, 64, 4, 4), (128, 64, 5, 4), (256, 64, 4, 4), (128, 32, 4, 4), (128, 128, 4, 8))
 # 17-64 rows: the decode plan's splits and BLOCK_K (the order) in other tiles, (BLOCK_N, BLOCK_M, stages)
 WIDE_TILES = tuple(itertools.product((64, 128), (16, 32, 64), (2, 3, 4)))
-# a prefill (more than 64 rows, at most SWEEP_PREFILL): the same, in tiles of up to 128 x 128
-PREFILL_TILES = tuple(itertools.product((64, 128), (64, 128), (2, 3, 4)))
+# a prefill (more than 64 rows, at most SWEEP_PREFILL): the same, in tiles of up to 128 x 128, and 256-row x tiles in
+# the 2 stages that fit shared memory at BLOCK_K 128 (3 would take 240 / 288 KB)
+PREFILL_TILES = tuple(itertools.product((64, 128), (64, 128), (2, 3, 4))) + ((64, 256, 2), (128, 256, 2))
 SWEEP_PREFILL = 2048
 
 

@@ -23,14 +23,19 @@ element is fixed by the weight's shape (`_config`):
   * The norm's sum of squares: per split, elementwise over the K steps into [BLOCK_K, rows] lanes, then a pairwise
     tree written out in kernels/_fixed_order.py, so the order does not follow the register layout, which changes
     with the row tile. SmolLM2's folded qkv at M=1 takes 4.5 µs with it, kernels/folded_linear.py (tl.sum) 4.8.
+    Decode and verify sum inside the projection's K loop; prefill in a pre-pass with the same arithmetic.
   * The MMA: the weight rows are its M dimension (BLOCK_N) and x's rows its N (BLOCK_M, zero-padded). An element of
     an MMA does not depend on the other elements, so a row gives the same bits in a 16-row tile as in a 128-row one
     (tests/kernels/test_projection.py checks this on the GPU in bf16; fp32 takes FMA dots, sequential in k).
 Decode and verify calls (M <= MAX_SPLIT_M) run one program per (BLOCK_N weight rows, split, x tile): the split-K fills
 the GPU where the weight has few row tiles (an 8B o_proj: 64 tiles of 64 rows for 132 SMs) and every program streams
 its slab of the weight once. Their partials go to an fp32 workspace; the last program of a tile to finish (an atomic
-counter, reset by that program) adds them in split order and runs the epilogue. Prefill (more rows) runs one program
-per (weight tile, x tile) with wider x tiles, which loops over the same splits in the same order itself.
+counter, reset by that program) adds them in split order and runs the epilogue. Prefill (more rows) first sums each
+row's squares once ([M] fp32 per input with a norm, `_sumsq_kernel`; in the K loop each of a row's N / BLOCK_N weight
+tiles would sum them again), then runs one program per (weight tile, x tile) with x tiles of 128 or 256 rows
+(`_prefill_tiles`), which loops over the same splits in the same order itself and scales by the pre-pass's 1/rms:
+its K loop holds no sum-of-squares lanes beside the accumulator and, with the norm folded, leaves x in shared memory
+for the MMA.
 
 The SiLU and RoPE epilogues need two weight rows per result (gate j with up j; dims i and i + D/2 of a head): their
 programs load the rows in interleaved pairs, so that splitting the accumulator's row pairs gives both halves.
@@ -87,6 +92,28 @@ def proj_ref(x, weight, norm_weight=None, eps=0.0, x2=None, norm_weight2=None) -
         y2 = y2.float() * row_rstd_ref(x2, eps)[:, None] if norm_weight2 is not None else y2.float()
         y = y.float() + y2  # [M, N]
     return y.to(x.dtype)
+
+
+def row_sumsq_ref(x: torch.Tensor, splits: int, split_k: int, block_k: int) -> torch.Tensor:
+    """Each row's sum of squares [M] fp32 in the kernels' order (`_split_dot`, `_sumsq_kernel`): per split of
+    split_k columns, lane j sums x[:, k0 + j]^2 over the split's block_k-wide steps k0, ascending from zero; the
+    lanes are added pairwise (lane j + lane j + n/2, halving n: `fixed_sum0`); the splits' sums in order from zero.
+    The bits of the kernels' sums where x * x is exact in fp32 (bf16 / fp16 x) or, on CPU, always."""
+    xf = x.float()  # [M, K]
+    M, K = xf.shape
+    tot = torch.zeros(M, dtype=torch.float32, device=x.device)  # [M]
+    for s in range(splits):
+        lo, hi = s * split_k, min(s * split_k + split_k, K)
+        lanes = torch.zeros(M, block_k, dtype=torch.float32, device=x.device)  # [M, BK]
+        for k0 in range(lo, hi, block_k):
+            step = xf[:, k0:min(k0 + block_k, hi)]  # [M, <= BK]
+            lanes[:, :step.shape[1]] += step * step
+        n = block_k
+        while n > 1:
+            n //= 2
+            lanes = lanes[:, :n] + lanes[:, n:]  # [M, n]
+        tot = tot + lanes[:, 0]
+    return tot
 
 
 def linear_ref(x, weight, bias=None, norm_weight=None, eps=0.0) -> torch.Tensor:
@@ -147,29 +174,46 @@ def _config(N: int, K: int, epi: int, dtype: torch.dtype, sms: int, hip: bool) -
 _HIP_WARPS_64 = 8
 
 
-def _prefill_tiles(cfg: dict, epi: int, head_dim: int, dtype: torch.dtype, hip: bool, two: bool = False) -> dict:
-    """More than MAX_SPLIT_M rows (prefill, compute-bound): wide tiles, with the decode plan's BLOCK_K and splits
-    (its order), SPLITS looped in the program, 8 warps: 128 weight rows x 128 x rows, but for RoPE, whose tile is one
-    head's rotary pairs: 64 x 128 at head_dim 64, 128 x 64 at head_dim 128 (128 x 128 spilled on sm_90: Llama-3.1-8B's
-    qkv at 255 registers and 12-472 B of spill stores a thread, the EAGLE-3 two-input qkv the most; 128 x 64 takes
-    174-238 registers, PORTABILITY.md). MI300: 64 x rows. `two` inputs (an EAGLE-3 midlayer's qkv) keep a second sum
-    and sum of squares: half the rows where the one-input tile is at the limit (SmolLM2's 64 x 128 spilled 12 B on
-    sm_90, the 8B's MI300 64-row tile 46 VGPRs)."""
+# bytes of shared memory a block may take on H100 / H200 (227 KB of the SM's 228), for the prefill tiles' stages
+_SHARED_PER_BLOCK = 227 * 1024
+
+
+def _prefill_tiles(cfg: dict, N: int, M: int, epi: int, norm: int, head_dim: int, dtype: torch.dtype, sms: int,
+                   hip: bool, two: bool = False) -> dict:
+    """More than MAX_SPLIT_M rows (prefill, compute-bound): one program per (weight tile, x tile), with the decode
+    plan's BLOCK_K and splits (its order), SPLITS looped in the program; each row's sum of squares comes from
+    `_sumsq_kernel`, so the K loop keeps no sum-of-squares lanes. sm_90 (bf16 / fp16), 8 warps: BLOCK_N = 128
+    weight rows (RoPE: one head's rotary pairs, 64 at head_dim 64) x 128 x rows, or x 256 rows where
+      * the program holds one accumulator: one split and one input (a looped split's chain from zero lives beside
+        the running sum, a second input's sum beside the first's; at 128 x 256 Llama-3.1-8B's o / down take 255
+        registers and 764 B of spill stores a thread on sm_90);
+      * its K loop leaves x in shared memory at 128 weight rows: no x * g (NORM 2; 128 x 256 spills 4 B in the 8B's
+        gate_up, 68 B in its LM head) and no RoPE epilogue (716 B in the 8B's qkv); 64 x 256 RoPE tiles take 215
+        registers and spill nothing;
+      * its grid fills two waves of the GPU (`sms` programs each): with fewer programs the last wave leaves SMs idle
+        that the 128-row tile's twice as many programs would fill (SmolLM2-135M at 2,048 rows: 40-192 programs).
+    Stages: as many as fit 227 KB of shared memory, at most 3 (2 at 256 rows: 96 KB a stage at 128 x 256 x 128).
+    `norm`: the kernel's NORM (the larger of two inputs'). MI300: 64 weight rows x 64 x rows (32 with two inputs:
+    two accumulators) in 8 waves, 2 stages. fp32: 64 x 64 rows, 4 warps."""
     if hip:
         return dict(cfg, BLOCK_M=32 if two else 64, num_warps=_HIP_WARPS_64, num_stages=2)
     if dtype.itemsize == 4:
         return dict(cfg, BLOCK_M=64, num_warps=4, num_stages=2)
-    stages = 3 if cfg["BLOCK_K"] <= 128 else 2  # 128 x 128 x 256 tiles in 3 stages: 256 KB of shared memory
-    if epi == _ROPE:
-        wide_n = head_dim % 128 == 0
-        return dict(cfg, BLOCK_N=128 if wide_n else 64, BLOCK_M=64 if wide_n or two else 128, num_warps=8,
-                    num_stages=stages)
-    return dict(cfg, BLOCK_N=128, BLOCK_M=128, num_warps=8, num_stages=stages)
+    block_n = 64 if epi == _ROPE and head_dim % 128 else 128
+    block_m = 128
+    one_acc = cfg["SPLITS"] == 1 and not two
+    if one_acc and (block_n == 64 or (norm < 2 and epi != _ROPE)) \
+            and triton.cdiv(N, block_n) * triton.cdiv(M, 256) >= 2 * sms:
+        block_m = 256
+    stage = (block_n + block_m) * cfg["BLOCK_K"] * dtype.itemsize  # bytes of one weight tile and one x tile
+    return dict(cfg, BLOCK_N=block_n, BLOCK_M=block_m, num_warps=8,
+                num_stages=max(1, min(3, _SHARED_PER_BLOCK // stage)))
 
 
 def _table(N: int, K: int, M: int, epi: int, dtype: torch.dtype, sms: int, hip: bool, head_dim: int = 64,
-           two: bool = False) -> dict:
-    """The config of a call on a GPU of `sms` SMs (CUs), AMD's when `hip`, with a second input when `two`. Up to 16
+           two: bool = False, norm: int = 0) -> dict:
+    """The config of a call on a GPU of `sms` SMs (CUs), AMD's when `hip`, with a second input when `two`, NORM
+    `norm` (the larger of two inputs'; only the prefill tiles depend on it). Up to 16
     rows one 16-row x tile (each weight tile read by one program per split); for 17-MAX_SPLIT_M rows the smallest x
     tile (of 16 / 32 / 64 rows) whose grid still fits one wave (the programs of a weight tile then read it once
     from HBM and again from L2), and 128-row weight tiles where none does. The sweeps (`bench_invariant --parts
@@ -179,7 +223,7 @@ def _table(N: int, K: int, M: int, epi: int, dtype: torch.dtype, sms: int, hip: 
     do not depend on its tile (module doc; the sweeps checked the rows of the tiles they chose)."""
     cfg = _config(N, K, epi, dtype, sms, hip)
     if M > MAX_SPLIT_M:
-        return dict(_prefill_tiles(cfg, epi, head_dim, dtype, hip, two), IN_PROGRAM=True)
+        return dict(_prefill_tiles(cfg, N, M, epi, norm, head_dim, dtype, sms, hip, two), IN_PROGRAM=True)
     block_m = 16 if M <= 16 else 32 if M <= 32 else 64
     if block_m > 16:
         grid = triton.cdiv(N, cfg["BLOCK_N"]) * cfg["SPLITS"] * (2 if two else 1)  # programs per x tile
@@ -204,10 +248,10 @@ def _table(N: int, K: int, M: int, epi: int, dtype: torch.dtype, sms: int, hip: 
 
 
 def launch_config(N: int, K: int, M: int, epi: int, dtype: torch.dtype, device: torch.device,
-                  head_dim: int = 64, two: bool = False) -> dict:
+                  head_dim: int = 64, two: bool = False, norm: int = 0) -> dict:
     """The config a call runs with on `device` (public for the benchmarks): `_table` at its SM count."""
     sms = sm_count(device.index or 0) if device.type == "cuda" else 8  # the interpreter: few SMs, still splits
-    return _table(N, K, M, epi, dtype, sms, is_hip(), head_dim, two)
+    return _table(N, K, M, epi, dtype, sms, is_hip(), head_dim, two, norm)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -215,11 +259,12 @@ def launch_config(N: int, K: int, M: int, epi: int, dtype: torch.dtype, device: 
 
 
 @triton.jit
-def _split_dot(x_ptr, stride_xm, g_ptr, w_rows, k_lo, k_hi, m, m_ok, row_ok, NORM: tl.constexpr,
+def _split_dot(x_ptr, stride_xm, g_ptr, w_rows, k_lo, k_hi, m, m_ok, row_ok, NORM: tl.constexpr, SUMSQ: tl.constexpr,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """One split: acc [BN, BM] = w[:, k_lo:k_hi] @ a[m, k_lo:k_hi]^T, one MMA chain from zero, k ascending; a = x
-    (NORM 0, 1) or x * g rounded (NORM 2); with NORM >= 1 also x's sum of squares over the range [BM]
-    (`fixed_sum0`). w_rows [BN, 1]: the tile's weight rows at their first column of this input."""
+    (NORM 0, 1) or x * g rounded (NORM 2); with SUMSQ also x's sum of squares over the range [BM] (`fixed_sum0`;
+    `_sumsq_kernel` repeats this arithmetic for the prefill path). w_rows [BN, 1]: the tile's weight rows at their
+    first column of this input."""
     dtype = x_ptr.dtype.element_ty
     x_rows = x_ptr + m[None, :].to(tl.int64) * stride_xm  # [1, BM]
     kk = tl.arange(0, BLOCK_K)  # [BK]
@@ -230,15 +275,16 @@ def _split_dot(x_ptr, stride_xm, g_ptr, w_rows, k_lo, k_hi, m, m_ok, row_ok, NOR
         k_ok = ks < k_hi  # [BK]
         w = tl.load(w_rows + ks[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)  # [BN, BK]
         xt = tl.load(x_rows + ks[:, None], mask=k_ok[:, None] & m_ok[None, :], other=0.0)  # [BK, BM]
-        if NORM >= 1:
+        if SUMSQ or NORM == 2:
             xf = xt.to(tl.float32)  # [BK, BM]
-            sq += xf * xf
+            if SUMSQ:
+                sq += xf * xf
             if NORM == 2:
                 g = tl.load(g_ptr + ks, mask=k_ok, other=0.0).to(tl.float32)  # [BK]
                 xt = (xf * g[:, None]).to(dtype)  # [BK, BM]
         # "ieee": fp32 inputs stay fp32 (FMA dots, no tf32); bf16/fp16 take the tensor cores either way
         acc = tl.dot(w, xt, acc, input_precision="ieee")  # [BN, BM]
-    if NORM >= 1:
+    if SUMSQ:
         return acc, fixed_sum0(sq, BLOCK_K, BLOCK_M)
     return acc, tl.zeros((BLOCK_M,), tl.float32)
 
@@ -246,15 +292,52 @@ def _split_dot(x_ptr, stride_xm, g_ptr, w_rows, k_lo, k_hi, m, m_ok, row_ok, NOR
 @triton.jit
 def _input_sum(x_ptr, stride_xm, g_ptr, w_rows, K, SPLIT_K, s_lo, s_hi, m, m_ok, row_ok, NORM: tl.constexpr,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """Splits [s_lo, s_hi) of one input, in one program, added in split order from zero (the prefill path)."""
+    """Splits [s_lo, s_hi) of one input, in one program, added in split order from zero (the prefill path): [BN, BM].
+    No sum of squares: `_sumsq_kernel` computed it before."""
     tot = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)
-    sq = tl.zeros((BLOCK_M,), tl.float32)
     for s in range(s_lo, s_hi):
-        acc, q = _split_dot(x_ptr, stride_xm, g_ptr, w_rows, s * SPLIT_K, tl.minimum(s * SPLIT_K + SPLIT_K, K), m,
-                            m_ok, row_ok, NORM, BLOCK_M, BLOCK_N, BLOCK_K)  # [BN, BM], [BM]
+        acc, _ = _split_dot(x_ptr, stride_xm, g_ptr, w_rows, s * SPLIT_K, tl.minimum(s * SPLIT_K + SPLIT_K, K), m,
+                            m_ok, row_ok, NORM, False, BLOCK_M, BLOCK_N, BLOCK_K)  # [BN, BM]
         tot += acc
-        sq += q
-    return tot, sq
+    return tot
+
+
+@triton.jit
+def _sumsq_step(x_rows, k0, k_hi, m_ok, BLOCK_K: tl.constexpr):
+    """x[m, k0 : k0 + BLOCK_K] as `_split_dot` loads it, in fp32: [BK, BM], zeros past k_hi (a whole step past it
+    adds zeros, which leave a sum of squares as it is)."""
+    ks = k0 + tl.arange(0, BLOCK_K)  # [BK]
+    return tl.load(x_rows + ks[:, None], mask=(ks < k_hi)[:, None] & m_ok[None, :], other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _sumsq_kernel(x_ptr, out_ptr, M, K, stride_xm, SPLIT_K, SPLITS: tl.constexpr, BLOCK_M: tl.constexpr,
+                  BLOCK_K: tl.constexpr):
+    """The prefill path's pre-pass: out[m] = x[m]'s sum of squares [M] fp32 with the split-K path's arithmetic (per
+    split the lanes of `_split_dot` over its k steps, ascending from zero, then `fixed_sum0`; the splits added in
+    order from zero as `_partial_sum` adds them), so that a prefill row's 1/rms has a decode row's bits. Each row is
+    its own lanes, so BLOCK_M (any power of two) does not change a row's bits. Four steps' loads go out before their
+    adds, in step order (Triton does not pipeline this loop's plain loads: a program would wait on one step's load
+    at a time). Grid: cdiv(M, BLOCK_M)."""
+    m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)  # [BM]
+    m_ok = m < M  # [BM]
+    x_rows = x_ptr + m[None, :].to(tl.int64) * stride_xm  # [1, BM]
+    tot = tl.zeros((BLOCK_M,), tl.float32)
+    for s in range(0, SPLITS):
+        k_lo = s * SPLIT_K
+        k_hi = tl.minimum(k_lo + SPLIT_K, K)
+        sq = tl.zeros((BLOCK_K, BLOCK_M), tl.float32)
+        for k0 in range(k_lo, k_hi, 4 * BLOCK_K):
+            x0 = _sumsq_step(x_rows, k0, k_hi, m_ok, BLOCK_K)  # [BK, BM]
+            x1 = _sumsq_step(x_rows, k0 + BLOCK_K, k_hi, m_ok, BLOCK_K)  # [BK, BM]
+            x2 = _sumsq_step(x_rows, k0 + 2 * BLOCK_K, k_hi, m_ok, BLOCK_K)  # [BK, BM]
+            x3 = _sumsq_step(x_rows, k0 + 3 * BLOCK_K, k_hi, m_ok, BLOCK_K)  # [BK, BM]
+            sq += x0 * x0
+            sq += x1 * x1
+            sq += x2 * x2
+            sq += x3 * x3
+        tot += fixed_sum0(sq, BLOCK_K, BLOCK_M)  # [BM]
+    tl.store(out_ptr + m, tot, mask=m_ok)
 
 
 @triton.jit
@@ -284,7 +367,8 @@ def _proj_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     """Grid: split-K (IN_PROGRAM false) n_tiles * (SPLITS + SPLITS2) * m_tiles programs, m fastest; prefill
-    (IN_PROGRAM) n_tiles * m_tiles, m fastest. ws / cnt: the split-K partials and per-tile arrival counters."""
+    (IN_PROGRAM) n_tiles * m_tiles, m fastest. ws / cnt: the split-K partials and per-tile arrival counters; in
+    prefill ws holds the inputs' sums of squares (`_sumsq_kernel`) and cnt is unused."""
     pid = tl.program_id(0)
     m_tiles = tl.cdiv(M, BLOCK_M)
     n_splits: tl.constexpr = SPLITS + SPLITS2
@@ -317,31 +401,37 @@ def _proj_kernel(
 
     # ---- the reduction: (tot, sq) of input 1 and (tot2, sq2) of input 2, each in split order from zero
     if IN_PROGRAM:
-        tot, sq = _input_sum(x_ptr, stride_xm, g_ptr, w_rows, K, SPLIT_K, 0, SPLITS, m, m_ok, row_ok, NORM,
-                             BLOCK_M, BLOCK_N, BLOCK_K)  # [BN, BM], [BM]
+        # the sums of squares come from `_sumsq_kernel`: ws [M] of input 1, then [M] of input 2
+        tot = _input_sum(x_ptr, stride_xm, g_ptr, w_rows, K, SPLIT_K, 0, SPLITS, m, m_ok, row_ok, NORM, BLOCK_M,
+                         BLOCK_N, BLOCK_K)  # [BN, BM]
+        sq = tl.zeros((BLOCK_M,), tl.float32)
+        if NORM >= 1:
+            sq = tl.load(ws_ptr + m, mask=m_ok, other=0.0)  # [BM]
         tot2, sq2 = tot, sq
         if TWO_INPUTS:
-            tot2, sq2 = _input_sum(x2_ptr, stride_x2m, g2_ptr, w_rows + K, K2, SPLIT_K2, 0, SPLITS2, m, m_ok,
-                                   row_ok, NORM2, BLOCK_M, BLOCK_N, BLOCK_K)  # [BN, BM], [BM]
+            tot2 = _input_sum(x2_ptr, stride_x2m, g2_ptr, w_rows + K, K2, SPLIT_K2, 0, SPLITS2, m, m_ok, row_ok,
+                              NORM2, BLOCK_M, BLOCK_N, BLOCK_K)  # [BN, BM]
+            if NORM2 >= 1:
+                sq2 = tl.load(ws_ptr + M + m, mask=m_ok, other=0.0)  # [BM]
         _epilogue(tot, sq, tot2, sq2, out_ptr, b_ptr, res_ptr, pos_ptr, freq_ptr, slots_ptr, k_ptr, v_ptr, M, N, K,
                   K2, stride_rm, stride_om, eps, pid_n, m, m_ok, r, wrow, row_ok, pair, n0, EPI, NORM, NORM2,
                   TWO_INPUTS, HAS_BIAS, HQ, HKV, D, PRECISE_TRIG, BLOCK_M, BLOCK_N)
     elif n_splits == 1:
-        tot, sq = _split_dot(x_ptr, stride_xm, g_ptr, w_rows, 0, K, m, m_ok, row_ok, NORM, BLOCK_M, BLOCK_N,
-                             BLOCK_K)  # [BN, BM], [BM]
+        tot, sq = _split_dot(x_ptr, stride_xm, g_ptr, w_rows, 0, K, m, m_ok, row_ok, NORM, NORM >= 1, BLOCK_M,
+                             BLOCK_N, BLOCK_K)  # [BN, BM], [BM]
         _epilogue(tot, sq, tot, sq, out_ptr, b_ptr, res_ptr, pos_ptr, freq_ptr, slots_ptr, k_ptr, v_ptr, M, N, K,
                   K2, stride_rm, stride_om, eps, pid_n, m, m_ok, r, wrow, row_ok, pair, n0, EPI, NORM, NORM2,
                   TWO_INPUTS, HAS_BIAS, HQ, HKV, D, PRECISE_TRIG, BLOCK_M, BLOCK_N)
     else:
         if split < SPLITS:
             acc, q = _split_dot(x_ptr, stride_xm, g_ptr, w_rows, split * SPLIT_K,
-                                tl.minimum(split * SPLIT_K + SPLIT_K, K), m, m_ok, row_ok, NORM, BLOCK_M, BLOCK_N,
-                                BLOCK_K)  # [BN, BM], [BM]
+                                tl.minimum(split * SPLIT_K + SPLIT_K, K), m, m_ok, row_ok, NORM, NORM >= 1, BLOCK_M,
+                                BLOCK_N, BLOCK_K)  # [BN, BM], [BM]
         else:
             s2 = split - SPLITS
             acc, q = _split_dot(x2_ptr, stride_x2m, g2_ptr, w_rows + K, s2 * SPLIT_K2,
-                                tl.minimum(s2 * SPLIT_K2 + SPLIT_K2, K2), m, m_ok, row_ok, NORM2, BLOCK_M, BLOCK_N,
-                                BLOCK_K)  # [BN, BM], [BM]
+                                tl.minimum(s2 * SPLIT_K2 + SPLIT_K2, K2), m, m_ok, row_ok, NORM2, NORM2 >= 1,
+                                BLOCK_M, BLOCK_N, BLOCK_K)  # [BN, BM], [BM]
         rec: tl.constexpr = BLOCK_N * BLOCK_M + BLOCK_M
         tile = pid_n * m_tiles + pid_m
         base = tile.to(tl.int64) * (n_splits * rec)
@@ -493,6 +583,17 @@ def _rows(t: torch.Tensor) -> torch.Tensor:
     return t if t.stride(1) == 1 else t.contiguous()
 
 
+# rows of a `_sumsq_kernel` program: 128 programs at a 2,048-row prefill; a row's bits do not depend on it
+_SUMSQ_ROWS = 16
+
+
+def _row_sumsq(x: torch.Tensor, out: torch.Tensor, splits: int, split_k: int, block_k: int) -> None:
+    """out [M] fp32 = each row of x [M, K]'s sum of squares as the split-K path sums it (`_sumsq_kernel`)."""
+    M, K = x.shape
+    _sumsq_kernel[(triton.cdiv(M, _SUMSQ_ROWS),)](x, out, M, K, x.stride(0), split_k, SPLITS=splits,
+                                                  BLOCK_M=_SUMSQ_ROWS, BLOCK_K=block_k, num_warps=4)
+
+
 def _launch(epi: int, x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, *, norm_weight=None, eps: float = 0.0,
             x2=None, norm_weight2=None, bias=None, res=None, rope: tuple = (), heads: tuple = (1, 1, 1),
             cfg: dict | None = None) -> None:
@@ -507,8 +608,9 @@ def _launch(epi: int, x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, 
     M, K = x.shape
     N = weight.shape[0]
     K2 = x2.shape[1] if two else 0
+    norm, norm2 = _norm_mode(norm_weight), _norm_mode(norm_weight2) if two else 0
     if cfg is None:
-        cfg = launch_config(N, K, M, epi, x.dtype, x.device, d, two)
+        cfg = launch_config(N, K, M, epi, x.dtype, x.device, d, two, max(norm, norm2))
     cfg = dict(cfg)
     splits, split_k = cfg.pop("SPLITS"), cfg.pop("SPLIT_K")
     splits2, split_k2 = 0, 1
@@ -524,13 +626,19 @@ def _launch(epi: int, x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, 
         ws = torch.empty(n_tiles * m_tiles * n_splits * (block_n * block_m + block_m), dtype=torch.float32,
                          device=x.device)
         cnt = _counters(x.device, n_tiles * m_tiles)
+    elif in_program and (norm or norm2):
+        ws = torch.empty((2 if two else 1) * M, dtype=torch.float32, device=x.device)  # [M] per input
+        if norm:
+            _row_sumsq(x, ws[:M], splits, split_k, cfg["BLOCK_K"])
+        if norm2:
+            _row_sumsq(x2, ws[M:], splits2, split_k2, cfg["BLOCK_K"])
     grid = (n_tiles * m_tiles * (1 if in_program else n_splits),)
     _proj_kernel[grid](
         x, x2, norm_weight if _norm_mode(norm_weight) == 2 else x, norm_weight2 if _norm_mode(norm_weight2) == 2 else x,
         weight,
         weight if bias is None else bias, res, out, ws, cnt, positions, inv_freq, out_slots, k_cache, v_cache,
         M, N, K, K2, x.stride(0), x2.stride(0), weight.stride(0), res.stride(0), out.stride(0), float(eps),
-        EPI=epi, NORM=_norm_mode(norm_weight), NORM2=_norm_mode(norm_weight2), TWO_INPUTS=two,
+        EPI=epi, NORM=norm, NORM2=norm2, TWO_INPUTS=two,
         HAS_BIAS=bias is not None, HQ=hq, HKV=hkv, D=d, PRECISE_TRIG=not is_interpret(),
         SPLITS=splits, SPLIT_K=split_k, SPLITS2=splits2, SPLIT_K2=split_k2, IN_PROGRAM=in_program, **cfg,
     )
@@ -628,16 +736,20 @@ def linear_add(res: torch.Tensor, a: torch.Tensor, weight: torch.Tensor, bias: t
 # ----------------------------------------------------------------------------------------------------
 # Compile cases (kernels/_compile_cases.py)
 
-_CASE_ROWS = (1, 32, 64, 128, 2048)  # a row count per bucket of `_table`: split-K grid (16-64-row x tiles), prefill
+# a row count per bucket of `_table`: the split-K grid's 16-64-row x tiles, the prefill's 128 and 256-row tiles (at
+# 2,048 rows 256 only where two waves of them fill the GPU: the 8B's gate_up, the LM heads; at 16,384 also SmolLM2's
+# qkv, o and gate_up)
+_CASE_ROWS = (1, 32, 64, 128, 2048, 16384)
 
 
 def _case(epi: int, M: int, N: int, K: int, K2: int, norm: int, norm2: int, bias: bool, heads: tuple, sms: int,
           hip: bool, used_by: str) -> CompileCase:
     """The `_launch` of one bf16 call on a GPU of `sms` SMs (AMD's when `hip`), contiguous rows: its arguments as
-    `_launch` passes them (where a tensor is absent, the dummy it passes: x, or the output for ws / cnt)."""
+    `_launch` passes them (where a tensor is absent, the dummy it passes: x, or the output for ws / cnt). A prefill
+    with a norm also launches `_sumsq_kernel`: `_sumsq_cases`."""
     bf16, f32, i32, i64 = Ptr(torch.bfloat16), Ptr(torch.float32), Ptr(torch.int32), Ptr(torch.int64)
     hq, hkv, d = heads
-    cfg = _table(N, K, M, epi, torch.bfloat16, sms, hip, d, K2 > 0)
+    cfg = _table(N, K, M, epi, torch.bfloat16, sms, hip, d, K2 > 0, max(norm, norm2))
     splits, split_k = cfg.pop("SPLITS"), cfg.pop("SPLIT_K")
     splits2, split_k2 = 0, 1
     if K2:
@@ -645,11 +757,12 @@ def _case(epi: int, M: int, N: int, K: int, K2: int, norm: int, norm2: int, bias
         splits2, split_k2 = c2["SPLITS"], c2["SPLIT_K"]
     in_program = cfg.pop("IN_PROGRAM")
     partials = not in_program and splits + splits2 > 1
+    sumsq = in_program and (norm or norm2)  # ws: the rows' sums of squares
     out_stride = hq * d if epi == _ROPE else N // 2 if epi == _SILU else N  # q [M, Hq, D], silu [M, I], else [M, N]
     rope = epi == _ROPE
     return CompileCase.of(
         _proj_kernel, (used_by,), x_ptr=bf16, x2_ptr=bf16, g_ptr=bf16, g2_ptr=bf16, w_ptr=bf16, b_ptr=bf16,
-        res_ptr=bf16, out_ptr=bf16, ws_ptr=f32 if partials else bf16, cnt_ptr=i32 if partials else bf16,
+        res_ptr=bf16, out_ptr=bf16, ws_ptr=f32 if partials or sumsq else bf16, cnt_ptr=i32 if partials else bf16,
         pos_ptr=i64 if rope else bf16, freq_ptr=f32 if rope else bf16, slots_ptr=i64 if rope else bf16,
         k_ptr=bf16, v_ptr=bf16, M=M, N=N, K=K, K2=K2, stride_xm=K, stride_x2m=K2 or K, stride_wn=K + K2,
         stride_rm=out_stride, stride_om=out_stride, eps=1e-5, EPI=epi, NORM=norm, NORM2=norm2,
@@ -657,13 +770,27 @@ def _case(epi: int, M: int, N: int, K: int, K2: int, norm: int, norm2: int, bias
         SPLITS2=splits2, SPLIT_K2=split_k2, IN_PROGRAM=in_program, **cfg)
 
 
+def _sumsq_cases(proj: CompileCase) -> list[CompileCase]:
+    """The `_sumsq_kernel` launches of the prefill `_launch` that `proj` stands for (none without a norm): one per
+    input with a norm, input 2's sums at ws[M:] (16-byte aligned when M is a multiple of 4)."""
+    a = proj.args
+    if not a["IN_PROGRAM"]:
+        return []
+    M, inputs = a["M"], ((a["NORM"], a["K"], a["SPLITS"], a["SPLIT_K"], True),
+                         (a["NORM2"], a["K2"], a["SPLITS2"], a["SPLIT_K2"], a["M"] % 4 == 0))
+    return [CompileCase.of(_sumsq_kernel, proj.used_by, x_ptr=Ptr(torch.bfloat16), out_ptr=Ptr(torch.float32, aligned),
+                           M=M, K=k, stride_xm=k, SPLIT_K=split_k, SPLITS=splits, BLOCK_M=_SUMSQ_ROWS,
+                           BLOCK_K=a["BLOCK_K"], num_warps=4)
+            for norm, k, splits, split_k, aligned in inputs if norm]
+
+
 def compile_cases(hip: bool) -> list[CompileCase]:
     """kernels/_compile_cases.py: bf16, both models, every projection the invariant block launches
     (models/llama.py `TransformerBlock._forward_invariant`, `Attention.forward_stream`, `Transformer.logits`), at
-    one row count of each bucket of the table (`_CASE_ROWS`: split-K tiles of 16 / 32 / 64 rows, the prefill tiles):
-    qkv (RoPE, the K/V store) with the norm folded and with its weight, with a bias (Qwen2), with two inputs (an
-    EAGLE-3 midlayer); o and down (the residual add); gate_up (SiLU) folded and not; the LM head, plain and with the
-    final norm's weight."""
+    one row count of each bucket of the table (`_CASE_ROWS`: split-K tiles of 16 / 32 / 64 rows, the prefill tiles,
+    with their sum-of-squares pre-pass): qkv (RoPE, the K/V store) with the norm folded and with its weight, with a
+    bias (Qwen2), with two inputs (an EAGLE-3 midlayer); o and down (the residual add); gate_up (SiLU) folded and
+    not; the LM head, plain and with the final norm's weight."""
     cases = []
     for s in model_shapes():
         qkv, attn = (s.n_heads + 2 * s.n_kv_heads) * s.head_dim, s.n_heads * s.head_dim
@@ -680,6 +807,7 @@ def compile_cases(hip: bool) -> list[CompileCase]:
         )
         for M in _CASE_ROWS:
             for name, epi, N, K, K2, norm, norm2, bias in launches:
-                cases.append(_case(epi, M, N, K, K2, norm, norm2, bias, heads if epi == _ROPE else (1, 1, 1),
-                                   TARGET_SMS[hip], hip, f"{s.name} {name} M={M}"))
+                proj = _case(epi, M, N, K, K2, norm, norm2, bias, heads if epi == _ROPE else (1, 1, 1),
+                             TARGET_SMS[hip], hip, f"{s.name} {name} M={M}")
+                cases += [proj, *_sumsq_cases(proj)]
     return cases

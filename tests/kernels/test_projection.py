@@ -176,6 +176,73 @@ def test_rows_are_bit_identical_across_m(splits):
         assert torch.equal(one, P.gate_up_silu(x, g, wgu, EPS)[:1])
 
 
+@needs_kernel
+@pytest.mark.parametrize("splits", [1, 3])
+def test_sumsq_pre_pass_sums_as_the_split_k_path(splits):
+    """The prefill path's sums of squares (`_sumsq_kernel`) have `row_sumsq_ref`'s bits (the split-K path's order:
+    lanes per split, a pairwise tree, the splits in order), with a K tail, for any rows-per-program."""
+    gen = torch.Generator().manual_seed(20 + splits)
+    dt = torch.bfloat16 if CUDA else torch.float32
+    M, K = 37, 600  # 64-wide steps: 10 in one split; 4, 4 and 2 in three
+    x = rows(M, K, gen, dt)
+    c = cfg(64, K, M, splits)
+    want = P.row_sumsq_ref(x, c["SPLITS"], c["SPLIT_K"], c["BLOCK_K"])  # [M]
+    assert rel_err(want, x.float().pow(2).sum(-1)) < 1e-6
+    for block_m in (16, 64):
+        out = torch.full((M,), float("nan"), device=DEVICE)  # [M]
+        P._sumsq_kernel[(-(-M // block_m),)](x, out, M, K, x.stride(0), c["SPLIT_K"], SPLITS=c["SPLITS"],
+                                             BLOCK_M=block_m, BLOCK_K=c["BLOCK_K"])
+        assert torch.equal(out, want), block_m
+
+
+@needs_kernel
+@pytest.mark.parametrize("splits", [1, 3])
+def test_prefill_rows_match_split_k_rows_with_norms(splits, monkeypatch):
+    """A prefill row takes its sum of squares from the pre-pass, not from its K loop, and still has the split-K path's
+    bits: norms folded (NORM 1) and applied (NORM 2), one input and two (mixed), in the test's 64-row prefill tiles, in
+    128 (RoPE: 64) x 256 ones, and in the table's own prefill tiles (MAX_SPLIT_M lowered to reach them here)."""
+    gen = torch.Generator().manual_seed(30 + splits)
+    dt = torch.bfloat16 if CUDA else torch.float32
+    H, Hq, Hkv, D, I = 192, 3, 1, 64, 160
+    big = 300
+    Nq = (Hq + 2 * Hkv) * D
+    x, e, g, g2 = rows(big, H, gen, dt), rows(big, H, gen, dt), vec(H, gen, dt), vec(H, gen, dt)
+    wl, wgu, wq, wq2 = mat(I, H, gen, dt), mat(2 * I, H, gen, dt), mat(Nq, H, gen, dt), mat(Nq, 2 * H, gen, dt)
+    ra = rope_args(big, Hq, Hkv, D, gen, dt)
+
+    def every(M, c):
+        r = {k: (v[:M] if k in ("positions", "out_slots") else v) for k, v in ra.items()}
+        slots = r["out_slots"]
+        q1, k1, v1 = run_qkv(P.proj_rope_store, x[:M], P.FOLDED, wq, None, r, cfg=c(Nq, H, True))
+        q2, k2, v2 = run_qkv(P.proj_rope_store, e[:M], P.FOLDED, wq2, None, r, x2=x[:M], norm_weight2=g2,
+                             cfg=c(Nq, H, True))
+        return dict(
+            lin_folded=P.linear(x[:M], wl, None, P.FOLDED, EPS, cfg=c(I, H)),
+            lin=P.linear(x[:M], wl, None, g, EPS, cfg=c(I, H)),
+            silu_folded=P.gate_up_silu(x[:M], P.FOLDED, wgu, EPS, cfg=c(2 * I, H)),
+            q1=q1, k1=k1[slots], v1=v1[slots], q2=q2, k2=k2[slots], v2=v2[slots],
+        )
+
+    def wide(n, k, rope=False):
+        return dict(cfg(n, k, big, splits), BLOCK_N=64 if rope else 128, BLOCK_M=256, num_warps=8, IN_PROGRAM=True)
+
+    full = every(big, lambda n, k, rope=False: cfg(n, k, big, splits))
+    assert big > P.MAX_SPLIT_M  # the test's cfg runs the prefill path by rows
+    for M in (1, 7, 64):
+        part = every(M, lambda n, k, rope=False: cfg(n, k, M, splits))
+        for name, t in part.items():
+            assert torch.equal(t, full[name][:M]), (name, M)
+    for name, t in every(big, wide).items():
+        assert torch.equal(t, full[name]), (name, "256-row tiles")
+    if splits == 1:  # the table's plans split nothing at these K
+        one = every(7, lambda n, k, rope=False: None)
+        monkeypatch.setattr(P, "MAX_SPLIT_M", 16)
+        assert P.launch_config(I, H, 40, P._PLAIN, dt, x.device)["IN_PROGRAM"]
+        table = every(40, lambda n, k, rope=False: None)
+        for name, t in one.items():
+            assert torch.equal(t, table[name][:7]), (name, "table")
+
+
 def test_config_depends_on_the_weight_only():
     """The launch table: the reduction plan (the splits and the K tile: what fixes an element's order) is one per
     weight shape, never per M (the row tiles may differ); more splits where the weight has few row tiles."""
@@ -188,6 +255,32 @@ def test_config_depends_on_the_weight_only():
     many = P._config(28672, 4096, P._SILU, torch.bfloat16, 132, False)
     assert few["SPLITS"] > 1 and many["SPLITS"] == 1
     assert few["SPLITS"] * few["SPLIT_K"] >= 14336 > (few["SPLITS"] - 1) * few["SPLIT_K"]
+
+
+def test_prefill_tiles():
+    """sm_90's prefill tiles at the models' shapes (132 SMs, bf16): the stages fit 227 KB of shared memory, RoPE tiles
+    stay within a head, and 256-row x tiles go only where the program holds one accumulator, its K loop leaves x
+    alone, and two waves of them fill the GPU (at 2,048 rows: the 8B's folded gate_up, not SmolLM2's 192 programs)."""
+    bf16 = torch.bfloat16
+
+    def tiles(N, K, M, epi, D=64, two=False, norm=1):
+        c = P._table(N, K, M, epi, bf16, 132, False, D, two, norm)
+        assert c["IN_PROGRAM"] and c["num_warps"] == 8
+        assert c["num_stages"] * (c["BLOCK_N"] + c["BLOCK_M"]) * c["BLOCK_K"] * 2 <= 227 * 1024
+        return c["BLOCK_N"], c["BLOCK_M"]
+
+    for H, I, Hq, Hkv, D in MODELS.values():
+        for M in (257, 2048, 16384):
+            qkv = (Hq + 2 * Hkv) * D
+            assert tiles(qkv, H, M, P._ROPE, D)[0] == D
+            assert tiles(qkv, H, M, P._ROPE, D, two=True)[1] == 128
+            assert tiles(2 * I, H, M, P._SILU, norm=2) == (128, 128)
+            if P._config(H, I, P._ADD, bf16, 132, False)["SPLITS"] > 1:
+                assert tiles(H, I, M, P._ADD, norm=0) == (128, 128)
+    assert tiles(2 * 14336, 4096, 2048, P._SILU) == (128, 256)
+    assert tiles(2 * 1536, 576, 2048, P._SILU) == (128, 128)  # 24 x 8 = 192 programs < 2 x 132
+    assert tiles(2 * 1536, 576, 16384, P._SILU) == (128, 256)
+    assert tiles(6144, 4096, 16384, P._ROPE, 128) == (128, 128)  # RoPE at 128 weight rows: 128-row x tiles
 
 
 @needs_kernel

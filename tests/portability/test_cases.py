@@ -70,7 +70,7 @@ def qkv_rows(s) -> int:
 
 
 @pytest.mark.parametrize("s", [SMOL, LLAMA], ids=lambda s: s.name)
-@pytest.mark.parametrize("M", [1, 32, 64, 100])
+@pytest.mark.parametrize("M", [1, 32, 64, 100, 320, 301])  # 320, 301: prefills (a second input's sums unaligned)
 def test_projection_cases_are_its_launches(monkeypatch, s, M):
     H, N, heads = s.hidden, qkv_rows(s), (s.n_heads, s.n_kv_heads, s.head_dim)
     x, x2, g = torch.empty(M, H, dtype=BF16), torch.empty(M, H, dtype=BF16), torch.empty(H, dtype=BF16)
@@ -87,8 +87,13 @@ def test_projection_cases_are_its_launches(monkeypatch, s, M):
          s.draft_vocab, H, 0, 2, 0, False, (1, 1, 1)),
     ]
     for call, epi, N_, K, K2, norm, norm2, bias, hd in calls:
-        [(_, got)] = launches(monkeypatch, PJ, ("_proj_kernel",), call)
-        assert_mirrors(PJ._case(epi, M, N_, K, K2, norm, norm2, bias, hd, 8, False, ""), got)  # 8: off a GPU
+        seen = launches(monkeypatch, PJ, ("_sumsq_kernel", "_proj_kernel"), call)
+        case = PJ._case(epi, M, N_, K, K2, norm, norm2, bias, hd, 8, False, "")  # 8: off a GPU
+        pre = PJ._sumsq_cases(case)  # the prefill's pre-pass, one per input with a norm, before the projection
+        assert [name for name, _ in seen] == ["_sumsq_kernel"] * len(pre) + ["_proj_kernel"]
+        assert (M > PJ.MAX_SPLIT_M and norm + norm2 > 0) == bool(pre)
+        for c, (_, got) in zip([*pre, case], seen):
+            assert_mirrors(c, got)
 
 
 @pytest.mark.parametrize("s", [SMOL, LLAMA], ids=lambda s: s.name)
