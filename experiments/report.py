@@ -420,12 +420,12 @@ def readme_results(results: Path = REPO / "results") -> str:
     inv_dir = results / "invariant_h200"
     # each table's rows override the older tables' (README there: which code each ran): decode rows 1 and 8 from
     # bench_invariant.md, 32 / 64 from rows_128.md, 128 on the split-K grid from split256_proj.md; the B=8 verifies
-    # from row_tiles_step.md (the tree attention of per-call row tiles)
+    # and the decode B=1 from leaf_tree_step.md (the tree attention's leaf tree)
     layer, ratio = {}, {}
     for md in ("bench_invariant.md", "rows64.md", "rows_128.md", "split256_proj.md"):
         head, body = md_table(inv_dir / md, "Per layer")
         layer.update({(r[0], r[1]): r[head.index("inv folded / best")] for r in body})
-    for md in ("bench_invariant.md", "rows_128.md", "split256_step.md", "row_tiles_step.md"):
+    for md in ("bench_invariant.md", "rows_128.md", "split256_step.md", "row_tiles_step.md", "leaf_tree_step.md"):
         head, body = md_table(inv_dir / md, "## Whole forward")
         col = {h: i for i, h in enumerate(head)}
         fast = [col["non-invariant ms"], col["folded non-invariant ms"]]

@@ -34,15 +34,18 @@ to the output of the same token decoded alone at the same position. A node at de
 sequence 0..P+d: the prefix, then its ancestors in depth order (the j-th allowed new key is its depth-j ancestor: new
 tokens are numbered parents first, and key j of the new tokens is at position P + j). Every program holds a tile of
 16 or 64 query rows (TOKS tokens of G heads; `_inv_rows` picks per call: an MMA row's bits do not depend on the
-tile's rows, and the row sums are `fixed_sum1`'s, in an order written out) and walks splits of a fixed
-`_INVARIANT_CHUNK` logical positions in `_INVARIANT_BLOCK_N`-key tiles from the split's start. A split whose keys are
-in every row's sequence (below the prefix; causal: below the tile's first token) is attended once for the tile; a
-split that reaches the tree is attended by the tile's leaves, each with its ancestors gathered into depth order,
-for its own rows and its ancestors' (their keys past their depth masked). The merge takes a row's splits in blocks of
-`_INVARIANT_MERGE`, each summed in `fixed_sum0`'s order, so a verify, a decode step and a prefill reduce alike. On an
-H200 (results/invariant_h200/attention_row_tiles.md) a decode costs 0.98-1.06x the split-KV kernel, a B=1 verify of
-8 tokens 0.95-1.16x, a B=8 one 1.18-1.36x and one of 16 tokens 1.7-2.1x: the splits stay 128 keys long whatever the
-batch, so a B=8 verify writes and merges 3x the partial outputs of the split-KV kernel's plan.
+tile's rows, and the row sums are `fixed_sum1`'s, in an order written out) and attends one leaf: `_INVARIANT_CHUNK`
+logical positions, in `_INVARIANT_BLOCK_N`-key tiles from the leaf's start, from the sentinel state. A leaf whose keys
+are in every row's sequence (below the prefix; causal: below the tile's first token) is attended once for the tile; a
+leaf that reaches the tree is attended by the tile's tree leaves, each with its ancestors gathered into depth order,
+for its own rows and its ancestors' (their keys past their depth masked). Each leaf's unnormalised state (m, l, acc)
+goes to the workspace; the merge combines a row's leaves by one fixed tree, blocks of 16 leaves each a binary tree of
+adjacent pairs (`_inv_comb`, explicit FMAs), the blocks folded in order, so a verify, a decode step and a prefill
+reduce alike. On an H200 (results/invariant_h200/leaf_tree_attn.md) a decode costs 0.92-1.04x the split-KV kernel, a
+verify of 8 tokens at a 1k prefix 0.99-1.06x (B=1 and 8), of 64 tokens 0.92-1.32x, a B=8 verify of 16 tokens
+1.37-1.53x and a 4k prefix 1.08-1.48x: the leaves stay 128 keys whatever the batch, so a B=8 verify still writes and
+merges more partial states than the split-KV kernel's plan, and a short verify's tree leaf is a program per tree
+leaf.
 """
 
 from __future__ import annotations
@@ -94,7 +97,7 @@ _INVARIANT_BLOCK_N_HIP = 32  # gfx942, 8 waves: 64-key tiles spilled the 8B's 64
 # 47.1, 56.6).
 _INVARIANT_MERGE_ROWS = 8
 _INVARIANT_MERGE_WARPS = 8
-# Query rows of a tile, chosen per call (`_inv_rows`; at most _INVARIANT_CHUNK: a causal tile's tokens cross one split
+# Query rows of a tile, chosen per call (`_inv_rows`; at most _INVARIANT_CHUNK: a causal tile's tokens cross one leaf
 # end): 64, or 16 where a request's rows of a KV head fit in 16 and the call has this many (request, KV head) pairs,
 # where the smaller tile's registers buy occupancy (H200, bench_invariant --parts attn_sweep, µs in 16 / 64-row tiles:
 # the 8B's B=8 decode 18.9 / 20.7; its B=8 verify of 16 tokens 82.1 / 65.8, of 8 44.4 / 39.3; SmolLM2's B=8 verify
@@ -808,17 +811,18 @@ def _inv_rows(b_hkv: int, n: int, group: int) -> int:
 
 def _inv_meta(group: int, n: int, nk: int, hip: bool, rows: int) -> tuple[dict, dict]:
     """The invariant kernels' meta-parameters for `group` query heads a KV head, n query tokens and nk new keys:
-    (`_inv_fwd_kernel`'s, `_inv_merge_kernel`'s). `rows`-row tiles of TOKS tokens, at most n (HEAD_TILES
-    tiles of one token's heads for larger groups; a row's bits do not depend on where in the tile it sits, nor on
-    whether its leaf is attended for the tile or for a token of the tile), the fixed leaf and key tile. MI300 (`hip`): one software stage and 32-key tiles, as `_fwd_configs`' AMD entries, and 8 waves
-    (in 4, SmolLM2's verify of 60 tokens spilled 7 SGPRs on gfx942); the same for every call (a row's sums follow the
-    layout)."""
+    (`_inv_fwd_kernel`'s, `_inv_merge_kernel`'s). `rows`-row tiles of TOKS tokens, at most n (HEAD_TILES tiles of one
+    token's heads for larger groups; a row's bits do not depend on where in the tile it sits, nor on whether its leaf
+    is attended for the tile or for a token of the tile), the fixed leaf and key tile. MI300 (`hip`): one software
+    stage and 32-key tiles, as `_fwd_configs`' AMD entries, and 8 waves (in 4, SmolLM2's verify of 60 tokens spilled 7
+    SGPRs on gfx942); the same for every call (a row's sums follow the layout)."""
     block_nk = max(16, triton.next_power_of_2(nk))
     toks = max(1, min(rows // group, n))
     fwd = dict(ROWS=rows, TOKS=toks, TOKS_P2=triton.next_power_of_2(toks), HEAD_TILES=max(1, group // rows),
                BLOCK_N=_INVARIANT_BLOCK_N_HIP if hip else _INVARIANT_BLOCK_N, BLOCK_NK=block_nk, CHUNK=_INVARIANT_CHUNK,
                num_warps=8 if hip else 4, num_stages=1 if hip else 2)
-    merge = dict(BLOCK_NK=block_nk, CHUNK=_INVARIANT_CHUNK, ROWS=_INVARIANT_MERGE_ROWS, num_warps=_INVARIANT_MERGE_WARPS)
+    merge = dict(BLOCK_NK=block_nk, CHUNK=_INVARIANT_CHUNK, ROWS=_INVARIANT_MERGE_ROWS,
+                 num_warps=_INVARIANT_MERGE_WARPS)
     return fwd, merge
 
 
@@ -954,7 +958,7 @@ def tree_attention(
     # bool -> uint8 view (same bytes). page_table is a dummy when causal.
     mask = tree_mask.view(torch.uint8) if tree_mask is not None else page_table
     out = _empty(q.shape, q.dtype, q.device)  # [B, N, Hq, D]
-    ws = _empty((ws_numel,), torch.float32, q.device) if merge else out  # partial outputs + LSEs when split
+    ws = _empty((ws_numel,), torch.float32, q.device) if merge else out  # partial outputs (leaf states) when split
 
     # Triton launches on the current device: switch only when q lives elsewhere (cheap common path).
     on_other_gpu = q.is_cuda and q.device.index != torch.cuda.current_device()
