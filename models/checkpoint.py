@@ -306,8 +306,28 @@ def _tokenizer_source(path: Path) -> tuple[Path, str | None]:
     return path, None  # let transformers say what is missing
 
 
+def hub_kernels_first() -> None:
+    """Import Hugging Face's `kernels` package, if installed, before transformers looks for it. transformers 5.25
+    requires it and imports it when it reads a GGUF tokenizer or a model class; run from this repository's root
+    (`python run_spec.py`, `python -m pytest`: the root is on sys.path) the bare name finds this repository's own
+    kernels/ folder instead, and the import fails. Imported once with the root off sys.path, the package is the one
+    sys.modules hands transformers; eaglet's kernels are `eaglet.kernels` either way."""
+    if "kernels" in sys.modules:
+        return
+    root = Path(__file__).resolve().parents[1]  # kernels/ sits beside models/
+    saved = list(sys.path)
+    sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != root]
+    try:
+        import kernels  # noqa: F401
+    except ImportError:
+        pass  # not installed: transformers does not ask for it
+    finally:
+        sys.path[:] = saved
+
+
 @functools.lru_cache(maxsize=8)
 def _load_tokenizer_cached(path: str):
+    hub_kernels_first()
     from transformers import AutoTokenizer
 
     directory, gguf_file = _tokenizer_source(Path(path))

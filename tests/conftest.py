@@ -7,6 +7,10 @@ import signal
 import pytest
 import torch
 
+from eaglet.models.checkpoint import hub_kernels_first
+
+hub_kernels_first()  # before any test imports transformers (models/checkpoint.py says why)
+
 
 @pytest.fixture(scope="session")
 def smollm2_path():
