@@ -169,6 +169,7 @@ def _run(cfg: DictConfig, out_dir: Path, interrupts: Interrupts) -> dict:
         head = build_head(cfg.draft, cfg.target, model, dtype, device)
         if cfg.fold_norms:
             head.fold_norm_weights()
+        head.set_invariant(cfg.invariant)  # the target's kernels (models/kernel_paths.py)
         tree = TreeSpec(cfg.tree.steps, cfg.tree.topk, cfg.tree.num_draft_tokens)
         sim = cfg.tree.get("simulate")
         engine = EagleEngine(model, head, tree, max_batch=batch_size, max_context=max_context,

@@ -32,6 +32,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from eaglet.kernels import projection as proj
 from eaglet.kernels.activation import silu_and_mul_ref
 from eaglet.kernels.rmsnorm import rmsnorm_ref
 from eaglet.kernels.tree_attention import SUPPORTED_HEAD_DIMS
@@ -83,6 +84,7 @@ class DraftLayer(nn.Module):
         self.hidden_norm = RMSNorm(args.dim, args.norm_eps) if hidden_norm else None
         self.post_attention_layernorm = RMSNorm(args.dim, args.norm_eps)
         self.norms_folded = False  # fold_norm_weights
+        self.invariant = False  # DraftHead.set_invariant
 
     def fold_norm_weights(self) -> bool:
         """Fold the norm weights into the projections after them, in place (as `Transformer.fold_norm_weights`):
@@ -108,7 +110,10 @@ class DraftLayer(nn.Module):
 
     def forward(self, x, positions, inv_freq, batch: ForwardBatch, kv: KVCache, embeds=None) -> torch.Tensor:
         """x [B, T, H] (residual stream) -> [B, T, H]; `embeds` [B, T, H] only for the EAGLE-3 variant."""
-        path = path_for(Layer.DRAFT, invariant=False, folded=self.norms_folded, rows=x.numel() // x.shape[-1])
+        path = path_for(Layer.DRAFT, invariant=self.invariant, folded=self.norms_folded,
+                        rows=x.numel() // x.shape[-1])
+        if path is Path.INVARIANT:
+            return self._forward_invariant(x, positions, inv_freq, batch, kv, embeds)
         if path is Path.FOLDED:
             # x + attention as a new tensor (x, the caller's, is left as it is), then the MLP adds into it. A folded
             # layer's PLAIN path (models/kernel_paths.py) is the one below: unit norm weights, the same function.
@@ -124,6 +129,31 @@ class DraftLayer(nn.Module):
         h = self.self_attn(a, positions, inv_freq, batch, kv)  # [B, T, H]
         h, residual = self.post_attention_layernorm(h, x)  # [B, T, H] each; residual = x + attn
         return self.mlp(h) + residual  # [B, T, H]
+
+    def _forward_invariant(self, x, positions, inv_freq, batch, kv, embeds) -> torch.Tensor:
+        """The target block's invariant kernels (`TransformerBlock._forward_invariant`): four projection launches,
+        each norm inside the projection after it, around the invariant tree attention; with embeds (EAGLE-3) the
+        qkv projection's input is cat(norm(embeds), hidden_norm(x)). x [B, T, H], the caller's, is left as it is:
+        the residual add of o_proj writes a new stream. -> [B, T, H]."""
+        attn, mlp = self.self_attn, self.mlp
+        B, T, H = x.shape
+        x2d = x.reshape(B * T, H)  # [B*T, H]
+
+        def weight(norm: RMSNorm | None):
+            return None if norm is None else proj.FOLDED if self.norms_folded else norm.weight
+
+        if self.hidden_norm is not None:
+            o = attn.forward_stream(x2d, weight(self.input_layernorm), positions, inv_freq, batch, kv, B,
+                                    embeds2d=embeds.reshape(B * T, -1),
+                                    norm_weight2=weight(self.hidden_norm))  # [B*T, Hq*D]
+        else:
+            o = attn.forward_stream(x2d, weight(self.input_layernorm), positions, inv_freq, batch, kv,
+                                    B)  # [B*T, Hq*D]
+        h = proj.linear_add(x2d, o, attn.o_proj.weight, attn.o_proj.bias)  # [B*T, H] the new stream
+        a = proj.gate_up_silu(h, weight(self.post_attention_layernorm), mlp.gate_up_proj.weight,
+                              mlp.norm_eps)  # [B*T, I]
+        proj.linear_add_(h, a, mlp.down_proj.weight)
+        return h.view(B, T, H)
 
     def forward_dense(self, x, positions, inv_freq, mask, cache: DenseKV | None = None, embeds=None) -> torch.Tensor:
         """`forward` with dense attention over `mask` and the kernels' differentiable torch references."""
@@ -151,7 +181,12 @@ class FcLayer(DraftLayer):
 
     def forward(self, embed_feature, positions, inv_freq, batch, kv) -> torch.Tensor:
         """embed_feature [B, T, 2H] = cat(embed, feature) -> [B, T, H]."""
-        return super().forward(self.fc(embed_feature), positions, inv_freq, batch, kv)
+        if self.invariant:  # the fc in the projection kernel too (DraftHead.set_invariant)
+            B, T, _ = embed_feature.shape
+            x = proj.linear(embed_feature.reshape(B * T, -1), self.fc.weight, self.fc.bias).view(B, T, -1)
+        else:
+            x = self.fc(embed_feature)  # [B, T, H]
+        return super().forward(x, positions, inv_freq, batch, kv)
 
     def forward_dense(self, embed_feature, positions, inv_freq, mask, cache: DenseKV | None = None) -> torch.Tensor:
         """`forward` with dense attention (DraftLayer.forward_dense). embed_feature [B, T, 2H] -> [B, T, H]."""
@@ -193,6 +228,7 @@ class DraftHead(nn.Module):
         except ValueError as e:
             raise ValueError(f"draft head RoPE: {e}") from None
         self.embed_tokens: nn.Embedding | None = None  # own embedding only when it cannot be the target's
+        self.invariant = False  # set_invariant
 
     # ---- properties ---------------------------------------------------------------------------
     @property
@@ -267,6 +303,23 @@ class DraftHead(nn.Module):
                 m.fold_norm_weights()
         return self
 
+    def set_invariant(self, invariant: bool) -> "DraftHead":
+        """Run the target's invariant kernels (kernels/projection.py, the invariant tree attention) in every layer
+        and projection of the head; engine/run.py follows the target's `invariant`. Not for the draft's numerics,
+        which decide no emitted token (the verify does), but so that one set of kernels serves target and head
+        (models/kernel_paths.py). The training forward (`forward_dense`) is unaffected."""
+        self.invariant = invariant
+        for m in self.modules():
+            if isinstance(m, DraftLayer):
+                m.invariant = invariant
+        return self
+
+    def _linear(self, layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+        """layer(x): x [..., in] -> [..., out], in the invariant projection kernel when the head runs invariant."""
+        if not self.invariant:
+            return layer(x)
+        return proj.linear(x.reshape(-1, x.shape[-1]), layer.weight, layer.bias).view(*x.shape[:-1], -1)
+
     # ---- forward ------------------------------------------------------------------------------
     def forward(self, tokens: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch,
                 kv: KVCache, step: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -340,7 +393,7 @@ class Eagle1Head(DraftHead):
         self.layers = nn.ModuleList(DraftLayer(self.args, i, input_norm=i > 0) for i in range(self.args.n_layers))
 
     def _forward(self, tokens, hidden, positions, batch, kv, step):
-        x = self.fc(torch.cat([self.embed(tokens), hidden], dim=-1))  # [B, T, H]
+        x = self._linear(self.fc, torch.cat([self.embed(tokens), hidden], dim=-1))  # [B, T, H]
         for layer in self.layers:
             x = layer(x, positions, self._inv_freq, batch, kv)  # [B, T, H]
         return x, self.target_logits(x)
@@ -490,9 +543,14 @@ class Eagle3Head(DraftHead):
 
     def _forward(self, tokens, hidden, positions, batch, kv, step):
         if hidden.shape[-1] == self.fc.in_features:  # target features: project; own output: already H-wide
-            hidden = self.fc(hidden)  # [B, T, H]
+            hidden = self._linear(self.fc, hidden)  # [B, T, H]
         x = self.midlayer(hidden, positions, self._inv_freq, batch, kv, embeds=self.embed(tokens))  # [B, T, H]
         # x (pre-norm) is what the next draft step takes as hidden, as in EAGLE's topK_genrate and SGLang
+        if self.invariant:  # the norm inside the LM head's projection
+            B, T, H = x.shape
+            logits = proj.linear(x.reshape(B * T, H), self.lm_head.weight, norm_weight=self.norm.weight,
+                                 eps=self.norm.eps).view(B, T, -1)  # [B, T, draft_vocab]
+            return x, logits.float()
         return x, self.lm_head(self.norm(x)).float()
 
     def _forward_dense(self, tokens, hidden, positions, attn_mask, cache):

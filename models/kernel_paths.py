@@ -4,7 +4,8 @@ A path is a set of kernels for a layer's norms and projections (the attention's 
 
     INVARIANT     kernels/projection.py, 4 launches a block, and invariant tree attention: a row's result does not
                   depend on the other rows of the call (models/llama.py's module doc); for the LM head
-                  `projection.linear`
+                  `projection.linear`; a draft head beside an invariant target runs it too (`DraftHead.set_invariant`:
+                  its layers, fc and LM head)
     FUSED_LINEAR  kernels/linear.py: each norm inside the projection after it, SiLU·mul inside down
     FOLDED        the norm weights folded into the projections (`fold_norm_weights`): kernels/folded_linear.py's
                   4 fused launches up to its MAX_M rows, cuBLAS and the RoPE / SiLU kernels above (that split is
@@ -55,11 +56,14 @@ _limits = {"fused_linear_max_rows": FUSED_LINEAR_MAX_ROWS, "draft_folded_max_row
 
 
 def path_for(layer: Layer, *, invariant: bool, folded: bool, rows: int) -> Path:
-    """The path `layer` runs for a call of `rows` rows. A draft layer ignores `invariant`: it has no invariant path,
-    since only the target's numerics decide which tokens are emitted (the draft proposes, the verify decides)."""
+    """The path `layer` runs for a call of `rows` rows. A draft layer of a head beside an invariant target runs the
+    invariant kernels too (`DraftHead.set_invariant`): not for its numerics, since only the target's decide which
+    tokens are emitted (the draft proposes, the verify decides), but so that one set of kernels serves both."""
     if layer is Layer.LM_HEAD:
         return Path.INVARIANT if invariant else Path.PLAIN
     if layer is Layer.DRAFT:
+        if invariant:
+            return Path.INVARIANT
         return Path.FOLDED if folded and rows <= _limits["draft_folded_max_rows"] else Path.PLAIN
     if layer is not Layer.BLOCK:
         raise ValueError(f"layer must be a Layer ({', '.join(m.name for m in Layer)}), got {layer!r}")

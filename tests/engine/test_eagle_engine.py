@@ -76,7 +76,7 @@ def test_greedy_is_lossless_gpu_cuda_graphs(target, tree, dtype, kind, folded):
     """Triton kernels and CUDA graphs on the GPU: speculative == plain greedy (both graph-replayed). bf16
     needs the invariant numerics (without them it diverged at near-ties on an H200); fp32 runs the fastest
     kernels, whose rounding differences stay below this model's logit gaps. folded: the norm weights folded into
-    the projections (the default, `fold_norms: true`), the head's too."""
+    the projections (the default, `fold_norms: true`), the head's too. The head runs the target's kernels."""
     gpu = Transformer.from_state_dict(target.args, target.state_dict(), dtype, "cuda")
     gpu.set_invariant(dtype == torch.bfloat16)
     if folded:
@@ -84,6 +84,7 @@ def test_greedy_is_lossless_gpu_cuda_graphs(target, tree, dtype, kind, folded):
     head = oracle_like(kind, gpu, num_layers=TREES[tree].steps if kind == "multi_layer" else None)
     if folded:
         head.fold_norm_weights()
+    head.set_invariant(gpu.invariant)  # the target's kernels, as engine/run.py sets them
     want = ar_outputs(gpu, PROMPTS, 40)
     eng = EagleEngine(gpu, head, TREES[tree], max_batch=2, max_context=256, page_size=8, use_cuda_graph=True)
     reqs = [Request(p, 40, rid=i) for i, p in enumerate(PROMPTS)]

@@ -89,10 +89,12 @@ def test_fp32_matches_fp64_reference(B, N, Hq, Hkv, D, prefix, page_size, tree):
 
 
 @needs_kernel
+@pytest.mark.parametrize("invariant", [False, True], ids=["split", "invariant"])
 @pytest.mark.parametrize("K,step", [(4, 3), (1, 5), (3, 1)])
-def test_draft_step_queries_fewer_than_new_keys(K, step):
+def test_draft_step_queries_fewer_than_new_keys(K, step, invariant):
     """A draft step: K queries attend the prefix plus the K*step draft-tree keys written so far
-    (mask [B, K, K*step]: ancestors in earlier blocks, itself in the last)."""
+    (mask [B, K, K*step]: ancestors in earlier blocks, itself in the last), in both modes (a head beside an invariant
+    target runs the invariant kernels)."""
     B, Hq, Hkv, D = 2, *_scale_heads(4, 2), 64
     NK = K * step
     q, k_cache, v_cache, page_table, prefix_lens, _ = make_inputs(B, NK, Hq, Hkv, D, [200, 33], 16, torch.float32,
@@ -102,7 +104,7 @@ def test_draft_step_queries_fewer_than_new_keys(K, step):
     mask = torch.rand(B, K, NK, generator=gen) < 0.5  # [B, K, NK] arbitrary earlier-block visibility
     mask[:, :, -K:] = torch.eye(K, dtype=torch.bool)  # each query sees itself in its own block
     mask = mask.to(q.device)
-    out = tree_attention(q, k_cache, v_cache, page_table, prefix_lens, mask, max_prefix_len=200)
+    out = tree_attention(q, k_cache, v_cache, page_table, prefix_lens, mask, max_prefix_len=200, invariant=invariant)
     assert rel_err(out, ref64(q, k_cache, v_cache, page_table, prefix_lens, mask)) < 1e-4
 
 

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from safetensors.torch import save_file
 
 from eaglet.models.checkpoint import CheckpointError, CheckpointNotFoundError
-from eaglet.models.eagle import Eagle1Head, Eagle3Head, MultiLayerHead
+from eaglet.models.eagle import DraftLayer, Eagle1Head, Eagle3Head, MultiLayerHead
 from eaglet.models.head_checkpoint import (
     head_class,
     head_config,
@@ -238,6 +238,39 @@ def test_fold_norm_weights_keeps_the_function(target, kind, n_layers):
             out, logits = head(tokens[:, :T], feats, pos, batch, kv)
             pos, batch = batch_at(kv, reqs, T, 1)
             outs.append((out, logits, *head(tokens[:, T:], out[:, -1:], pos, batch, kv, step=1)))
+    for got, want in zip(*reversed(outs)):
+        assert rel_err(got, want) <= 1e-5
+
+
+@pytest.mark.parametrize("kind,folded", [("eagle1", False), ("eagle3", False), ("eagle3", True),
+                                         ("multi_layer", False)])
+def test_invariant_head_keeps_the_function(target, kind, folded):
+    """A head on the target's invariant kernels (`set_invariant`, serving's invariant=true: kernels/projection.py's
+    launches and the invariant tree attention in every layer, fc and LM head) computes what it computes on the
+    others, extend and a draft step, and leaves the caller's hidden as it was. On CPU the kernels' references run
+    (tests/kernels/ runs the kernels)."""
+    heads = [make_head(kind, target, **({"num_layers": 3} if kind == "multi_layer" else {})) for _ in range(2)]
+    if folded:
+        for head in heads:
+            head.fold_norm_weights()
+    heads[1].set_invariant(True)
+    assert all(m.invariant for m in heads[1].modules() if isinstance(m, DraftLayer))
+    g = torch.Generator().manual_seed(5)
+    B, T = 2, 5
+    tokens = torch.randint(0, V, (B, T + 1), generator=g)
+    feats = torch.randn(B, T, heads[0].feature_size, generator=g)
+    outs = []
+    for head in heads:
+        kv, reqs = fresh_kv(head)
+        before = feats.clone()
+        with torch.no_grad():
+            pos, batch = batch_at(kv, reqs, 0, T)
+            out, logits = head(tokens[:, :T], feats, pos, batch, kv)
+            pos, batch = batch_at(kv, reqs, T, 1)
+            hidden = out[:, -1:].clone()
+            step = head(tokens[:, T:], hidden, pos, batch, kv, step=1)
+        assert torch.equal(feats, before) and torch.equal(hidden, out[:, -1:])
+        outs.append((out, logits, *step))
     for got, want in zip(*reversed(outs)):
         assert rel_err(got, want) <= 1e-5
 

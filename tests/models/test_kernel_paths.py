@@ -25,8 +25,8 @@ TABLE = {
     (Layer.LM_HEAD, True, False): (I,) * 9,
     (Layer.DRAFT, False, False): (P,) * 9,
     (Layer.DRAFT, False, True): (U, U, U, U, U, P, P, P, P),
-    (Layer.DRAFT, True, False): (P,) * 9,  # a draft layer has no invariant path
-    (Layer.DRAFT, True, True): (U, U, U, U, U, P, P, P, P),
+    (Layer.DRAFT, True, False): (I,) * 9,  # the target's kernels beside an invariant target
+    (Layer.DRAFT, True, True): (I,) * 9,
 }
 
 
