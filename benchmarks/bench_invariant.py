@@ -383,6 +383,9 @@ def run_step(models: list[str], trace_dir: str | None = None, step_cases=STEP_CA
 DECODE_TILES = ((128, 64, 4, 4), (128, 64, 5, 4), (256, 64, 4, 4), (128, 32, 4, 4), (128, 128, 4, 8))
 # 17-64 rows: the decode plan's splits and BLOCK_K (the order) in other tiles, (BLOCK_N, BLOCK_M, stages)
 WIDE_TILES = tuple(itertools.product((64, 128), (16, 32, 64), (2, 3, 4)))
+# 65-MAX_SPLIT_M rows on the split-K grid also in 128-row x tiles: each weight tile read by one program a split
+# (the table's 64-row tiles read it twice at 128 rows)
+WIDE_TILES_128 = tuple(itertools.product((64, 128), (128,), (2, 3)))
 # a prefill (more than 64 rows, at most SWEEP_PREFILL): the same, in tiles of up to 128 x 128, and 256-row x tiles in
 # the 2 stages that fit shared memory at BLOCK_K 128 (3 would take 240 / 288 KB)
 PREFILL_TILES = tuple(itertools.product((64, 128), (64, 128), (2, 3, 4))) + ((64, 256, 2), (128, 256, 2))
@@ -458,7 +461,8 @@ def sweep_candidates(c: dict, N: int, K: int, epi: int, M: int, w: torch.Tensor)
         prefill = M > P.MAX_SPLIT_M
         # past MAX_SPLIT_M rows the prefill tiles, and the split-K grid's tiles too (a B=8 verify of 16 tokens is 128
         # rows: which grid serves such calls is what this measures)
-        tiles = ([(t, True) for t in PREFILL_TILES] if prefill else []) + [(t, False) for t in WIDE_TILES]
+        wide = WIDE_TILES + (WIDE_TILES_128 if M > 64 else ())
+        tiles = ([(t, True) for t in PREFILL_TILES] if prefill else []) + [(t, False) for t in wide]
         for (bn, bm, stages), in_program in tiles:
             if not (epi == P._ROPE and c["D"] % bn):
                 label = f"{'' if in_program or not prefill else 'split '}n{bn} m{bm} st{stages}"

@@ -263,7 +263,7 @@ def test_invariant_rows_do_not_depend_on_the_row_tile(monkeypatch, dtype, B, N, 
     inputs = make_inputs(B, N, Hq, Hkv, D, prefix, 16, dtype, tree, seed=3)
     outs = {}
     for rows in ta._INVARIANT_ROWS:
-        for merge_rows in (1, 4, 16):
+        for merge_rows in (1, ta._INVARIANT_MERGE_ROWS, 16):
             monkeypatch.setattr(ta, "_inv_rows", lambda b_hkv, n, group, rows=rows: rows)
             monkeypatch.setattr(ta, "_INVARIANT_MERGE_ROWS", merge_rows)
             ta._prepare.cache_clear()
