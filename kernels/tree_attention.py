@@ -44,8 +44,8 @@ adjacent pairs (`_inv_comb`, explicit FMAs), the blocks folded in order, so a ve
 reduce alike. On an H200 (results/invariant_h200/leaf_tree_attn.md) a decode costs 0.92-1.04x the split-KV kernel, a
 verify of 8 tokens at a 1k prefix 0.99-1.06x (B=1 and 8), of 64 tokens 0.92-1.32x, a B=8 verify of 16 tokens
 1.37-1.53x and a 4k prefix 1.08-1.48x: the leaves stay 128 keys whatever the batch, so a B=8 verify still writes and
-merges more partial states than the split-KV kernel's plan, and a short verify's tree leaf is a program per tree
-leaf.
+merges more partial states than the split-KV kernel's plan, and the leaf that holds a verify's tree is attended once
+per tree leaf of the tile.
 """
 
 from __future__ import annotations
@@ -90,8 +90,9 @@ _INVARIANT_BLOCK_N = 64
 _INVARIANT_BLOCK_N_HIP = 32  # gfx942, 8 waves: 64-key tiles spilled the 8B's 64-row tile (256 VGPRs); 32 take 154
 # The leaf tree: blocks of 16 leaves (`_inv_node16`: 2k keys), each a binary tree of adjacent pairs, the blocks folded
 # in order. The forward stores every leaf: forming the nodes of 2-8 shared leaves in one program was slower in all
-# but one case (H200, 1k-4k prefixes, B=1 and 8, both models: the sweep's sum 320-568 µs against 306; the 8B's B=8
-# verify of 8 tokens at a 4k prefix 81.1 against 87.0 µs), each program's leaves a serial chain of dependent loads.
+# but one case (H200, 1k-4k prefixes, B=1 and 8, both models: the sweep's sum 320-568 µs in 4 warps against 306, more
+# in 8; the 8B's B=8 verify of 8 tokens at a 4k prefix 81.1 against 87.0 µs), each program's leaves a serial chain of
+# dependent loads.
 # Packed rows a merge program combines, and its warps (H200, bench_invariant --parts attn_sweep, the sum over 14 cases
 # of 1k-4k prefixes: 8 rows in 8 warps 281.4 µs, 4 in 4 283.1, 1 in 4 316.9; the 8B's B=8 verify of 16 tokens 47.1,
 # 47.1, 56.6).
