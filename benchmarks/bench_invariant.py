@@ -447,8 +447,8 @@ def rows_invariant(c: dict, N: int, K: int, epi: int, w: torch.Tensor, cfgs: dic
 
 def sweep_candidates(c: dict, N: int, K: int, epi: int, M: int, w: torch.Tensor):
     """(label, cfg) of the plans and tiles tried at M rows: up to 16 rows, every split count and 16-row tile of
-    DECODE_TILES; above, the table's plan in every tile of WIDE_TILES (past MAX_SPLIT_M rows also in PREFILL_TILES,
-    in-program). RoPE tiles stay within a head."""
+    DECODE_TILES; above, the table's plan in every tile of WIDE_TILES (and WIDE_TILES_128 past 64 rows; past
+    MAX_SPLIT_M rows also in PREFILL_TILES, in-program). RoPE tiles stay within a head."""
     if M <= 16:
         for splits, (bk, bn, stages, warps) in itertools.product((1, 2, 4, 8), DECODE_TILES):
             split_k = triton.cdiv(triton.cdiv(K, splits), bk) * bk

@@ -88,7 +88,7 @@ _MERGE_SPLITS = 64
 _INVARIANT_CHUNK = 128
 _INVARIANT_BLOCK_N = 64
 _INVARIANT_BLOCK_N_HIP = 32  # gfx942, 8 waves: 64-key tiles spilled the 8B's 64-row tile (256 VGPRs); 32 take 154
-# The leaf tree: blocks of 16 leaves (`_inv_node16`: 2k keys), each a binary tree of adjacent pairs, the blocks folded
+# The leaf tree: blocks of 16 leaves (`_inv_node`: 2k keys), each a binary tree of adjacent pairs, the blocks folded
 # in order. The forward stores every leaf: forming the nodes of 2-8 shared leaves in one program was slower in all
 # but one case (H200, 1k-4k prefixes, B=1 and 8, both models: the sweep's sum 320-568 µs in 4 warps against 306, more
 # in 8; the 8B's B=8 verify of 8 tokens at a 4k prefix 81.1 against 87.0 µs), each program's leaves a serial chain of
@@ -615,35 +615,16 @@ def _inv_slot(WS, ML, rows, s, n_used, stride_s, HEAD_DIM: tl.constexpr):
 
 
 @triton.jit
-def _inv_node2(WS, ML, rows, s, n_used, stride_s, HEAD_DIM: tl.constexpr):
-    """The tree node of leaves s, s + 1."""
-    m0, l0, a0 = _inv_slot(WS, ML, rows, s, n_used, stride_s, HEAD_DIM)
-    m1, l1, a1 = _inv_slot(WS, ML, rows, s + 1, n_used, stride_s, HEAD_DIM)
-    return _inv_comb(m0, l0, a0, m1, l1, a1)
-
-
-@triton.jit
-def _inv_node4(WS, ML, rows, s, n_used, stride_s, HEAD_DIM: tl.constexpr):
-    """The tree node of leaves s .. s + 3."""
-    m0, l0, a0 = _inv_node2(WS, ML, rows, s, n_used, stride_s, HEAD_DIM)
-    m1, l1, a1 = _inv_node2(WS, ML, rows, s + 2, n_used, stride_s, HEAD_DIM)
-    return _inv_comb(m0, l0, a0, m1, l1, a1)
-
-
-@triton.jit
-def _inv_node8(WS, ML, rows, s, n_used, stride_s, HEAD_DIM: tl.constexpr):
-    """The tree node of leaves s .. s + 7."""
-    m0, l0, a0 = _inv_node4(WS, ML, rows, s, n_used, stride_s, HEAD_DIM)
-    m1, l1, a1 = _inv_node4(WS, ML, rows, s + 4, n_used, stride_s, HEAD_DIM)
-    return _inv_comb(m0, l0, a0, m1, l1, a1)
-
-
-@triton.jit
-def _inv_node16(WS, ML, rows, s, n_used, stride_s, HEAD_DIM: tl.constexpr):
-    """The tree node of leaves s .. s + 15: one block of the leaf tree."""
-    m0, l0, a0 = _inv_node8(WS, ML, rows, s, n_used, stride_s, HEAD_DIM)
-    m1, l1, a1 = _inv_node8(WS, ML, rows, s + 8, n_used, stride_s, HEAD_DIM)
-    return _inv_comb(m0, l0, a0, m1, l1, a1)
+def _inv_node(WS, ML, rows, s, n_used, stride_s, HEAD_DIM: tl.constexpr, SIZE: tl.constexpr):
+    """The tree node of leaves s .. s + SIZE - 1 (SIZE a power of two): the nodes of its two halves combined, down to
+    single leaves; SIZE 16 is one block of the leaf tree. Unrolled at compile time."""
+    if SIZE == 1:
+        m, l, acc = _inv_slot(WS, ML, rows, s, n_used, stride_s, HEAD_DIM)
+    else:
+        m0, l0, a0 = _inv_node(WS, ML, rows, s, n_used, stride_s, HEAD_DIM, SIZE // 2)
+        m1, l1, a1 = _inv_node(WS, ML, rows, s + SIZE // 2, n_used, stride_s, HEAD_DIM, SIZE // 2)
+        m, l, acc = _inv_comb(m0, l0, a0, m1, l1, a1)
+    return m, l, acc
 
 
 @triton.jit
@@ -652,7 +633,7 @@ def _inv_merge_kernel(WS, PL, MASK, OUT, n_slots, N, NK, Hkv, stride_mb, stride_
                       CHUNK: tl.constexpr, ROWS: tl.constexpr):
     """Invariant mode: ROWS packed rows of one (request, KV head), each row's leaves [0, cdiv(its sequence length,
     CHUNK)) combined by the fixed tree (module doc): blocks of 16 leaves, each a binary tree of adjacent pairs
-    (`_inv_node16`, elementwise over the rows: no layout conversion), folded in order from the sentinel. A block past
+    (`_inv_node`, elementwise over the rows: no layout conversion), folded in order from the sentinel. A block past
     a row's leaves is all sentinels (the identity), so a row's bits do not depend on ROWS or on its neighbours."""
     pid = tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -678,7 +659,7 @@ def _inv_merge_kernel(WS, PL, MASK, OUT, n_slots, N, NK, Hkv, stride_mb, stride_
     l = tl.zeros([ROWS], dtype=tl.float32)  # [ROWS]
     acc = tl.zeros([ROWS, HEAD_DIM], dtype=tl.float32)  # [ROWS, D]
     for s0 in range(0, tl.max(n_used, 0), 16):
-        mb, lb, ab = _inv_node16(WS, ML, row0, s0, n_used, N * GROUP, HEAD_DIM)  # [ROWS], [ROWS], [ROWS, D]
+        mb, lb, ab = _inv_node(WS, ML, row0, s0, n_used, N * GROUP, HEAD_DIM, 16)  # [ROWS], [ROWS], [ROWS, D]
         m, l, acc = _inv_comb(m, l, acc, mb, lb, ab)
     out = acc / tl.where(l > 0, l, 1.0)[:, None]  # [ROWS, D]
     out_row = (b * N + tok) * (Hkv * GROUP) + kvh * GROUP + grp  # [ROWS] row of [B, N, Hq]
