@@ -383,12 +383,15 @@ def run_step(models: list[str], trace_dir: str | None = None, step_cases=STEP_CA
 DECODE_TILES = ((128, 64, 4, 4), (128, 64, 5, 4), (256, 64, 4, 4), (128, 32, 4, 4), (128, 128, 4, 8))
 # 17-64 rows: the decode plan's splits and BLOCK_K (the order) in other tiles, (BLOCK_N, BLOCK_M, stages)
 WIDE_TILES = tuple(itertools.product((64, 128), (16, 32, 64), (2, 3, 4)))
-# 65-MAX_SPLIT_M rows on the split-K grid also in 128-row x tiles: each weight tile read by one program a split
-# (the table's 64-row tiles read it twice at 128 rows)
-WIDE_TILES_128 = tuple(itertools.product((64, 128), (128,), (2, 3)))
-# a prefill (more than 64 rows, at most SWEEP_PREFILL): the same, in tiles of up to 128 x 128, and 256-row x tiles in
-# the 2 stages that fit shared memory at BLOCK_K 128 (3 would take 240 / 288 KB)
-PREFILL_TILES = tuple(itertools.product((64, 128), (64, 128), (2, 3, 4))) + ((64, 256, 2), (128, 256, 2))
+# 65-MAX_SPLIT_M rows on the split-K grid (where the 8B's grids pass one wave even in 64-row x tiles): 64 and 128-row
+# x tiles (a 128-row one reads each weight tile once a split, the table's 64-row ones twice at 128 rows)
+WIDE_TILES_128 = tuple(itertools.product((64, 128), (64, 128), (2, 3, 4)))
+# a prefill (more than MAX_SPLIT_M rows, at most SWEEP_PREFILL): (BLOCK_N, BLOCK_M, stages, the MMA's BLOCK_K) in the
+# program (its splits looped) and, for a weight of several splits, on the split-K grid (one program a split, one
+# accumulator, the last to arrive adds the partials in split order). The MMA's K tile is not part of the order (a
+# chain of the same k16 MMAs); the pre-pass's sums of squares keep the plan's lanes (SUMSQ_K)
+PREFILL_TILES = ((128, 128, 3, 128), (128, 256, 2, 128), (128, 128, 4, 64), (128, 256, 3, 64), (128, 256, 4, 64),
+                 (64, 128, 4, 64), (64, 256, 3, 64), (64, 256, 4, 64))
 SWEEP_PREFILL = 2048
 
 
@@ -447,8 +450,8 @@ def rows_invariant(c: dict, N: int, K: int, epi: int, w: torch.Tensor, cfgs: dic
 
 def sweep_candidates(c: dict, N: int, K: int, epi: int, M: int, w: torch.Tensor):
     """(label, cfg) of the plans and tiles tried at M rows: up to 16 rows, every split count and 16-row tile of
-    DECODE_TILES; above, the table's plan in every tile of WIDE_TILES (and WIDE_TILES_128 past 64 rows; past
-    MAX_SPLIT_M rows also in PREFILL_TILES, in-program). RoPE tiles stay within a head."""
+    DECODE_TILES; above, the table's plan in every tile of WIDE_TILES (WIDE_TILES_128 past 64 rows, PREFILL_TILES
+    past MAX_SPLIT_M). RoPE tiles stay within a head."""
     if M <= 16:
         for splits, (bk, bn, stages, warps) in itertools.product((1, 2, 4, 8), DECODE_TILES):
             split_k = triton.cdiv(triton.cdiv(K, splits), bk) * bk
@@ -458,16 +461,18 @@ def sweep_candidates(c: dict, N: int, K: int, epi: int, M: int, w: torch.Tensor)
                             num_stages=stages, BLOCK_M=16))
     else:
         plan = P.launch_config(N, K, 1, epi, DTYPE, w.device, c["D"])
-        prefill = M > P.MAX_SPLIT_M
-        # past MAX_SPLIT_M rows the prefill tiles, and the split-K grid's tiles too (a B=8 verify of 16 tokens is 128
-        # rows: which grid serves such calls is what this measures)
-        wide = WIDE_TILES + (WIDE_TILES_128 if M > 64 else ())
-        tiles = ([(t, True) for t in PREFILL_TILES] if prefill else []) + [(t, False) for t in wide]
-        for (bn, bm, stages), in_program in tiles:
+        if M > P.MAX_SPLIT_M:
+            grids = (True, False) if plan["SPLITS"] > 1 else (True,)  # o, down: no norm, so any K tile on the grid
+            for in_program, (bn, bm, stages, bk) in itertools.product(grids, PREFILL_TILES):
+                if not (epi == P._ROPE and c["D"] % bn):
+                    yield (f"{'' if in_program else 'split '}n{bn} m{bm} st{stages} k{bk}",
+                           dict(with_plan(dict(BLOCK_N=bn, BLOCK_M=bm, num_stages=stages, IN_PROGRAM=in_program,
+                                               num_warps=8), plan), BLOCK_K=bk, SUMSQ_K=plan["BLOCK_K"]))
+            return
+        for bn, bm, stages in WIDE_TILES if M <= 64 else WIDE_TILES_128:
             if not (epi == P._ROPE and c["D"] % bn):
-                label = f"{'' if in_program or not prefill else 'split '}n{bn} m{bm} st{stages}"
-                yield label, with_plan(dict(BLOCK_N=bn, BLOCK_M=bm, num_stages=stages, IN_PROGRAM=in_program,
-                                            num_warps=8 if bn * bm >= 8192 else 4), plan)
+                yield f"n{bn} m{bm} st{stages}", with_plan(dict(BLOCK_N=bn, BLOCK_M=bm, num_stages=stages,
+                                                                num_warps=8 if bn * bm >= 8192 else 4), plan)
 
 
 def run_sweep(models: list[str], ms=(1, 8, 64), projs=None) -> str:

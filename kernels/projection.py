@@ -619,6 +619,7 @@ def _launch(epi: int, x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, 
         splits2, split_k2 = c2["SPLITS"], c2["SPLIT_K"]
     block_m, block_n = cfg["BLOCK_M"], cfg["BLOCK_N"]
     in_program = cfg.pop("IN_PROGRAM", M > MAX_SPLIT_M)  # the table's; a hand-made cfg (tests, sweeps): by rows
+    sumsq_k = cfg.pop("SUMSQ_K", cfg["BLOCK_K"])  # the plan's BLOCK_K: the pre-pass's lanes (the order)
     m_tiles, n_tiles = triton.cdiv(M, block_m), triton.cdiv(N, block_n)
     n_splits = splits + splits2
     ws = cnt = out
@@ -629,9 +630,9 @@ def _launch(epi: int, x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, 
     elif in_program and (norm or norm2):
         ws = torch.empty((2 if two else 1) * M, dtype=torch.float32, device=x.device)  # [M] per input
         if norm:
-            _row_sumsq(x, ws[:M], splits, split_k, cfg["BLOCK_K"])
+            _row_sumsq(x, ws[:M], splits, split_k, sumsq_k)
         if norm2:
-            _row_sumsq(x2, ws[M:], splits2, split_k2, cfg["BLOCK_K"])
+            _row_sumsq(x2, ws[M:], splits2, split_k2, sumsq_k)
     grid = (n_tiles * m_tiles * (1 if in_program else n_splits),)
     _proj_kernel[grid](
         x, x2, norm_weight if _norm_mode(norm_weight) == 2 else x, norm_weight2 if _norm_mode(norm_weight2) == 2 else x,
@@ -743,10 +744,10 @@ _CASE_ROWS = (1, 32, 64, 128, 2048, 16384)
 
 
 def _case(epi: int, M: int, N: int, K: int, K2: int, norm: int, norm2: int, bias: bool, heads: tuple, sms: int,
-          hip: bool, used_by: str) -> CompileCase:
-    """The `_launch` of one bf16 call on a GPU of `sms` SMs (AMD's when `hip`), contiguous rows: its arguments as
-    `_launch` passes them (where a tensor is absent, the dummy it passes: x, or the output for ws / cnt). A prefill
-    with a norm also launches `_sumsq_kernel`: `_sumsq_cases`."""
+          hip: bool, used_by: str) -> list[CompileCase]:
+    """The launches of one bf16 call on a GPU of `sms` SMs (AMD's when `hip`), contiguous rows: `_proj_kernel` with
+    its arguments as `_launch` passes them (where a tensor is absent, the dummy it passes: x, or the output for ws /
+    cnt), then a prefill's `_sumsq_kernel` per input with a norm (`_sumsq_cases`)."""
     bf16, f32, i32, i64 = Ptr(torch.bfloat16), Ptr(torch.float32), Ptr(torch.int32), Ptr(torch.int64)
     hq, hkv, d = heads
     cfg = _table(N, K, M, epi, torch.bfloat16, sms, hip, d, K2 > 0, max(norm, norm2))
@@ -756,11 +757,12 @@ def _case(epi: int, M: int, N: int, K: int, K2: int, norm: int, norm2: int, bias
         c2 = _table(N, K2, M, epi, torch.bfloat16, sms, hip, d)
         splits2, split_k2 = c2["SPLITS"], c2["SPLIT_K"]
     in_program = cfg.pop("IN_PROGRAM")
+    sumsq_k = cfg.pop("SUMSQ_K", cfg["BLOCK_K"])
     partials = not in_program and splits + splits2 > 1
     sumsq = in_program and (norm or norm2)  # ws: the rows' sums of squares
     out_stride = hq * d if epi == _ROPE else N // 2 if epi == _SILU else N  # q [M, Hq, D], silu [M, I], else [M, N]
     rope = epi == _ROPE
-    return CompileCase.of(
+    proj = CompileCase.of(
         _proj_kernel, (used_by,), x_ptr=bf16, x2_ptr=bf16, g_ptr=bf16, g2_ptr=bf16, w_ptr=bf16, b_ptr=bf16,
         res_ptr=bf16, out_ptr=bf16, ws_ptr=f32 if partials or sumsq else bf16, cnt_ptr=i32 if partials else bf16,
         pos_ptr=i64 if rope else bf16, freq_ptr=f32 if rope else bf16, slots_ptr=i64 if rope else bf16,
@@ -768,11 +770,13 @@ def _case(epi: int, M: int, N: int, K: int, K2: int, norm: int, norm2: int, bias
         stride_rm=out_stride, stride_om=out_stride, eps=1e-5, EPI=epi, NORM=norm, NORM2=norm2,
         TWO_INPUTS=K2 > 0, HAS_BIAS=bias, HQ=hq, HKV=hkv, D=d, PRECISE_TRIG=True, SPLITS=splits, SPLIT_K=split_k,
         SPLITS2=splits2, SPLIT_K2=split_k2, IN_PROGRAM=in_program, **cfg)
+    return [proj, *_sumsq_cases(proj, sumsq_k)]
 
 
-def _sumsq_cases(proj: CompileCase) -> list[CompileCase]:
+def _sumsq_cases(proj: CompileCase, block_k: int) -> list[CompileCase]:
     """The `_sumsq_kernel` launches of the prefill `_launch` that `proj` stands for (none without a norm): one per
-    input with a norm, input 2's sums at ws[M:] (16-byte aligned when M is a multiple of 4)."""
+    input with a norm, in the plan's BLOCK_K lanes, input 2's sums at ws[M:] (16-byte aligned when M is a multiple
+    of 4)."""
     a = proj.args
     if not a["IN_PROGRAM"]:
         return []
@@ -780,7 +784,7 @@ def _sumsq_cases(proj: CompileCase) -> list[CompileCase]:
                          (a["NORM2"], a["K2"], a["SPLITS2"], a["SPLIT_K2"], a["M"] % 4 == 0))
     return [CompileCase.of(_sumsq_kernel, proj.used_by, x_ptr=Ptr(torch.bfloat16), out_ptr=Ptr(torch.float32, aligned),
                            M=M, K=k, stride_xm=k, SPLIT_K=split_k, SPLITS=splits, BLOCK_M=_SUMSQ_ROWS,
-                           BLOCK_K=a["BLOCK_K"], num_warps=4)
+                           BLOCK_K=block_k, num_warps=4)
             for norm, k, splits, split_k, aligned in inputs if norm]
 
 
@@ -807,7 +811,6 @@ def compile_cases(hip: bool) -> list[CompileCase]:
         )
         for M in _CASE_ROWS:
             for name, epi, N, K, K2, norm, norm2, bias in launches:
-                proj = _case(epi, M, N, K, K2, norm, norm2, bias, heads if epi == _ROPE else (1, 1, 1),
-                             TARGET_SMS[hip], hip, f"{s.name} {name} M={M}")
-                cases += [proj, *_sumsq_cases(proj)]
+                cases += _case(epi, M, N, K, K2, norm, norm2, bias, heads if epi == _ROPE else (1, 1, 1),
+                               TARGET_SMS[hip], hip, f"{s.name} {name} M={M}")
     return cases

@@ -200,7 +200,8 @@ def test_sumsq_pre_pass_sums_as_the_split_k_path(splits):
 def test_prefill_rows_match_split_k_rows_with_norms(splits, monkeypatch):
     """A prefill row takes its sum of squares from the pre-pass, not from its K loop, and still has the split-K path's
     bits: norms folded (NORM 1) and applied (NORM 2), one input and two (mixed), in the test's 64-row prefill tiles, in
-    128 (RoPE: 64) x 256 ones, and in the table's own prefill tiles (MAX_SPLIT_M lowered to reach them here)."""
+    128 (RoPE: 64) x 256 ones (on the GPU also with the MMA's K tile half the plan's, and on the split-K grid), and in
+    the table's own prefill tiles (MAX_SPLIT_M lowered to reach them here)."""
     gen = torch.Generator().manual_seed(30 + splits)
     dt = torch.bfloat16 if CUDA else torch.float32
     H, Hq, Hkv, D, I = 192, 3, 1, 64, 160
@@ -217,6 +218,7 @@ def test_prefill_rows_match_split_k_rows_with_norms(splits, monkeypatch):
         q2, k2, v2 = run_qkv(P.proj_rope_store, e[:M], P.FOLDED, wq2, None, r, x2=x[:M], norm_weight2=g2,
                              cfg=c(Nq, H, True))
         return dict(
+            lin_plain=P.linear(x[:M], wl, cfg=c(I, H)),
             lin_folded=P.linear(x[:M], wl, None, P.FOLDED, EPS, cfg=c(I, H)),
             lin=P.linear(x[:M], wl, None, g, EPS, cfg=c(I, H)),
             silu_folded=P.gate_up_silu(x[:M], P.FOLDED, wgu, EPS, cfg=c(2 * I, H)),
@@ -234,6 +236,15 @@ def test_prefill_rows_match_split_k_rows_with_norms(splits, monkeypatch):
             assert torch.equal(t, full[name][:M]), (name, M)
     for name, t in every(big, wide).items():
         assert torch.equal(t, full[name]), (name, "256-row tiles")
+    if CUDA:  # the interpreter's dot is one numpy matmul a tile: there a K tile's width rounds
+        def narrow(n, k, rope=False):  # the MMA's K tile half the plan's; the pre-pass keeps the plan's lanes
+            return dict(wide(n, k, rope), BLOCK_K=32, SUMSQ_K=64, num_stages=3)
+
+        for name, t in every(big, narrow).items():
+            assert torch.equal(t, full[name]), (name, "32-wide K tiles")
+        # no norm: the split-K grid in a prefill's tiles, each split a program, in the narrower K tile too
+        grid = dict(cfg(I, H, big, splits), BLOCK_K=32, BLOCK_N=128, BLOCK_M=256, num_warps=8, IN_PROGRAM=False)
+        assert torch.equal(P.linear(x, wl, cfg=grid), full["lin_plain"])
     if splits == 1:  # the table's plans split nothing at these K
         one = every(7, lambda n, k, rope=False: None)
         monkeypatch.setattr(P, "MAX_SPLIT_M", 16)

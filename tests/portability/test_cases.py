@@ -88,8 +88,8 @@ def test_projection_cases_are_its_launches(monkeypatch, s, M):
     ]
     for call, epi, N_, K, K2, norm, norm2, bias, hd in calls:
         seen = launches(monkeypatch, PJ, ("_sumsq_kernel", "_proj_kernel"), call)
-        case = PJ._case(epi, M, N_, K, K2, norm, norm2, bias, hd, 8, False, "")  # 8: off a GPU
-        pre = PJ._sumsq_cases(case)  # the prefill's pre-pass, one per input with a norm, before the projection
+        case, *pre = PJ._case(epi, M, N_, K, K2, norm, norm2, bias, hd, 8, False, "")  # 8: off a GPU
+        # the prefill's pre-pass, one per input with a norm, runs before the projection
         assert [name for name, _ in seen] == ["_sumsq_kernel"] * len(pre) + ["_proj_kernel"]
         assert (M > PJ.MAX_SPLIT_M and norm + norm2 > 0) == bool(pre)
         for c, (_, got) in zip([*pre, case], seen):
