@@ -33,9 +33,10 @@ its slab of the weight once. Their partials go to an fp32 workspace; the last pr
 counter, reset by that program) adds them in split order and runs the epilogue. Prefill (more rows) first sums each
 row's squares once ([M] fp32 per input with a norm, `_sumsq_kernel`; in the K loop each of a row's N / BLOCK_N weight
 tiles would sum them again), then runs one program per (weight tile, x tile) with x tiles of 128 or 256 rows
-(`_prefill_tiles`), which loops over the same splits in the same order itself and scales by the pre-pass's 1/rms:
-its K loop holds no sum-of-squares lanes beside the accumulator and, with the norm folded, leaves x in shared memory
-for the MMA.
+(`_prefill_tiles`), which loops over the same splits in the same order itself (a weight of long splits without a
+norm: one program a split, on the split-K grid) and scales by the pre-pass's 1/rms: its K loop holds no
+sum-of-squares lanes beside the accumulator, so its MMA's K tile need not be the plan's, and, with the norm folded,
+leaves x in shared memory for the MMA.
 
 The SiLU and RoPE epilogues need two weight rows per result (gate j with up j; dims i and i + D/2 of a head): their
 programs load the rows in interleaved pairs, so that splitting the accumulator's row pairs gives both halves.
@@ -174,40 +175,41 @@ def _config(N: int, K: int, epi: int, dtype: torch.dtype, sms: int, hip: bool) -
 _HIP_WARPS_64 = 8
 
 
-# bytes of shared memory a block may take on H100 / H200 (227 KB of the SM's 228), for the prefill tiles' stages
-_SHARED_PER_BLOCK = 227 * 1024
-
-
 def _prefill_tiles(cfg: dict, N: int, M: int, epi: int, norm: int, head_dim: int, dtype: torch.dtype, sms: int,
                    hip: bool, two: bool = False) -> dict:
-    """More than MAX_SPLIT_M rows (prefill, compute-bound): one program per (weight tile, x tile), with the decode
-    plan's BLOCK_K and splits (its order), SPLITS looped in the program; each row's sum of squares comes from
-    `_sumsq_kernel`, so the K loop keeps no sum-of-squares lanes. sm_90 (bf16 / fp16), 8 warps: BLOCK_N = 128
-    weight rows (RoPE: one head's rotary pairs, 64 at head_dim 64) x 128 x rows, or x 256 rows where
-      * the program holds one accumulator: one split and one input (a looped split's chain from zero lives beside
-        the running sum, a second input's sum beside the first's; at 128 x 256 Llama-3.1-8B's o / down take 255
-        registers and 764 B of spill stores a thread on sm_90);
-      * its K loop leaves x in shared memory at 128 weight rows: no x * g (NORM 2; 128 x 256 spills 4 B in the 8B's
-        gate_up, 68 B in its LM head) and no RoPE epilogue (716 B in the 8B's qkv); 64 x 256 RoPE tiles take 215
-        registers and spill nothing;
-      * its grid fills two waves of the GPU (`sms` programs each): with fewer programs the last wave leaves SMs idle
-        that the 128-row tile's twice as many programs would fill (SmolLM2-135M at 2,048 rows: 40-192 programs).
-    Stages: as many as fit 227 KB of shared memory, at most 3 (2 at 256 rows: 96 KB a stage at 128 x 256 x 128).
-    `norm`: the kernel's NORM (the larger of two inputs'). MI300: 64 weight rows x 64 x rows (32 with two inputs:
-    two accumulators) in 8 waves, 2 stages. fp32: 64 x 64 rows, 4 warps."""
+    """More than MAX_SPLIT_M rows (prefill, compute-bound): one program per (weight tile, x tile) that loops over the
+    plan's splits in their order, or, for a weight of long splits and no norm, the split-K grid in the same tiles (one
+    program a split, one accumulator; the last to arrive adds the partials in split order; their fp32 traffic is
+    small beside 2,048+ MMAs an output). Each row's sum of squares comes from `_sumsq_kernel` in the plan's lanes
+    (SUMSQ_K), so the K loop keeps none and its MMA's K tile is free: 64, in 4 stages (a chain of the same k16 MMAs
+    as the plan's 128; tests/kernels/test_projection.py checks the rows' bits). sm_90 (bf16 / fp16), 8 warps: the
+    first tile of (weight rows x rows) 128 x 256, 128 x 128, 64 x 256, 64 x 128 that
+      * keeps a RoPE tile within a head (64 weight rows at head_dim 64);
+      * takes 256 rows only with one accumulator (one split or the split-K grid: a looped split's chain from zero
+        lives beside the running sum, a second input's sum beside the first's) and, at 128 weight rows, with x left
+        in shared memory (x * g, NORM 2, spilled; so did the RoPE epilogue, 716 B a thread in the 8B's qkv);
+      * has at least half as many programs as the GPU has SMs (SmolLM2's o at 2,048 rows: 40 of 128 x 256);
+    else the tile of the most programs; 3 stages at 64 x 256. The sweep (`bench_invariant --parts sweep --sweep-ms
+    2048`, H200, rows bit-identical) against the 128 x 128 tiles in the plan's K tile of 128, 3 stages: the 8B's qkv
+    243.9 / 245.6 µs, o 143.0 / 144.0 (grid), gate_up 874 / 1036 (128 x 256), down 456 / 479 (grid); SmolLM2's
+    qkv 18.6 / 21.3 (64 x 256), o 8.1 / 8.8, gate_up 27.1 / 30.0 (128 x 256), down 17.7 / 18.9 (four splits of 384:
+    on the grid 28.4). MI300: 64 weight rows x 64 x rows (32 with two inputs: two accumulators) in 8 waves, 2
+    stages, the plan's K tile. fp32: 64 x 64 rows, 4 warps."""
     if hip:
-        return dict(cfg, BLOCK_M=32 if two else 64, num_warps=_HIP_WARPS_64, num_stages=2)
+        return dict(cfg, BLOCK_M=32 if two else 64, num_warps=_HIP_WARPS_64, num_stages=2, IN_PROGRAM=True)
     if dtype.itemsize == 4:
-        return dict(cfg, BLOCK_M=64, num_warps=4, num_stages=2)
-    block_n = 64 if epi == _ROPE and head_dim % 128 else 128
-    block_m = 128
-    one_acc = cfg["SPLITS"] == 1 and not two
-    if one_acc and (block_n == 64 or (norm < 2 and epi != _ROPE)) \
-            and triton.cdiv(N, block_n) * triton.cdiv(M, 256) >= 2 * sms:
-        block_m = 256
-    stage = (block_n + block_m) * cfg["BLOCK_K"] * dtype.itemsize  # bytes of one weight tile and one x tile
-    return dict(cfg, BLOCK_N=block_n, BLOCK_M=block_m, num_warps=8,
-                num_stages=max(1, min(3, _SHARED_PER_BLOCK // stage)))
+        return dict(cfg, BLOCK_M=64, num_warps=4, num_stages=2, IN_PROGRAM=True)
+    grid = cfg["SPLITS"] > 1 and not two and norm == 0 and cfg["SPLIT_K"] >= 2048
+    one_acc = grid or (cfg["SPLITS"] == 1 and not two)
+    splits = cfg["SPLITS"] if grid else 1
+    tiles = [(bn, bm) for bn, bm in ((128, 256), (128, 128), (64, 256), (64, 128))
+             if not (epi == _ROPE and head_dim % bn)
+             and (bm == 128 or (one_acc and (bn == 64 or (norm < 2 and epi != _ROPE))))]
+    programs = [triton.cdiv(N, bn) * triton.cdiv(M, bm) * splits for bn, bm in tiles]
+    full = [t for t, n in zip(tiles, programs) if 2 * n >= sms]
+    block_n, block_m = full[0] if full else tiles[programs.index(max(programs))]
+    return dict(cfg, BLOCK_N=block_n, BLOCK_M=block_m, BLOCK_K=64, SUMSQ_K=cfg["BLOCK_K"], num_warps=8,
+                num_stages=3 if (block_n, block_m) == (64, 256) else 4, IN_PROGRAM=not grid)
 
 
 def _table(N: int, K: int, M: int, epi: int, dtype: torch.dtype, sms: int, hip: bool, head_dim: int = 64,
@@ -223,20 +225,25 @@ def _table(N: int, K: int, M: int, epi: int, dtype: torch.dtype, sms: int, hip: 
     do not depend on its tile (module doc; the sweeps checked the rows of the tiles they chose)."""
     cfg = _config(N, K, epi, dtype, sms, hip)
     if M > MAX_SPLIT_M:
-        return dict(_prefill_tiles(cfg, N, M, epi, norm, head_dim, dtype, sms, hip, two), IN_PROGRAM=True)
+        return _prefill_tiles(cfg, N, M, epi, norm, head_dim, dtype, sms, hip, two)
     block_m = 16 if M <= 16 else 32 if M <= 32 else 64
     if block_m > 16:
         grid = triton.cdiv(N, cfg["BLOCK_N"]) * cfg["SPLITS"] * (2 if two else 1)  # programs per x tile
         fits = [bm for bm in (16, 32, 64) if bm <= block_m and triton.cdiv(M, bm) * grid <= sms]
         if fits:
             block_m = fits[0]
-        elif not hip and dtype.itemsize == 2 and epi != _ROPE:
-            # a grid past one wave in every tile (LM heads, the 8B's gate_up): 128 weight rows a program, so that
-            # its x tile is half its weight tile, in 48 KB stages at 64 rows (MI300's 64 KB of LDS holds no two;
-            # fp32 doubles them). The sweep at 32 / 64 rows (H200; rows bit-identical): the 8B LM head 248 / 286 µs
-            # against 262 / 302 in 64-row weight tiles, SmolLM2's 19.2 / 25.0 against 22.5 / 26.3, the 8B gate_up
-            # 60.7 / 68.4 against 62.7 / 71.7; one stage fewer where K is under 8 tiles (SmolLM2's 576)
+        elif not hip and dtype.itemsize == 2 and not (epi == _ROPE and head_dim % 128):
+            # a grid past one wave in every tile (LM heads, the 8B's gate_up; past 64 rows also its qkv, o, down):
+            # 128 weight rows a program, so that its x tile is at most its weight tile, in 48 KB stages at 64 rows
+            # (MI300's 64 KB of LDS holds no two; fp32 doubles them). The sweep at 32 / 64 rows (H200; rows
+            # bit-identical): the 8B LM head 248 / 286 µs against 262 / 302 in 64-row weight tiles, SmolLM2's 19.2 /
+            # 25.0 against 22.5 / 26.3, the 8B gate_up 60.7 / 68.4 against 62.7 / 71.7; one stage fewer where K is
+            # under 8 tiles (SmolLM2's 576). Past 64 rows a 128-row x tile where its grid still fills a wave (each
+            # weight tile read once a split, not twice), in 3 stages of 64 KB; at 128 rows the 8B gate_up 92.6 µs
+            # against 115.8 in 64-row x tiles, its LM head 377 against 479, its qkv (at 64) 30.5 against 32.3
             stages = (3 if block_m == 32 else 4) - (K < 8 * cfg["BLOCK_K"])
+            if M > 64 and triton.cdiv(N, 128) * cfg["SPLITS"] * (2 if two else 1) >= sms:
+                block_m, stages = 128, 3
             cfg = dict(cfg, BLOCK_N=128, num_warps=4 if block_m == 32 else 8, num_stages=stages)
     if hip and block_m == 64:
         cfg = dict(cfg, num_warps=_HIP_WARPS_64)
@@ -737,9 +744,8 @@ def linear_add(res: torch.Tensor, a: torch.Tensor, weight: torch.Tensor, bias: t
 # ----------------------------------------------------------------------------------------------------
 # Compile cases (kernels/_compile_cases.py)
 
-# a row count per bucket of `_table`: the split-K grid's 16-64-row x tiles, the prefill's 128 and 256-row tiles (at
-# 2,048 rows 256 only where two waves of them fill the GPU: the 8B's gate_up, the LM heads; at 16,384 also SmolLM2's
-# qkv, o and gate_up)
+# a row count per bucket of `_table`: the split-K grid's 16-64-row x tiles (128 rows: the 8B's 128-row ones), the
+# prefill's tiles and grids (`_prefill_tiles` picks them by their programs: 2,048 and 16,384 rows differ)
 _CASE_ROWS = (1, 32, 64, 128, 2048, 16384)
 
 

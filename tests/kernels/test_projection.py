@@ -259,7 +259,7 @@ def test_config_depends_on_the_weight_only():
     weight shape, never per M (the row tiles may differ); more splits where the weight has few row tiles."""
     dev = torch.device("cpu")
     for N, K in [(6144, 4096), (4096, 14336), (960, 576)]:
-        plans = {(c["SPLITS"], c["SPLIT_K"], c["BLOCK_K"])
+        plans = {(c["SPLITS"], c["SPLIT_K"], c.get("SUMSQ_K", c["BLOCK_K"]))  # a prefill's MMA K tile is its own
                  for M in (1, 8, 64, 2048) for c in [P.launch_config(N, K, M, P._PLAIN, torch.bfloat16, dev)]}
         assert len(plans) == 1, (N, K, plans)
     few = P._config(4096, 14336, P._ADD, torch.bfloat16, 132, False)
@@ -270,13 +270,16 @@ def test_config_depends_on_the_weight_only():
 
 def test_prefill_tiles():
     """sm_90's prefill tiles at the models' shapes (132 SMs, bf16): the stages fit 227 KB of shared memory, RoPE tiles
-    stay within a head, and 256-row x tiles go only where the program holds one accumulator, its K loop leaves x
-    alone, and two waves of them fill the GPU (at 2,048 rows: the 8B's folded gate_up, not SmolLM2's 192 programs)."""
+    stay within a head, the MMA's K tile is 64 with the pre-pass in the plan's lanes, 256-row x tiles go only where
+    the program holds one accumulator and its K loop leaves x alone, a tile's grid has at least half as many
+    programs as there are SMs where one can, and a weight of long splits without a norm runs on the split-K grid."""
     bf16 = torch.bfloat16
 
-    def tiles(N, K, M, epi, D=64, two=False, norm=1):
+    def tiles(N, K, M, epi, D=64, two=False, norm=1, grid=False):
         c = P._table(N, K, M, epi, bf16, 132, False, D, two, norm)
-        assert c["IN_PROGRAM"] and c["num_warps"] == 8
+        plan = P._config(N, K, epi, bf16, 132, False)
+        assert c["IN_PROGRAM"] != grid and c["num_warps"] == 8
+        assert c["BLOCK_K"] == 64 and c["SUMSQ_K"] == plan["BLOCK_K"] and c["SPLIT_K"] == plan["SPLIT_K"]
         assert c["num_stages"] * (c["BLOCK_N"] + c["BLOCK_M"]) * c["BLOCK_K"] * 2 <= 227 * 1024
         return c["BLOCK_N"], c["BLOCK_M"]
 
@@ -286,11 +289,15 @@ def test_prefill_tiles():
             assert tiles(qkv, H, M, P._ROPE, D)[0] == D
             assert tiles(qkv, H, M, P._ROPE, D, two=True)[1] == 128
             assert tiles(2 * I, H, M, P._SILU, norm=2) == (128, 128)
-            if P._config(H, I, P._ADD, bf16, 132, False)["SPLITS"] > 1:
-                assert tiles(H, I, M, P._ADD, norm=0) == (128, 128)
+    for M in (257, 2048):  # the 8B's o and down: 2 splits of 2,048 / 7,168 keys
+        assert tiles(4096, 4096, M, P._ADD, norm=0, grid=True) == (128, 256)
+        assert tiles(4096, 14336, M, P._ADD, norm=0, grid=True) == (128, 256)
+    assert tiles(576, 1536, 2048, P._ADD, norm=0) == (128, 128)  # SmolLM2's down: 4 splits of 384, in the program
+    assert tiles(576, 1536, 257, P._ADD, norm=0) == (64, 128)  # no tile reaches 66 programs: the most, 27
     assert tiles(2 * 14336, 4096, 2048, P._SILU) == (128, 256)
-    assert tiles(2 * 1536, 576, 2048, P._SILU) == (128, 128)  # 24 x 8 = 192 programs < 2 x 132
-    assert tiles(2 * 1536, 576, 16384, P._SILU) == (128, 256)
+    assert tiles(2 * 1536, 576, 2048, P._SILU) == (128, 256)  # 24 x 8 = 192 programs
+    assert tiles(576, 576, 2048, P._ADD, norm=0) == (128, 128)  # 5 x 8 = 40 programs of 128 x 256
+    assert tiles(960, 576, 2048, P._ROPE, 64) == (64, 256)  # 15 x 8 = 120
     assert tiles(6144, 4096, 16384, P._ROPE, 128) == (128, 128)  # RoPE at 128 weight rows: 128-row x tiles
 
 
