@@ -391,7 +391,7 @@ WIDE_TILES_128 = tuple(itertools.product((64, 128), (64, 128), (2, 3, 4)))
 # accumulator, the last to arrive adds the partials in split order). The MMA's K tile is not part of the order (a
 # chain of the same k16 MMAs); the pre-pass's sums of squares keep the plan's lanes (SUMSQ_K)
 PREFILL_TILES = ((128, 128, 3, 128), (128, 256, 2, 128), (128, 128, 4, 64), (128, 256, 3, 64), (128, 256, 4, 64),
-                 (64, 128, 4, 64), (64, 256, 3, 64), (64, 256, 4, 64), (128, 64, 4, 64), (64, 64, 4, 64))
+                 (64, 128, 4, 64), (64, 256, 3, 64), (64, 256, 4, 64))
 SWEEP_PREFILL = 2048
 
 

@@ -266,34 +266,29 @@ def launch_config(N: int, K: int, M: int, epi: int, dtype: torch.dtype, device: 
 
 
 @triton.jit
-def _k_step(x_rows, g_ptr, w_rows, k0, k_hi, m_ok, row_ok, NORM: tl.constexpr, BLOCK_K: tl.constexpr):
-    """One K step's MMA operands, zeros past k_hi: w [BN, BK] and a [BK, BM] (x, or x * g rounded with NORM 2), and
-    x in fp32 [BK, BM] (for a sum of squares)."""
-    ks = k0 + tl.arange(0, BLOCK_K)  # [BK]
-    k_ok = ks < k_hi  # [BK]
-    w = tl.load(w_rows + ks[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)  # [BN, BK]
-    xt = tl.load(x_rows + ks[:, None], mask=k_ok[:, None] & m_ok[None, :], other=0.0)  # [BK, BM]
-    xf = xt.to(tl.float32)  # [BK, BM]
-    if NORM == 2:
-        g = tl.load(g_ptr + ks, mask=k_ok, other=0.0).to(tl.float32)  # [BK]
-        xt = (xf * g[:, None]).to(x_rows.dtype.element_ty)  # [BK, BM]
-    return w, xt, xf
-
-
-@triton.jit
 def _split_dot(x_ptr, stride_xm, g_ptr, w_rows, k_lo, k_hi, m, m_ok, row_ok, NORM: tl.constexpr, SUMSQ: tl.constexpr,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """One split: acc [BN, BM] = w[:, k_lo:k_hi] @ a[m, k_lo:k_hi]^T, one MMA chain from zero, k ascending; a = x
     (NORM 0, 1) or x * g rounded (NORM 2); with SUMSQ also x's sum of squares over the range [BM] (`fixed_sum0`;
     `_sumsq_kernel` repeats this arithmetic for the prefill path). w_rows [BN, 1]: the tile's weight rows at their
     first column of this input."""
+    dtype = x_ptr.dtype.element_ty
     x_rows = x_ptr + m[None, :].to(tl.int64) * stride_xm  # [1, BM]
+    kk = tl.arange(0, BLOCK_K)  # [BK]
     acc = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)
     sq = tl.zeros((BLOCK_K, BLOCK_M), tl.float32)  # lane k: the sum of x[m, k0 + k]^2 over the steps k0
     for k0 in range(k_lo, k_hi, BLOCK_K):
-        w, xt, xf = _k_step(x_rows, g_ptr, w_rows, k0, k_hi, m_ok, row_ok, NORM, BLOCK_K)  # [BN, BK], [BK, BM] x2
-        if SUMSQ:
-            sq += xf * xf
+        ks = k0 + kk  # [BK]
+        k_ok = ks < k_hi  # [BK]
+        w = tl.load(w_rows + ks[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)  # [BN, BK]
+        xt = tl.load(x_rows + ks[:, None], mask=k_ok[:, None] & m_ok[None, :], other=0.0)  # [BK, BM]
+        if SUMSQ or NORM == 2:
+            xf = xt.to(tl.float32)  # [BK, BM]
+            if SUMSQ:
+                sq += xf * xf
+            if NORM == 2:
+                g = tl.load(g_ptr + ks, mask=k_ok, other=0.0).to(tl.float32)  # [BK]
+                xt = (xf * g[:, None]).to(dtype)  # [BK, BM]
         # "ieee": fp32 inputs stay fp32 (FMA dots, no tf32); bf16/fp16 take the tensor cores either way
         acc = tl.dot(w, xt, acc, input_precision="ieee")  # [BN, BM]
     if SUMSQ:
@@ -302,26 +297,15 @@ def _split_dot(x_ptr, stride_xm, g_ptr, w_rows, k_lo, k_hi, m, m_ok, row_ok, NOR
 
 
 @triton.jit
-def _input_sum(x_ptr, stride_xm, g_ptr, w_rows, K, SPLIT_K, SPLITS: tl.constexpr, m, m_ok, row_ok,
-               NORM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """Every split of one input in one program, added in split order from zero (the prefill path): [BN, BM]. One K
-    loop over all of them (SPLIT_K is a multiple of BLOCK_K: no step crosses a split's end), since a loop a split
-    fills and drains its software pipeline each time (SmolLM2's down: 4 splits of 6 steps). At a split's last step
-    its chain joins the sum and restarts from zero; at the others the sum stays as it is. No sum of squares:
-    `_sumsq_kernel` computed it before."""
-    if SPLITS == 1:
-        tot, _ = _split_dot(x_ptr, stride_xm, g_ptr, w_rows, 0, K, m, m_ok, row_ok, NORM, False, BLOCK_M, BLOCK_N,
-                            BLOCK_K)  # [BN, BM]
-    else:
-        x_rows = x_ptr + m[None, :].to(tl.int64) * stride_xm  # [1, BM]
-        tot = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)
-        acc = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            w, xt, _ = _k_step(x_rows, g_ptr, w_rows, k0, K, m_ok, row_ok, NORM, BLOCK_K)  # [BN, BK], [BK, BM]
-            acc = tl.dot(w, xt, acc, input_precision="ieee")  # [BN, BM]
-            end = ((k0 + BLOCK_K) % SPLIT_K == 0) | (k0 + BLOCK_K >= K)  # the split's last step
-            tot = tl.where(end, tot + acc, tot)  # [BN, BM]
-            acc = tl.where(end, 0.0, acc)  # [BN, BM]
+def _input_sum(x_ptr, stride_xm, g_ptr, w_rows, K, SPLIT_K, s_lo, s_hi, m, m_ok, row_ok, NORM: tl.constexpr,
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Splits [s_lo, s_hi) of one input, in one program, added in split order from zero (the prefill path): [BN, BM].
+    No sum of squares: `_sumsq_kernel` computed it before."""
+    tot = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)
+    for s in range(s_lo, s_hi):
+        acc, _ = _split_dot(x_ptr, stride_xm, g_ptr, w_rows, s * SPLIT_K, tl.minimum(s * SPLIT_K + SPLIT_K, K), m,
+                            m_ok, row_ok, NORM, False, BLOCK_M, BLOCK_N, BLOCK_K)  # [BN, BM]
+        tot += acc
     return tot
 
 
@@ -425,14 +409,14 @@ def _proj_kernel(
     # ---- the reduction: (tot, sq) of input 1 and (tot2, sq2) of input 2, each in split order from zero
     if IN_PROGRAM:
         # the sums of squares come from `_sumsq_kernel`: ws [M] of input 1, then [M] of input 2
-        tot = _input_sum(x_ptr, stride_xm, g_ptr, w_rows, K, SPLIT_K, SPLITS, m, m_ok, row_ok, NORM, BLOCK_M,
+        tot = _input_sum(x_ptr, stride_xm, g_ptr, w_rows, K, SPLIT_K, 0, SPLITS, m, m_ok, row_ok, NORM, BLOCK_M,
                          BLOCK_N, BLOCK_K)  # [BN, BM]
         sq = tl.zeros((BLOCK_M,), tl.float32)
         if NORM >= 1:
             sq = tl.load(ws_ptr + m, mask=m_ok, other=0.0)  # [BM]
         tot2, sq2 = tot, sq
         if TWO_INPUTS:
-            tot2 = _input_sum(x2_ptr, stride_x2m, g2_ptr, w_rows + K, K2, SPLIT_K2, SPLITS2, m, m_ok, row_ok,
+            tot2 = _input_sum(x2_ptr, stride_x2m, g2_ptr, w_rows + K, K2, SPLIT_K2, 0, SPLITS2, m, m_ok, row_ok,
                               NORM2, BLOCK_M, BLOCK_N, BLOCK_K)  # [BN, BM]
             if NORM2 >= 1:
                 sq2 = tl.load(ws_ptr + M + m, mask=m_ok, other=0.0)  # [BM]
