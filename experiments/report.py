@@ -419,13 +419,15 @@ def readme_results(results: Path = REPO / "results") -> str:
     # main does not have, so they are not read)
     inv_dir = results / "invariant_h200"
     # each table's rows override the older tables' (README there: which code each ran): decode rows 1 and 8 from
-    # bench_invariant.md, 32 / 64 from rows_128.md, 128 on the split-K grid from split256_proj.md; the B=8 verifies
-    # and the decode B=1 from leaf_tree_step.md (the tree attention's leaf tree)
+    # bench_invariant.md, 32 / 64 from rows_128.md, 128 and 2,048 from prefill_k64_proj.md; the decode B=1 from
+    # leaf_tree_step.md (the tree attention's leaf tree), the verifies of 8 tokens and B=8 x 16 from
+    # prefill_k64_step.md (the 128-row x tiles)
     layer, ratio = {}, {}
-    for md in ("bench_invariant.md", "rows64.md", "rows_128.md", "split256_proj.md"):
+    for md in ("bench_invariant.md", "rows64.md", "rows_128.md", "split256_proj.md", "prefill_k64_proj.md"):
         head, body = md_table(inv_dir / md, "Per layer")
         layer.update({(r[0], r[1]): r[head.index("inv folded / best")] for r in body})
-    for md in ("bench_invariant.md", "rows_128.md", "split256_step.md", "row_tiles_step.md", "leaf_tree_step.md"):
+    for md in ("bench_invariant.md", "rows_128.md", "split256_step.md", "row_tiles_step.md", "leaf_tree_step.md",
+               "prefill_k64_step.md"):
         head, body = md_table(inv_dir / md, "## Whole forward")
         col = {h: i for i, h in enumerate(head)}
         fast = [col["non-invariant ms"], col["folded non-invariant ms"]]
@@ -440,6 +442,13 @@ def readme_results(results: Path = REPO / "results") -> str:
                  ok(not worst, "≤ 1.05×: met", "≤ 1.05×: **not met** at "
                     + ", ".join(f"{M} rows ({m})" for M, m in worst)),
                  "`python -m benchmarks.bench_invariant --parts proj`"))
+    pre = {m: float(layer[m, "2048"]) for m, _ in models}
+    rows.append(("cost of invariant numerics: a 2,048-row prefill's layer (the four projections, norms folded), "
+                 "invariant / fastest",
+                 "; ".join(f"{short} {pre[m]:.3f}×" for m, short in models),
+                 ok(max(pre.values()) <= 1.3, "≤ 1.3×: met", "≤ 1.3×: **not met** ("
+                    + ", ".join(short for m, short in models if pre[m] > 1.3) + ")"),
+                 "`python -m benchmarks.bench_invariant --parts proj --ms 2048`"))
     cases = ("B=1 T=1", "B=1 T=8", "B=1 T=64", "B=8 T=8", "B=8 T=16")
     rows.append(("cost of invariant numerics: a forward at the defaults, invariant / fastest (decode B=1; verify B=1 "
                  "× 8 and 64 tokens, B=8 × 8 and 16)",
@@ -449,10 +458,12 @@ def readme_results(results: Path = REPO / "results") -> str:
                  "`python -m benchmarks.bench_invariant --parts step --step-cases 1x1,1x8,1x64,8x8,8x16`"))
 
     e2e = {p.parent.name: _metrics(p) for p in (results / "invariant_h200" / "e2e_runs").glob("*/metrics.json")}
-    ev = results / "eagle3_smollm2_loopstop_h200" / "eval"  # the shipped head's (stage 5) other data sets
-    # its MT-bench runs at the defaults, on the current kernels
-    first = [_metrics(results / "sweep_tree_loopstop_h200" / "runs" / f"tree_5_4_8_b{b}" / "metrics.json")
-             for b in (1, 8)]
+    # the e2e stage on the leaf-tree attention: the shipped head's MT-bench first turns at the defaults (each with its
+    # invariant AR pass), random Llama-3.1-8B's plain decoding and simulated EAGLE-3
+    leaf = {p.parent.name: _metrics(p)
+            for p in (results / "invariant_h200" / "e2e_leaf_tree_runs").glob("*/metrics.json")}
+    ev = results / "eagle3_smollm2_seed1_h200" / "eval" / "datasets"  # the shipped (stage-6) head's other data sets
+    first = [leaf[f"smol_b{b}"] for b in (1, 8)]
     rows.append(("lossless EAGLE-3 with the defaults (invariant, tree 5/4/8), SmolLM2 + the shipped head, MT-bench "
                  "first turns, B=1 / 8: decode tokens/s, × its AR pass, answers identical to it",
                  " / ".join(f"{m['decode_tokens_per_s']:,.0f}" for m in first) + "; "
@@ -463,13 +474,24 @@ def readme_results(results: Path = REPO / "results") -> str:
                     "≥ 1,600 at B=1, faster than AR, identical: met",
                     "≥ 1,600 at B=1, faster than AR, identical: **not met**"),
                  "`python run_spec.py data.max_turns=1` (B=8: `gen.batch_size=8`)"))
-    l8b = e2e["l8b_ar"]
+    l8b = leaf["l8b_ar"]
     floor_ms, tok_s = l8b["weight_read_floor_ms"], l8b["decode_tokens_per_s"]
     rows.append(("plain decoding, random Llama-3.1-8B, B=1, 1k prefix, invariant numerics",
                  f"{tok_s:.0f} tokens/s ({1e3 / tok_s / floor_ms:.2f}× the weight-read floor of {floor_ms:.2f} ms)",
                  ok(tok_s >= 235, "≥ 235: met", "≥ 235: **not met**"),
                  "`python run_spec.py target=random_llama3_8b draft=none data=synthetic data.limit=1 "
                  "data.prompt_len=1024`"))
+
+    sim = leaf["l8b_eagle3_sim_invariant"]
+    # the draft's floor: 7 chain steps, each reading the random EAGLE-3 head's 0.75 GB (BENCHMARKS.md)
+    floors = sim["weight_read_floor_ms"] + 1.24
+    rows.append(("EAGLE-3 `tree=simulate` (tau 4), random Llama-3.1-8B, B=1, invariant numerics: the step against "
+                 "the target's and the draft head's weight-read floors",
+                 f"{sim['step_median_ms'] / floors:.2f}× ({sim['step_median_ms']:.2f} ms on "
+                 f"{sim['weight_read_floor_ms']:.2f} + 1.24; draft {sim['draft_ms']:.2f}, verify {sim['verify_ms']:.2f})",
+                 ok(sim["step_median_ms"] <= 1.25 * floors, "≤ 1.25×: met", "≤ 1.25×: **not met**"),
+                 "`python run_spec.py +experiment=ablate_overlap hydra.mode=RUN gen.batch_size=1 stream=serial "
+                 "tree=simulate invariant=true`"))
 
     inv = [m["ar_decode_tokens_per_s"] for m in first]  # the AR passes of the shipped head's runs
     plain = [e2e[f"smol_ar_b{b}"]["decode_tokens_per_s"] for b in (1, 8)]  # invariant=false, both turns
