@@ -179,8 +179,8 @@ def _prefill_tiles(cfg: dict, N: int, M: int, epi: int, norm: int, head_dim: int
                    hip: bool, two: bool = False) -> dict:
     """More than MAX_SPLIT_M rows (prefill, compute-bound): one program per (weight tile, x tile) that loops over the
     plan's splits in their order, or, for a weight of long splits and no norm, the split-K grid in the same tiles (one
-    program a split, one accumulator; the last to arrive adds the partials in split order; their fp32 traffic is
-    small beside 2,048+ MMAs an output). Each row's sum of squares comes from `_sumsq_kernel` in the plan's lanes
+    program a split, one accumulator; the last to arrive adds the partials in split order; their fp32 traffic, 8
+    bytes an output a split, is small beside a split's 2,048 or more multiply-adds an output). Each row's sum of squares comes from `_sumsq_kernel` in the plan's lanes
     (SUMSQ_K), so the K loop keeps none and its MMA's K tile is free: 64, in 4 stages (a chain of the same k16 MMAs
     as the plan's 128; tests/kernels/test_projection.py checks the rows' bits). sm_90 (bf16 / fp16), 8 warps: the
     first tile of (weight rows x rows) 128 x 256, 128 x 128, 64 x 256, 64 x 128 that
@@ -218,7 +218,8 @@ def _table(N: int, K: int, M: int, epi: int, dtype: torch.dtype, sms: int, hip: 
     `norm` (the larger of two inputs'; only the prefill tiles depend on it). Up to 16
     rows one 16-row x tile (each weight tile read by one program per split); for 17-MAX_SPLIT_M rows the smallest x
     tile (of 16 / 32 / 64 rows) whose grid still fits one wave (the programs of a weight tile then read it once
-    from HBM and again from L2), and 128-row weight tiles where none does. The sweeps (`bench_invariant --parts
+    from HBM and again from L2), and 128-row weight tiles where none does (past 64 rows with 128-row x tiles where
+    their grid fills a wave). The sweeps (`bench_invariant --parts
     sweep --sweep-ms 32,64`, H200) chose these x tiles for SmolLM2: at 64 rows qkv 16 (5.33 µs; one 64-row tile
     9.73), o 16 (4.00; 32 rows 4.15), gate_up and down 32 (5.70, 5.46); gate_up at 32 rows 16 (5.22; 32 rows 5.58).
     The 8B's qkv, o and down fit one wave only in 64-row tiles, its gate_up and both LM heads in none. A row's bits
