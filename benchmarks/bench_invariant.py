@@ -392,10 +392,6 @@ WIDE_TILES_128 = tuple(itertools.product((64, 128), (64, 128), (2, 3, 4)))
 # chain of the same k16 MMAs); the pre-pass's sums of squares keep the plan's lanes (SUMSQ_K)
 PREFILL_TILES = ((128, 128, 3, 128), (128, 256, 2, 128), (128, 128, 4, 64), (128, 256, 3, 64), (128, 256, 4, 64),
                  (64, 128, 4, 64), (64, 256, 3, 64), (64, 256, 4, 64))
-# ... and for a weight of several splits in the program: (BLOCK_N, BLOCK_M, stages, warps, SPLIT_GROUP), the splits a K
-# loop advances side by side (each its own accumulator: 4 of them fit 64 x 128 tiles in 8 warps, 64 x 64 in 4)
-GROUP_TILES = ((128, 128, 4, 8, 1), (64, 128, 2, 8, 4), (64, 64, 3, 4, 4), (64, 64, 2, 4, 4), (128, 64, 2, 8, 4),
-               (128, 128, 2, 8, 2), (64, 128, 3, 8, 2))
 SWEEP_PREFILL = 2048
 
 
@@ -454,9 +450,8 @@ def rows_invariant(c: dict, N: int, K: int, epi: int, w: torch.Tensor, cfgs: dic
 
 def sweep_candidates(c: dict, N: int, K: int, epi: int, M: int, w: torch.Tensor):
     """(label, cfg) of the plans and tiles tried at M rows: up to 16 rows, every split count and 16-row tile of
-    DECODE_TILES; above, the table's plan in every tile of WIDE_TILES (WIDE_TILES_128 past 64 rows; past MAX_SPLIT_M
-    PREFILL_TILES, on the split-K grid for long splits, and GROUP_TILES for several splits). RoPE tiles stay within a
-    head."""
+    DECODE_TILES; above, the table's plan in every tile of WIDE_TILES (WIDE_TILES_128 past 64 rows, PREFILL_TILES
+    past MAX_SPLIT_M). RoPE tiles stay within a head."""
     if M <= 16:
         for splits, (bk, bn, stages, warps) in itertools.product((1, 2, 4, 8), DECODE_TILES):
             split_k = triton.cdiv(triton.cdiv(K, splits), bk) * bk
@@ -467,13 +462,7 @@ def sweep_candidates(c: dict, N: int, K: int, epi: int, M: int, w: torch.Tensor)
     else:
         plan = P.launch_config(N, K, 1, epi, DTYPE, w.device, c["D"])
         if M > P.MAX_SPLIT_M:
-            if plan["SPLITS"] > 1:  # several splits: in the program side by side, or (no norm, long) on the grid
-                for bn, bm, stages, warps, group in GROUP_TILES:
-                    yield (f"n{bn} m{bm} st{stages} w{warps} g{group} k64",
-                           dict(with_plan(dict(BLOCK_N=bn, BLOCK_M=bm, num_stages=stages, IN_PROGRAM=True,
-                                               num_warps=warps, SPLIT_GROUP=group), plan),
-                                BLOCK_K=64, SUMSQ_K=plan["BLOCK_K"]))
-            grids = (True,) if plan["SPLITS"] == 1 else (False,) if plan["SPLIT_K"] >= 2048 else ()
+            grids = (True, False) if plan["SPLITS"] > 1 else (True,)  # o, down: no norm, so any K tile on the grid
             for in_program, (bn, bm, stages, bk) in itertools.product(grids, PREFILL_TILES):
                 if not (epi == P._ROPE and c["D"] % bn):
                     yield (f"{'' if in_program else 'split '}n{bn} m{bm} st{stages} k{bk}",

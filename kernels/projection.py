@@ -183,8 +183,7 @@ def _prefill_tiles(cfg: dict, N: int, M: int, epi: int, norm: int, head_dim: int
     bytes an output a split, is small beside a split's 2,048 or more multiply-adds an output). Each row's sum of squares comes from `_sumsq_kernel` in the plan's lanes
     (SUMSQ_K), so the K loop keeps none and its MMA's K tile is free: 64, in 4 stages (a chain of the same k16 MMAs
     as the plan's 128; tests/kernels/test_projection.py checks the rows' bits). sm_90 (bf16 / fp16), 8 warps: the
-    first tile of (weight rows x rows) 128 x 256, 128 x 128, 64 x 256, 64 x 128 (64 weight rows first where K is
-    under 1,024: the short loop favours more programs) that
+    first tile of (weight rows x rows) 128 x 256, 128 x 128, 64 x 256, 64 x 128 that
       * keeps a RoPE tile within a head (64 weight rows at head_dim 64);
       * takes 256 rows only with one accumulator (one split or the split-K grid: a looped split's chain from zero
         lives beside the running sum, a second input's sum beside the first's) and, at 128 weight rows, with x left
@@ -193,28 +192,24 @@ def _prefill_tiles(cfg: dict, N: int, M: int, epi: int, norm: int, head_dim: int
     else the tile of the most programs; 3 stages at 64 x 256. The sweep (`bench_invariant --parts sweep --sweep-ms
     2048`, H200, rows bit-identical) against the 128 x 128 tiles in the plan's K tile of 128, 3 stages: the 8B's qkv
     243.9 / 245.6 µs, o 143.0 / 144.0 (grid), gate_up 874 / 1036 (128 x 256), down 456 / 479 (grid); SmolLM2's
-    qkv 18.6 / 21.3 (64 x 256), o 8.1 / 8.8 (128 x 128 and 64 x 256 alike), gate_up 26.4 / 30.0 (64 x 256; 27.1 in
-    128 x 256), down 17.7 / 18.9 (four splits of 384: on the grid 28.4). MI300: 64 weight rows x 64 x rows (32 with two inputs: two accumulators) in 8 waves, 2
+    qkv 18.6 / 21.3 (64 x 256), o 8.1 / 8.8, gate_up 27.1 / 30.0 (128 x 256), down 17.7 / 18.9 (four splits of 384:
+    on the grid 28.4). MI300: 64 weight rows x 64 x rows (32 with two inputs: two accumulators) in 8 waves, 2
     stages, the plan's K tile. fp32: 64 x 64 rows, 4 warps."""
     if hip:
-        return dict(cfg, BLOCK_M=32 if two else 64, num_warps=_HIP_WARPS_64, num_stages=2, IN_PROGRAM=True,
-                    SPLIT_GROUP=1)
+        return dict(cfg, BLOCK_M=32 if two else 64, num_warps=_HIP_WARPS_64, num_stages=2, IN_PROGRAM=True)
     if dtype.itemsize == 4:
-        return dict(cfg, BLOCK_M=64, num_warps=4, num_stages=2, IN_PROGRAM=True, SPLIT_GROUP=1)
+        return dict(cfg, BLOCK_M=64, num_warps=4, num_stages=2, IN_PROGRAM=True)
     grid = cfg["SPLITS"] > 1 and not two and norm == 0 and cfg["SPLIT_K"] >= 2048
     one_acc = grid or (cfg["SPLITS"] == 1 and not two)
     splits = cfg["SPLITS"] if grid else 1
-    order = ((128, 256), (128, 128), (64, 256), (64, 128))
-    if cfg["SPLITS"] * cfg["SPLIT_K"] < 1024:  # a short K loop (SmolLM2's 576): 64 weight rows first
-        order = ((64, 256), (64, 128), (128, 256), (128, 128))
-    tiles = [(bn, bm) for bn, bm in order
+    tiles = [(bn, bm) for bn, bm in ((128, 256), (128, 128), (64, 256), (64, 128))
              if not (epi == _ROPE and head_dim % bn)
              and (bm == 128 or (one_acc and (bn == 64 or (norm < 2 and epi != _ROPE))))]
     programs = [triton.cdiv(N, bn) * triton.cdiv(M, bm) * splits for bn, bm in tiles]
     full = [t for t, n in zip(tiles, programs) if 2 * n >= sms]
     block_n, block_m = full[0] if full else tiles[programs.index(max(programs))]
     return dict(cfg, BLOCK_N=block_n, BLOCK_M=block_m, BLOCK_K=64, SUMSQ_K=cfg["BLOCK_K"], num_warps=8,
-                num_stages=3 if (block_n, block_m) == (64, 256) else 4, IN_PROGRAM=not grid, SPLIT_GROUP=1)
+                num_stages=3 if (block_n, block_m) == (64, 256) else 4, IN_PROGRAM=not grid)
 
 
 def _table(N: int, K: int, M: int, epi: int, dtype: torch.dtype, sms: int, hip: bool, head_dim: int = 64,
@@ -257,7 +252,7 @@ def _table(N: int, K: int, M: int, epi: int, dtype: torch.dtype, sms: int, hip: 
         # a grid within one wave: each program streams a long slab, and 5 stages of 20 KB keep more of it in flight
         # (8B qkv 16.0 µs, 4 stages 16.6; o 11.8 / 12.0); with more programs than SMs, 4 (8B gate_up 57.4 / 58.0)
         cfg = dict(cfg, num_stages=5)
-    return dict(cfg, BLOCK_M=block_m, IN_PROGRAM=False, SPLIT_GROUP=1)
+    return dict(cfg, BLOCK_M=block_m, IN_PROGRAM=False)
 
 
 def launch_config(N: int, K: int, M: int, epi: int, dtype: torch.dtype, device: torch.device,
@@ -272,34 +267,29 @@ def launch_config(N: int, K: int, M: int, epi: int, dtype: torch.dtype, device: 
 
 
 @triton.jit
-def _k_step(x_rows, g_ptr, w_rows, k0, k_hi, m_ok, row_ok, NORM: tl.constexpr, BLOCK_K: tl.constexpr):
-    """One K step's MMA operands, zeros past k_hi: w [BN, BK] and a [BK, BM] (x, or x * g rounded with NORM 2), and
-    x in fp32 [BK, BM] (for a sum of squares)."""
-    ks = k0 + tl.arange(0, BLOCK_K)  # [BK]
-    k_ok = ks < k_hi  # [BK]
-    w = tl.load(w_rows + ks[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)  # [BN, BK]
-    xt = tl.load(x_rows + ks[:, None], mask=k_ok[:, None] & m_ok[None, :], other=0.0)  # [BK, BM]
-    xf = xt.to(tl.float32)  # [BK, BM]
-    if NORM == 2:
-        g = tl.load(g_ptr + ks, mask=k_ok, other=0.0).to(tl.float32)  # [BK]
-        xt = (xf * g[:, None]).to(x_rows.dtype.element_ty)  # [BK, BM]
-    return w, xt, xf
-
-
-@triton.jit
 def _split_dot(x_ptr, stride_xm, g_ptr, w_rows, k_lo, k_hi, m, m_ok, row_ok, NORM: tl.constexpr, SUMSQ: tl.constexpr,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """One split: acc [BN, BM] = w[:, k_lo:k_hi] @ a[m, k_lo:k_hi]^T, one MMA chain from zero, k ascending; a = x
     (NORM 0, 1) or x * g rounded (NORM 2); with SUMSQ also x's sum of squares over the range [BM] (`fixed_sum0`;
     `_sumsq_kernel` repeats this arithmetic for the prefill path). w_rows [BN, 1]: the tile's weight rows at their
     first column of this input."""
+    dtype = x_ptr.dtype.element_ty
     x_rows = x_ptr + m[None, :].to(tl.int64) * stride_xm  # [1, BM]
+    kk = tl.arange(0, BLOCK_K)  # [BK]
     acc = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)
     sq = tl.zeros((BLOCK_K, BLOCK_M), tl.float32)  # lane k: the sum of x[m, k0 + k]^2 over the steps k0
     for k0 in range(k_lo, k_hi, BLOCK_K):
-        w, xt, xf = _k_step(x_rows, g_ptr, w_rows, k0, k_hi, m_ok, row_ok, NORM, BLOCK_K)  # [BN, BK], [BK, BM] x2
-        if SUMSQ:
-            sq += xf * xf
+        ks = k0 + kk  # [BK]
+        k_ok = ks < k_hi  # [BK]
+        w = tl.load(w_rows + ks[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)  # [BN, BK]
+        xt = tl.load(x_rows + ks[:, None], mask=k_ok[:, None] & m_ok[None, :], other=0.0)  # [BK, BM]
+        if SUMSQ or NORM == 2:
+            xf = xt.to(tl.float32)  # [BK, BM]
+            if SUMSQ:
+                sq += xf * xf
+            if NORM == 2:
+                g = tl.load(g_ptr + ks, mask=k_ok, other=0.0).to(tl.float32)  # [BK]
+                xt = (xf * g[:, None]).to(dtype)  # [BK, BM]
         # "ieee": fp32 inputs stay fp32 (FMA dots, no tf32); bf16/fp16 take the tensor cores either way
         acc = tl.dot(w, xt, acc, input_precision="ieee")  # [BN, BM]
     if SUMSQ:
@@ -308,47 +298,15 @@ def _split_dot(x_ptr, stride_xm, g_ptr, w_rows, k_lo, k_hi, m, m_ok, row_ok, NOR
 
 
 @triton.jit
-def _chain_step(x_rows, g_ptr, w_rows, k0, k_hi, m_ok, row_ok, acc, NORM: tl.constexpr, BLOCK_K: tl.constexpr):
-    """acc + w[:, k0 : k0 + BK] @ a[m, k0 : k0 + BK]^T (`_k_step`'s operands): one MMA of a split's chain [BN, BM]."""
-    w, xt, _ = _k_step(x_rows, g_ptr, w_rows, k0, k_hi, m_ok, row_ok, NORM, BLOCK_K)  # [BN, BK], [BK, BM]
-    return tl.dot(w, xt, acc, input_precision="ieee")  # [BN, BM]
-
-
-@triton.jit
-def _input_sum(x_ptr, stride_xm, g_ptr, w_rows, K, SPLIT_K, SPLITS: tl.constexpr, m, m_ok, row_ok,
-               NORM: tl.constexpr, SPLIT_GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-               BLOCK_K: tl.constexpr):
-    """Every split of one input in one program, added in split order from zero (the prefill path): [BN, BM].
-    SPLIT_GROUP (1-4) consecutive splits advance side by side in one K loop, each its own chain from zero in its own
-    accumulator: the same MMAs in the same order as a loop a split (the group's first split is its longest; a
-    shorter split's extra steps, and a split past the last, add zeros), so that a weight of short splits runs one
-    pipelined loop for several. No sum of squares: `_sumsq_kernel` computed it before."""
-    x_rows = x_ptr + m[None, :].to(tl.int64) * stride_xm  # [1, BM]
+def _input_sum(x_ptr, stride_xm, g_ptr, w_rows, K, SPLIT_K, s_lo, s_hi, m, m_ok, row_ok, NORM: tl.constexpr,
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Splits [s_lo, s_hi) of one input, in one program, added in split order from zero (the prefill path): [BN, BM].
+    No sum of squares: `_sumsq_kernel` computed it before."""
     tot = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)
-    for lo in range(0, SPLITS * SPLIT_K, SPLIT_GROUP * SPLIT_K):  # the group's first split
-        acc0 = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)
-        acc1 = acc0
-        acc2 = acc0
-        acc3 = acc0
-        for j in range(0, tl.minimum(SPLIT_K, K - lo), BLOCK_K):
-            acc0 = _chain_step(x_rows, g_ptr, w_rows, lo + j, tl.minimum(lo + SPLIT_K, K), m_ok, row_ok, acc0, NORM,
-                               BLOCK_K)  # [BN, BM]
-            if SPLIT_GROUP > 1:
-                acc1 = _chain_step(x_rows, g_ptr, w_rows, lo + SPLIT_K + j, tl.minimum(lo + 2 * SPLIT_K, K), m_ok,
-                                   row_ok, acc1, NORM, BLOCK_K)  # [BN, BM]
-            if SPLIT_GROUP > 2:
-                acc2 = _chain_step(x_rows, g_ptr, w_rows, lo + 2 * SPLIT_K + j, tl.minimum(lo + 3 * SPLIT_K, K),
-                                   m_ok, row_ok, acc2, NORM, BLOCK_K)  # [BN, BM]
-            if SPLIT_GROUP > 3:
-                acc3 = _chain_step(x_rows, g_ptr, w_rows, lo + 3 * SPLIT_K + j, tl.minimum(lo + 4 * SPLIT_K, K),
-                                   m_ok, row_ok, acc3, NORM, BLOCK_K)  # [BN, BM]
-        tot += acc0
-        if SPLIT_GROUP > 1:
-            tot += acc1
-        if SPLIT_GROUP > 2:
-            tot += acc2
-        if SPLIT_GROUP > 3:
-            tot += acc3
+    for s in range(s_lo, s_hi):
+        acc, _ = _split_dot(x_ptr, stride_xm, g_ptr, w_rows, s * SPLIT_K, tl.minimum(s * SPLIT_K + SPLIT_K, K), m,
+                            m_ok, row_ok, NORM, False, BLOCK_M, BLOCK_N, BLOCK_K)  # [BN, BM]
+        tot += acc
     return tot
 
 
@@ -414,7 +372,6 @@ def _proj_kernel(
     EPI: tl.constexpr, NORM: tl.constexpr, NORM2: tl.constexpr, TWO_INPUTS: tl.constexpr, HAS_BIAS: tl.constexpr,
     HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, PRECISE_TRIG: tl.constexpr,
     SPLITS: tl.constexpr, SPLIT_K, SPLITS2: tl.constexpr, SPLIT_K2, IN_PROGRAM: tl.constexpr,
-    SPLIT_GROUP: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     """Grid: split-K (IN_PROGRAM false) n_tiles * (SPLITS + SPLITS2) * m_tiles programs, m fastest; prefill
@@ -453,15 +410,15 @@ def _proj_kernel(
     # ---- the reduction: (tot, sq) of input 1 and (tot2, sq2) of input 2, each in split order from zero
     if IN_PROGRAM:
         # the sums of squares come from `_sumsq_kernel`: ws [M] of input 1, then [M] of input 2
-        tot = _input_sum(x_ptr, stride_xm, g_ptr, w_rows, K, SPLIT_K, SPLITS, m, m_ok, row_ok, NORM, SPLIT_GROUP,
-                         BLOCK_M, BLOCK_N, BLOCK_K)  # [BN, BM]
+        tot = _input_sum(x_ptr, stride_xm, g_ptr, w_rows, K, SPLIT_K, 0, SPLITS, m, m_ok, row_ok, NORM, BLOCK_M,
+                         BLOCK_N, BLOCK_K)  # [BN, BM]
         sq = tl.zeros((BLOCK_M,), tl.float32)
         if NORM >= 1:
             sq = tl.load(ws_ptr + m, mask=m_ok, other=0.0)  # [BM]
         tot2, sq2 = tot, sq
         if TWO_INPUTS:
-            tot2 = _input_sum(x2_ptr, stride_x2m, g2_ptr, w_rows + K, K2, SPLIT_K2, SPLITS2, m, m_ok, row_ok,
-                              NORM2, SPLIT_GROUP, BLOCK_M, BLOCK_N, BLOCK_K)  # [BN, BM]
+            tot2 = _input_sum(x2_ptr, stride_x2m, g2_ptr, w_rows + K, K2, SPLIT_K2, 0, SPLITS2, m, m_ok, row_ok,
+                              NORM2, BLOCK_M, BLOCK_N, BLOCK_K)  # [BN, BM]
             if NORM2 >= 1:
                 sq2 = tl.load(ws_ptr + M + m, mask=m_ok, other=0.0)  # [BM]
         _epilogue(tot, sq, tot2, sq2, out_ptr, b_ptr, res_ptr, pos_ptr, freq_ptr, slots_ptr, k_ptr, v_ptr, M, N, K,
@@ -671,7 +628,6 @@ def _launch(epi: int, x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, 
     block_m, block_n = cfg["BLOCK_M"], cfg["BLOCK_N"]
     in_program = cfg.pop("IN_PROGRAM", M > MAX_SPLIT_M)  # the table's; a hand-made cfg (tests, sweeps): by rows
     sumsq_k = cfg.pop("SUMSQ_K", cfg["BLOCK_K"])  # the plan's BLOCK_K: the pre-pass's lanes (the order)
-    cfg.setdefault("SPLIT_GROUP", 1)  # the prefill's splits side by side (`_input_sum`); the table's, else one
     m_tiles, n_tiles = triton.cdiv(M, block_m), triton.cdiv(N, block_n)
     n_splits = splits + splits2
     ws = cnt = out

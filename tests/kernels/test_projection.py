@@ -200,8 +200,8 @@ def test_sumsq_pre_pass_sums_as_the_split_k_path(splits):
 def test_prefill_rows_match_split_k_rows_with_norms(splits, monkeypatch):
     """A prefill row takes its sum of squares from the pre-pass, not from its K loop, and still has the split-K path's
     bits: norms folded (NORM 1) and applied (NORM 2), one input and two (mixed), in the test's 64-row prefill tiles, in
-    128 (RoPE: 64) x 256 ones (on the GPU also with the MMA's K tile half the plan's, and on the split-K grid), with
-    2 and 4 splits side by side, and in the table's own prefill tiles (MAX_SPLIT_M lowered to reach them here)."""
+    128 (RoPE: 64) x 256 ones (on the GPU also with the MMA's K tile half the plan's, and on the split-K grid), and in
+    the table's own prefill tiles (MAX_SPLIT_M lowered to reach them here)."""
     gen = torch.Generator().manual_seed(30 + splits)
     dt = torch.bfloat16 if CUDA else torch.float32
     H, Hq, Hkv, D, I = 192, 3, 1, 64, 160
@@ -236,9 +236,6 @@ def test_prefill_rows_match_split_k_rows_with_norms(splits, monkeypatch):
             assert torch.equal(t, full[name][:M]), (name, M)
     for name, t in every(big, wide).items():
         assert torch.equal(t, full[name]), (name, "256-row tiles")
-    for group in (2, 4):  # the program's splits side by side in one K loop: the same chains, added in the same order
-        for name, t in every(big, lambda n, k, rope=False: dict(cfg(n, k, big, splits), SPLIT_GROUP=group)).items():
-            assert torch.equal(t, full[name]), (name, f"{group} splits side by side")
     if CUDA:  # the interpreter's dot is one numpy matmul a tile: there a K tile's width rounds
         def narrow(n, k, rope=False):  # the MMA's K tile half the plan's; the pre-pass keeps the plan's lanes
             return dict(wide(n, k, rope), BLOCK_K=32, SUMSQ_K=64, num_stages=3)
@@ -291,17 +288,15 @@ def test_prefill_tiles():
             qkv = (Hq + 2 * Hkv) * D
             assert tiles(qkv, H, M, P._ROPE, D)[0] == D
             assert tiles(qkv, H, M, P._ROPE, D, two=True)[1] == 128
-            # x * g at 128 weight rows: 128-row x tiles (SmolLM2's K of 576 takes 64 x 256 first)
-            assert tiles(2 * I, H, M, P._SILU, norm=2) == ((64, 256) if H < 1024 else (128, 128))
+            assert tiles(2 * I, H, M, P._SILU, norm=2) == (128, 128)
     for M in (257, 2048):  # the 8B's o and down: 2 splits of 2,048 / 7,168 keys
         assert tiles(4096, 4096, M, P._ADD, norm=0, grid=True) == (128, 256)
         assert tiles(4096, 14336, M, P._ADD, norm=0, grid=True) == (128, 256)
     assert tiles(576, 1536, 2048, P._ADD, norm=0) == (128, 128)  # SmolLM2's down: 4 splits of 384, in the program
     assert tiles(576, 1536, 257, P._ADD, norm=0) == (64, 128)  # no tile reaches 66 programs: the most, 27
     assert tiles(2 * 14336, 4096, 2048, P._SILU) == (128, 256)
-    assert tiles(2 * 1536, 576, 2048, P._SILU) == (64, 256)  # K under 1,024: 64 weight rows first
-    assert tiles(576, 576, 2048, P._ADD, norm=0) == (64, 256)  # 9 x 8 = 72 programs
-    assert tiles(576, 576, 257, P._ADD, norm=0) == (64, 128)  # 9 x 3: the most programs
+    assert tiles(2 * 1536, 576, 2048, P._SILU) == (128, 256)  # 24 x 8 = 192 programs
+    assert tiles(576, 576, 2048, P._ADD, norm=0) == (128, 128)  # 5 x 8 = 40 programs of 128 x 256
     assert tiles(960, 576, 2048, P._ROPE, 64) == (64, 256)  # 15 x 8 = 120
     assert tiles(6144, 4096, 16384, P._ROPE, 128) == (128, 128)  # RoPE at 128 weight rows: 128-row x tiles
 
