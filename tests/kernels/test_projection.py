@@ -289,7 +289,7 @@ def test_prefill_tiles():
             assert tiles(qkv, H, M, P._ROPE, D)[0] == D
             assert tiles(qkv, H, M, P._ROPE, D, two=True)[1] == 128
             assert tiles(2 * I, H, M, P._SILU, norm=2) == (128, 128)
-    for M in (257, 2048):  # the 8B's o and down: 2 splits of 2,048 / 7,168 keys
+    for M in (257, 2048):  # the 8B's o and down: 2 splits of 2,048 / 7,168 columns
         assert tiles(4096, 4096, M, P._ADD, norm=0, grid=True) == (128, 256)
         assert tiles(4096, 14336, M, P._ADD, norm=0, grid=True) == (128, 256)
     assert tiles(576, 1536, 2048, P._ADD, norm=0) == (128, 128)  # SmolLM2's down: 4 splits of 384, in the program
