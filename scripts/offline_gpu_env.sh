@@ -14,7 +14,8 @@ fi
 # synthesis only (gpu_session.sh synth): datasketch (pure Python; it needs numpy and scipy, which the box may lack)
 if [[ -d ${WHEELS:-.whl} ]] && ! python3 -c "import datasketch" 2>/dev/null; then
   python3 -m pip install -q --no-index --find-links "${WHEELS:-.whl}" datasketch==2.0.0 ||
-    echo "[offline_gpu_env] no datasketch wheel (and its scipy) in ${WHEELS:-.whl}: the synth stage cannot run"
+    echo "[offline_gpu_env] no datasketch wheel (and its scipy) in ${WHEELS:-.whl}: the synth stage cannot run" \
+      "(where there is a network: pip download --no-deps datasketch==2.0.0 -d .whl)"
 fi
 gguf=$KEEP/SmolLM2-135M-Instruct.Q4_1.gguf
 if [[ ! -f $gguf ]] && ls "$KEEP"/*.part0 >/dev/null 2>&1 && ls .asset1/*.part1 >/dev/null 2>&1; then
