@@ -63,6 +63,14 @@ def _draft_args(cfg: dict) -> ModelArgs:
 # Layers
 
 
+def _linear(layer: nn.Linear, invariant: bool, x: torch.Tensor) -> torch.Tensor:
+    """layer(x): x [..., in] -> [..., out], in the invariant projection kernel when the head runs invariant
+    (`DraftHead.set_invariant`)."""
+    if not invariant:
+        return layer(x)
+    return proj.linear(x.reshape(-1, x.shape[-1]), layer.weight, layer.bias).view(*x.shape[:-1], -1)
+
+
 class DraftLayer(nn.Module):
     """A Llama decoder layer in EAGLE's three variants, chosen by which input norms it has:
 
@@ -181,11 +189,7 @@ class FcLayer(DraftLayer):
 
     def forward(self, embed_feature, positions, inv_freq, batch, kv) -> torch.Tensor:
         """embed_feature [B, T, 2H] = cat(embed, feature) -> [B, T, H]."""
-        if self.invariant:  # the fc in the projection kernel too (DraftHead.set_invariant)
-            B, T, _ = embed_feature.shape
-            x = proj.linear(embed_feature.reshape(B * T, -1), self.fc.weight, self.fc.bias).view(B, T, -1)
-        else:
-            x = self.fc(embed_feature)  # [B, T, H]
+        x = _linear(self.fc, self.invariant, embed_feature)  # [B, T, H]
         return super().forward(x, positions, inv_freq, batch, kv)
 
     def forward_dense(self, embed_feature, positions, inv_freq, mask, cache: DenseKV | None = None) -> torch.Tensor:
@@ -314,12 +318,6 @@ class DraftHead(nn.Module):
                 m.invariant = invariant
         return self
 
-    def _linear(self, layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
-        """layer(x): x [..., in] -> [..., out], in the invariant projection kernel when the head runs invariant."""
-        if not self.invariant:
-            return layer(x)
-        return proj.linear(x.reshape(-1, x.shape[-1]), layer.weight, layer.bias).view(*x.shape[:-1], -1)
-
     # ---- forward ------------------------------------------------------------------------------
     def forward(self, tokens: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch,
                 kv: KVCache, step: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -393,7 +391,7 @@ class Eagle1Head(DraftHead):
         self.layers = nn.ModuleList(DraftLayer(self.args, i, input_norm=i > 0) for i in range(self.args.n_layers))
 
     def _forward(self, tokens, hidden, positions, batch, kv, step):
-        x = self._linear(self.fc, torch.cat([self.embed(tokens), hidden], dim=-1))  # [B, T, H]
+        x = _linear(self.fc, self.invariant, torch.cat([self.embed(tokens), hidden], dim=-1))  # [B, T, H]
         for layer in self.layers:
             x = layer(x, positions, self._inv_freq, batch, kv)  # [B, T, H]
         return x, self.target_logits(x)
@@ -543,7 +541,7 @@ class Eagle3Head(DraftHead):
 
     def _forward(self, tokens, hidden, positions, batch, kv, step):
         if hidden.shape[-1] == self.fc.in_features:  # target features: project; own output: already H-wide
-            hidden = self._linear(self.fc, hidden)  # [B, T, H]
+            hidden = _linear(self.fc, self.invariant, hidden)  # [B, T, H]
         x = self.midlayer(hidden, positions, self._inv_freq, batch, kv, embeds=self.embed(tokens))  # [B, T, H]
         # x (pre-norm) is what the next draft step takes as hidden, as in EAGLE's topK_genrate and SGLang
         if self.invariant:  # the norm inside the LM head's projection
