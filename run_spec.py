@@ -3,14 +3,14 @@
 import hydra
 from omegaconf import DictConfig
 
-from eaglet.engine.entry import register_help, run_task
+from eaglet.runner.entry import register_help, run_task
 
 register_help()  # --help lists this script's groups and keys with conf/'s comments
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="run_spec")
 def main(cfg: DictConfig) -> dict:
-    from eaglet.engine.run import run
+    from eaglet.runner.run import run
 
     return run_task(run, cfg)  # config errors: one line each, exit 2; interrupted: 130 / 143
 

@@ -5,7 +5,7 @@ Multi-GPU: `torchrun --nproc-per-node N train_draft.py hydra.run.dir=DIR ...` (D
 import hydra
 from omegaconf import DictConfig
 
-from eaglet.engine.entry import register_help, run_task
+from eaglet.runner.entry import register_help, run_task
 
 register_help()  # --help lists this script's groups and keys with conf/'s comments
 

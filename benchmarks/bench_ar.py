@@ -29,15 +29,15 @@ def main():
     args = ap.parse_args()
 
     from eaglet.data.assets import asset_path
-    from eaglet.kernels._utils import copy_bandwidth
+    from eaglet.data.chat import encode_turns
     from eaglet.data.prompts import load_mt_bench
-    from eaglet.models.checkpoint import load_checkpoint, load_tokenizer
-    from eaglet.models.kv_cache import KVCache
-    from eaglet.models.kernel_paths import FUSED_LINEAR_MAX_ROWS, override_limits
-    from eaglet.models.llama import ModelArgs, Transformer
     from eaglet.engine.autoregressive import AREngine
     from eaglet.engine.requests import Request
-    from eaglet.engine.common import encode_turns
+    from eaglet.kernels._utils import copy_bandwidth
+    from eaglet.models.checkpoint import load_checkpoint, load_tokenizer
+    from eaglet.models.kernel_paths import FUSED_LINEAR_MAX_ROWS, override_limits
+    from eaglet.models.kv_cache import KVCache
+    from eaglet.models.llama import ModelArgs, Transformer
 
     dev, dtype = torch.device("cuda"), torch.bfloat16
     path = asset_path("smollm2_gguf")

@@ -1,6 +1,6 @@
 """EAGLE speculative decoding: draft a tree, verify it in one target pass, accept, commit, extend.
 
-One decode step for a batch of B requests (DESIGN §2), each phase a function of device tensors
+One decode step for a batch of B requests, each phase a function of device tensors
 only (no host sync), replayed as a CUDA graph on GPU:
 
   draft   S-1 draft-head steps from the last extend's top-k (EAGLE-2: keep the best K of K*K

@@ -1,4 +1,5 @@
-"""Device time per phase of a speculative step (DESIGN §7): draft, plan, verify, accept, extend.
+"""Device time per phase of a speculative step (draft, plan, verify, accept, extend), the breakdown the overlap
+report compares stream plans by (experiments/report.py, overlap.md).
 
 EagleEngine creates one PhaseTimer and its step records into it: an event at each phase boundary, on the stream
 the phase runs on (the plan on the plan stream, the rest on main). The events are read once, after the decode

@@ -15,10 +15,7 @@ Reads every metrics.json under the given folders and writes into --out what the 
   speedup_vs_batch.png      speedup over autoregressive decoding against batch size, per (draft, tree, data)
   accept_hist.png           accept-length histograms of the runs with real acceptance
 
-    python -m eaglet.experiments.report --readme README.md
-
-writes the README's results table (`readme_results`: the headline numbers, each from the committed files under
-results/ and with the command that reproduces it) between its RESULTS_BEGIN and RESULTS_END markers.
+README.md's results table is experiments/readme_table.py's.
 """
 
 from __future__ import annotations
@@ -264,7 +261,8 @@ def overlap_table(groups: dict[tuple, dict[str, dict]]) -> str:
             lines.append(f"| {target} | {tree} | {B} | {ran} | {m['repeats']} | {m['step_compare_ms']:.3f} "
                          f"| {lo:.3f}–{hi:.3f} "
                          f"| {m['draft_ms']:.3f} | {m['plan_ms']:.3f} | {m['plan_wait_ms']:.3f} | {m['verify_ms']:.3f} "
-                         f"| {m['accept_ms']:.3f} | {m['extend_ms']:.3f} | {100 * m['plan_hidden_fraction']:.0f}% | {sp} "
+                         f"| {m['accept_ms']:.3f} | {m['extend_ms']:.3f} | {100 * m['plan_hidden_fraction']:.0f}% "
+                         f"| {sp} "
                          f"| {noise} | {vs_floor} |")
     for target in dict.fromkeys(t for t, _, _ in sigma):
         sd = [100 * v for k, v in sigma.items() if k[0] == target]
@@ -318,7 +316,8 @@ def plot_accept_hist(runs: list[dict], path: Path) -> bool:
     for m in real:
         hist = m["accept_hist"]
         total = sum(hist) or 1
-        ax.plot(range(1, len(hist) + 1), [h / total for h in hist], marker="o", label=f"{m['run']} (tau {m['tau']:.2f})")
+        ax.plot(range(1, len(hist) + 1), [h / total for h in hist], marker="o",
+                label=f"{m['run']} (tau {m['tau']:.2f})")
     ax.set_xlabel("tokens emitted per verify step")
     ax.set_ylabel("fraction of steps")
     ax.legend(fontsize=6)
@@ -361,223 +360,12 @@ def build(roots: list[str | Path], out: str | Path) -> list[Path]:
     return written
 
 
-# The README's results table: one row per headline number, each read from the committed files under results/.
-REPO = Path(__file__).resolve().parents[1]
-RESULTS_BEGIN = "<!-- results table: python -m eaglet.experiments.report --readme README.md -->"
-RESULTS_END = "<!-- end of results table -->"
-
-
-def md_table(path: Path, heading: str | None = None) -> tuple[list[str], list[list[str]]]:
-    """The first markdown table in a file (after `heading`, if given): (its header cells, its body rows as lists of
-    cell strings)."""
-    lines = path.read_text().splitlines()
-    if heading is not None:
-        lines = lines[next(i for i, line in enumerate(lines) if line.startswith(heading)):]
-    start = next(i for i, line in enumerate(lines) if line.startswith("|"))
-
-    def cells(line: str) -> list[str]:
-        return [c.strip() for c in line.strip().strip("|").split("|")]
-
-    rows = []
-    for line in lines[start + 2:]:  # past the header and its |---| line
-        if not line.startswith("|"):
-            break
-        rows.append(cells(line))
-    return cells(lines[start]), rows
-
-
-def md_rows(path: Path, heading: str | None = None) -> list[list[str]]:
-    """The body rows of the first markdown table in a file (after `heading`, if given), as lists of cell strings."""
-    return md_table(path, heading)[1]
-
-
-def _metrics(path: Path) -> dict:
-    return json.loads(path.read_text())
-
-
-def ok(met: bool, yes: str, no: str) -> str:
-    """A target cell: `yes` where the numbers meet it, else `no`."""
-    return yes if met else no
-
-
-def readme_results(results: Path = REPO / "results") -> str:
-    """The README's results table (markdown): what was measured | result | target | the command that reproduces
-    it. Every number is computed here from a committed metrics file or benchmark table, so the table cannot drift
-    from the data (tests/experiments/test_readme_results.py regenerates it and compares)."""
-    rows = []
-
-    lossless = [_metrics(p) for p in sorted((results / "lossless_smollm2_h200" / "runs").glob("*/metrics.json"))]
-    same = [m for m in lossless if m["invariant"] and m["ar_identical_fraction"] == 1.0]
-    kinds = sorted({m["config"]["draft"]["name"] for m in same})
-    rows.append(("greedy bf16 speculative output equal to plain decoding (SmolLM2, MT-bench, invariant numerics)",
-                 f"{same[0]['num_prompts']} of {same[0]['num_prompts']} answers in {len(same)} of {len(lossless)} "
-                 f"runs ({', '.join(kinds)} heads × chain, EAGLE-2 × B=1, 8)",
-                 "all: met", "`bash scripts/gpu_session.sh lossless`"))
-
-    # the whole bench run, then the per-layer rows of a later run at 32 and 64 rows (rows64.md: two 32-row tiles at 64
-    # rows, which the table since refined by that run's sweep; its whole forwards ran beside an attention variant
-    # main does not have, so they are not read)
-    inv_dir = results / "invariant_h200"
-    # each table's rows override the older tables' (README there: which code each ran): decode rows 1 and 8 from
-    # bench_invariant.md, 32 / 64 from rows_128.md, 128 and 2,048 from prefill_k64_proj.md; the decode B=1 from
-    # leaf_tree_step.md (the tree attention's leaf tree), the verifies of 8 tokens and B=8 x 16 from
-    # prefill_k64_step.md (the 128-row x tiles)
-    layer, ratio = {}, {}
-    for md in ("bench_invariant.md", "rows64.md", "rows_128.md", "split256_proj.md", "prefill_k64_proj.md"):
-        head, body = md_table(inv_dir / md, "Per layer")
-        layer.update({(r[0], r[1]): r[head.index("inv folded / best")] for r in body})
-    for md in ("bench_invariant.md", "rows_128.md", "split256_step.md", "row_tiles_step.md", "leaf_tree_step.md",
-               "prefill_k64_step.md"):
-        head, body = md_table(inv_dir / md, "## Whole forward")
-        col = {h: i for i, h in enumerate(head)}
-        fast = [col["non-invariant ms"], col["folded non-invariant ms"]]
-        ratio.update({(r[0], r[1]): float(r[col["invariant folded ms"]]) / min(float(r[i]) for i in fast)
-                      for r in body})
-    models = (("SmolLM2-135M", "SmolLM2"), ("Llama-3.1-8B", "Llama-3.1-8B"))
-    ms = ("1", "8", "64", "128")
-    worst = [(M, m) for M in ms for m, _ in models if float(layer[m, M]) > 1.05]
-    rows.append(("cost of invariant numerics: a layer's four projections at the defaults (norms folded), invariant / "
-                 "fastest, M = 1 / 8 / 64 / 128 rows",
-                 "; ".join(f"{short} " + " / ".join(f"{float(layer[m, M]):.3f}×" for M in ms) for m, short in models),
-                 ok(not worst, "≤ 1.05×: met", "≤ 1.05×: **not met** at "
-                    + ", ".join(f"{M} rows ({m})" for M, m in worst)),
-                 "`python -m benchmarks.bench_invariant --parts proj`"))
-    pre = {m: float(layer[m, "2048"]) for m, _ in models}
-    rows.append(("cost of invariant numerics: a 2,048-row prefill's layer (the four projections, norms folded), "
-                 "invariant / fastest",
-                 "; ".join(f"{short} {pre[m]:.3f}×" for m, short in models),
-                 ok(max(pre.values()) <= 1.3, "≤ 1.3×: met", "≤ 1.3×: **not met** ("
-                    + ", ".join(short for m, short in models if pre[m] > 1.3) + ")"),
-                 "`python -m benchmarks.bench_invariant --parts proj --ms 2048`"))
-    cases = ("B=1 T=1", "B=1 T=8", "B=1 T=64", "B=8 T=8", "B=8 T=16")
-    rows.append(("cost of invariant numerics: a forward at the defaults, invariant / fastest (decode B=1; verify B=1 "
-                 "× 8 and 64 tokens, B=8 × 8 and 16)",
-                 "; ".join(f"{short} " + ", ".join(f"{ratio[m, c]:.2f}×" for c in cases) for m, short in models),
-                 ok(max(ratio[m, c] for m, _ in models for c in cases) <= 1.05,
-                    "≤ 1.05×: met", "≤ 1.05×: **not met** (verify)"),
-                 "`python -m benchmarks.bench_invariant --parts step --step-cases 1x1,1x8,1x64,8x8,8x16`"))
-
-    e2e = {p.parent.name: _metrics(p) for p in (results / "invariant_h200" / "e2e_runs").glob("*/metrics.json")}
-    # the e2e stage on the leaf-tree attention: the shipped head's MT-bench first turns at the defaults (each with its
-    # invariant AR pass), random Llama-3.1-8B's plain decoding and simulated EAGLE-3
-    leaf = {p.parent.name: _metrics(p)
-            for p in (results / "invariant_h200" / "e2e_leaf_tree_runs").glob("*/metrics.json")}
-    ev = results / "eagle3_smollm2_seed1_h200" / "eval" / "datasets"  # the shipped (stage-6) head's other data sets
-    first = [leaf[f"smol_b{b}"] for b in (1, 8)]
-    rows.append(("lossless EAGLE-3 with the defaults (invariant, tree 5/4/8), SmolLM2 + the shipped head, MT-bench "
-                 "first turns, B=1 / 8: decode tokens/s, × its AR pass, answers identical to it",
-                 " / ".join(f"{m['decode_tokens_per_s']:,.0f}" for m in first) + "; "
-                 + " / ".join(f"{m['speedup_vs_ar']:.2f}×" for m in first) + "; "
-                 + " / ".join(f"{m['ar_identical_fraction']:.0%}" for m in first),
-                 ok(first[0]["decode_tokens_per_s"] >= 1600 and min(m["speedup_vs_ar"] for m in first) > 1
-                    and min(m["ar_identical_fraction"] for m in first) == 1,
-                    "≥ 1,600 at B=1, faster than AR, identical: met",
-                    "≥ 1,600 at B=1, faster than AR, identical: **not met**"),
-                 "`python run_spec.py data.max_turns=1` (B=8: `gen.batch_size=8`)"))
-    l8b = leaf["l8b_ar"]
-    floor_ms, tok_s = l8b["weight_read_floor_ms"], l8b["decode_tokens_per_s"]
-    rows.append(("plain decoding, random Llama-3.1-8B, B=1, 1k prefix, invariant numerics",
-                 f"{tok_s:.0f} tokens/s ({1e3 / tok_s / floor_ms:.2f}× the weight-read floor of {floor_ms:.2f} ms)",
-                 ok(tok_s >= 235, "≥ 235: met", "≥ 235: **not met**"),
-                 "`python run_spec.py target=random_llama3_8b draft=none data=synthetic data.limit=1 "
-                 "data.prompt_len=1024`"))
-
-    sim = leaf["l8b_eagle3_sim_invariant"]
-    # the draft's floor: 7 chain steps, each reading the random EAGLE-3 head's 0.75 GB (BENCHMARKS.md)
-    floors = sim["weight_read_floor_ms"] + 1.24
-    rows.append(("EAGLE-3 `tree=simulate` (tau 4), random Llama-3.1-8B, B=1, invariant numerics: the step against "
-                 "the target's and the draft head's weight-read floors",
-                 f"{sim['step_median_ms'] / floors:.2f}× ({sim['step_median_ms']:.2f} ms on "
-                 f"{sim['weight_read_floor_ms']:.2f} + 1.24; draft {sim['draft_ms']:.2f}, verify {sim['verify_ms']:.2f})",
-                 ok(sim["step_median_ms"] <= 1.25 * floors, "≤ 1.25×: met", "≤ 1.25×: **not met**"),
-                 "`python run_spec.py +experiment=ablate_overlap hydra.mode=RUN gen.batch_size=1 stream=serial "
-                 "tree=simulate invariant=true`"))
-
-    inv = [m["ar_decode_tokens_per_s"] for m in first]  # the AR passes of the shipped head's runs
-    plain = [e2e[f"smol_ar_b{b}"]["decode_tokens_per_s"] for b in (1, 8)]  # invariant=false, both turns
-    rows.append(("plain decoding, SmolLM2, MT-bench, B=1 / 8: invariant numerics, first turns (fastest kernels, "
-                 "both turns)",
-                 f"{inv[0]:,.0f} / {inv[1]:,.0f} tokens/s ({plain[0]:,.0f} / {plain[1]:,.0f})", "",
-                 "`python run_spec.py draft=none data.max_turns=1` (`python run_spec.py draft=none invariant=false`)"))
-
-    ar = {(r[0], r[1]): r for r in md_rows(results / "ar_h200.md")}
-    rows.append(("AR decoding, SmolLM2, B=1, fastest kernels (Hugging Face `generate`)",
-                 f"{int(ar[('eaglet AR (CUDA graph, fused linear)', '1')][2]):,} tokens/s "
-                 f"({int(ar[('HF generate (eager, bf16)', '1')][2]):,})",
-                 "≥ 1,000: met", "`python -m benchmarks.bench_ar --batch 1 8`"))
-
-    rows.append(("shipped EAGLE-3 head, MT-bench, B=1 / 8, the defaults: tau; speedup over plain decoding",
-                 f"{first[0]['tau']:.2f} / {first[1]['tau']:.2f}; "
-                 f"{first[0]['speedup_vs_ar']:.2f}× / {first[1]['speedup_vs_ar']:.2f}×",
-                 ok(first[0]["tau"] >= 3.5 and first[0]["speedup_vs_ar"] >= 2.5, "tau ≥ 3.5, 2.5× at B=1: met",
-                    "tau ≥ 3.5, 2.5× at B=1: **not met**"),
-                 "`python run_spec.py data.max_turns=1` (B=8: `gen.batch_size=8`)"))
-    taus = [_metrics(ev / d / "metrics.json")["tau"] for d in ("humaneval_b8", "sharegpt_b8")]
-    rows.append(("shipped head, B=8: tau on HumanEval / held-out ShareGPT", f"{taus[0]:.2f} / {taus[1]:.2f}",
-                 "", "`python run_spec.py +experiment=datasets`"))
-
-    v8b = _metrics(results / "verify_8b_h200" / "s14_final_run1.json")
-    floor = v8b["weight_read_floor_ms"]
-    rows.append(("random Llama-3.1-8B, B=1, simulated tau 4: verify, step / weight-read floor",
-                 f"{v8b['verify_ms'] / floor:.2f}×, {v8b['step_median_ms'] / floor:.2f}× "
-                 f"({v8b['verify_ms']:.2f}, {v8b['step_median_ms']:.2f} ms on {floor:.2f})",
-                 "1.3×: met; 1.5×: **not met**",
-                 "`python run_spec.py +experiment=ablate_overlap hydra.mode=RUN gen.batch_size=1 stream=serial "
-                 "tree=simulate fold_norms=true`"))
-
-    groups = overlap_groups(load_runs([results / "ablate_overlap_h200" / "runs"]))
-    hidden = sorted(round(100 * g["overlap_split"]["plan_hidden_fraction"])
-                    for (target, _, B), g in groups.items() if target == "random_llama3_8b" and B == 32)
-    rows.append(("`overlap_split`: plan time hidden, random Llama-3.1-8B, B=32", f"{hidden[0]}–{hidden[-1]}%",
-                 "≥ 80%: met", "`python run_spec.py +experiment=ablate_overlap`"))
-    sigma = run_noise(groups)
-    calls = [versus_serial(m, g["serial"], sigma.get(key)) for key, g in groups.items()
-             for plan, m in g.items() if plan != "serial"]
-    rows.append(("overlap plans slower than `serial` beyond noise (3 repeats, 3 standard errors)",
-                 f"{calls.count('slower')} of {len(calls)} points ({calls.count('faster')} faster)", "none: met",
-                 "`python run_spec.py +experiment=ablate_overlap` and `+experiment=ablate_overlap_smollm2`"))
-
-    rate = {}
-    for probe in ("probe_1gpu", "probe_ddp"):  # the mean of the 10-step windows after the first
-        with (results / "ddp_scaling_h200" / probe / "train_log.jsonl").open() as f:
-            windows = [json.loads(line)["train/tokens_per_s"] for line in f][1:]
-        rate[probe] = sum(windows) / len(windows)
-    rows.append(("draft-head training, DDP on two H200s against one",
-                 f"{rate['probe_ddp'] / rate['probe_1gpu']:.2f}× ({rate['probe_1gpu'] / 1e3:.1f} k → "
-                 f"{rate['probe_ddp'] / 1e3:.1f} k tokens/s)", "≥ 1.7×: met", "`bash scripts/gpu_session.sh scaling`"))
-
-    lines = ["| measured (H200) | result | target | reproduce |", "|---|---|---|---|"]
-    lines += [f"| {' | '.join(r)} |" for r in rows]
-    return "\n".join(lines) + "\n"
-
-
-def write_readme_results(readme: str | Path, results: Path = REPO / "results") -> Path:
-    """Replace what lies between the README's results markers with `readme_results`."""
-    readme = Path(readme)
-    text = readme.read_text()
-    if RESULTS_BEGIN not in text or RESULTS_END not in text:
-        raise ValueError(f"{readme}: no results markers ({RESULTS_BEGIN!r} ... {RESULTS_END!r})")
-    head, rest = text.split(RESULTS_BEGIN, 1)
-    tail = rest.split(RESULTS_END, 1)[1]
-    readme.write_text(f"{head}{RESULTS_BEGIN}\n{readme_results(results)}{RESULTS_END}{tail}")
-    log(f"wrote the results table into {readme}")
-    return readme
-
-
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("roots", nargs="*", help="folders holding run directories with metrics.json")
-    ap.add_argument("--out", help="folder for the tables and plots")
-    ap.add_argument("--readme", help="a README with the results markers: write the results table into it")
+    ap.add_argument("roots", nargs="+", help="folders holding run directories with metrics.json")
+    ap.add_argument("--out", required=True, help="folder for the tables and plots")
     args = ap.parse_args(argv)
-    if args.readme:
-        write_readme_results(args.readme)
-    if args.roots or args.out:
-        if not (args.roots and args.out):
-            ap.error("tables and plots need both run folders and --out")
-        build(args.roots, args.out)
-    elif not args.readme:
-        ap.error("give run folders and --out, or --readme")
+    build(args.roots, args.out)
 
 
 if __name__ == "__main__":

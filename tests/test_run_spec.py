@@ -51,7 +51,7 @@ def test_run_spec_interface(tmp_path):
 def test_wandb_offline_run_and_jsonl_prompts(tmp_path):
     from hydra import compose, initialize_config_dir
 
-    from eaglet.engine.run import run
+    from eaglet.runner.run import run
 
     prompts = tmp_path / "p.jsonl"
     prompts.write_text(json.dumps({"id": "fr", "prompt": "What is the capital of France?"}) + "\n")
@@ -92,11 +92,11 @@ def test_tokenizer_chat_template(tokenizer):
 def test_divergence_margin_points_at_the_first_difference():
     import torch
 
-    from eaglet.models.kv_cache import KVCache
-    from eaglet.models.llama import ModelArgs, Transformer
     from eaglet.engine.autoregressive import AREngine
     from eaglet.engine.requests import Request
-    from eaglet.engine.run import divergence_margin
+    from eaglet.models.kv_cache import KVCache
+    from eaglet.models.llama import ModelArgs, Transformer
+    from eaglet.runner.run import divergence_margin
 
     torch.manual_seed(0)
     model = Transformer(ModelArgs.from_name("tiny_llama")).eval()
@@ -114,8 +114,8 @@ def test_bad_run_configs_are_named(tmp_path):
 
     from eaglet.models.head_checkpoint import new_draft_head, save_draft_head
     from eaglet.models.llama import ModelArgs, Transformer
-    from eaglet.engine.common import resolve_hardware
-    from eaglet.engine.run import build_head
+    from eaglet.runner.common import resolve_hardware
+    from eaglet.runner.run import build_head
 
     target = Transformer(ModelArgs.from_name("tiny_llama")).eval()
     tiny = OmegaConf.create({"name": "tiny_llama"})  # a target config that ships no head
@@ -138,8 +138,8 @@ def test_skip_too_long_keeps_prompts_that_fit(caplog):
     no room for the answer are skipped, and the run says how many (a line of its log)."""
     from eaglet.data.prompts import Prompt
     from eaglet.models.checkpoint import load_tokenizer
-    from eaglet.engine.common import target_path
-    from eaglet.engine.run import fitting_prompts
+    from eaglet.runner.common import target_path
+    from eaglet.runner.run import fitting_prompts
     from omegaconf import OmegaConf
 
     tok = load_tokenizer(target_path(OmegaConf.load(REPO / "conf" / "target" / "smollm2_135m.yaml")))

@@ -25,8 +25,8 @@ from pathlib import Path
 
 import torch
 
-from eaglet.engine.checks import ConfigError
 from eaglet.models.head_checkpoint import load_draft_head, save_draft_head
+from eaglet.runner.checks import ConfigError
 
 log = logging.getLogger("eaglet")
 _CKPT = re.compile(r"step_(\d+)")

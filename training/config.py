@@ -1,4 +1,4 @@
-"""train_draft.py's config checked before anything loads: engine/config.py's layers (values, inputs, device)
+"""train_draft.py's config checked before anything loads: runner/config.py's layers (values, inputs, device)
 for conf/train_draft.yaml's groups and keys. A bad value is one line, `key=value: what is allowed`."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from eaglet.engine.checks import Checks
-from eaglet.engine.config import (DTYPE_NAMES, HEAD_KINDS, check_hardware, check_logger, check_memory, check_target,
+from eaglet.runner.checks import Checks
+from eaglet.runner.config import (DTYPE_NAMES, HEAD_KINDS, check_hardware, check_logger, check_memory, check_target,
                                 check_tree, kv_pool_bytes, parameter_count, resolve_hardware, target_args, target_key)
 
 

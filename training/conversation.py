@@ -8,7 +8,7 @@ import collections
 import hashlib
 from dataclasses import dataclass
 
-from eaglet.engine.common import encode_turns
+from eaglet.data.chat import encode_turns
 from eaglet.training.data import AnswerGenerator
 from eaglet.training.dedup import PromptIndex, is_eval
 from eaglet.training.filters import FilterConfig, reject_reason

@@ -35,13 +35,13 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from eaglet.data.assets import asset_path
+from eaglet.data.chat import encode_turns
 from eaglet.data.prompts import Conversation, load_sharegpt_conversations, sharegpt_split
-from eaglet.models.kv_cache import KVCache
-from eaglet.models.llama import Transformer
 from eaglet.engine.autoregressive import AREngine
 from eaglet.engine.requests import Request
-from eaglet.engine.common import encode_turns
 from eaglet.engine.sampling import SamplingParams
+from eaglet.models.kv_cache import KVCache
+from eaglet.models.llama import Transformer
 from eaglet.training.filters import LoopStop
 
 

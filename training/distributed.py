@@ -69,7 +69,7 @@ class Dist:
 def join(hardware, output_dir) -> tuple[Dist, torch.device, torch.dtype, Path]:
     """Join the job on the device `hardware` (conf/hardware) resolves to, one GPU per local rank ->
     (Dist, device, dtype, the run directory every process writes to)."""
-    from eaglet.engine.common import resolve_hardware
+    from eaglet.runner.common import resolve_hardware
 
     dd = Dist()
     device, dtype = resolve_hardware(hardware)

@@ -27,8 +27,8 @@ def copy_head(head: DraftHead, dtype) -> DraftHead:
 def eval_prompt_ids(ec: DictConfig, dc: DictConfig, tokenizer, vocab_size: int, seed: int) -> list[list[int]]:
     """Prompt token ids for the tau evaluation: held-out ShareGPT (never trained on), another benchmark, or
     (synthetic data) fresh random prompts."""
+    from eaglet.data.chat import encode_turns
     from eaglet.data.prompts import load_prompts
-    from eaglet.engine.common import encode_turns
 
     if ec.num_prompts <= 0:
         return []
@@ -54,8 +54,8 @@ def evaluate_tau(target: Transformer, head: DraftHead, tree_cfg, prompts: list[l
     answer depends on the head's accept pattern (the verify's shapes), so two evaluations one optimiser step apart
     could score different texts (an H200 run logged eval/acc_0 0.482 and 0.464 at steps 1,526 and 1,527; how much
     of that was the texts was not measured)."""
-    from eaglet.engine.requests import Request
     from eaglet.engine.eagle import EagleEngine, TreeSpec
+    from eaglet.engine.requests import Request
 
     tree = TreeSpec(tree_cfg.steps, tree_cfg.topk, tree_cfg.num_draft_tokens)
     ctx = min(max(len(p) for p in prompts) + max_new_tokens + 1, target.args.max_seq_len)

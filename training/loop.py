@@ -45,12 +45,12 @@ from torch import nn
 from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from eaglet.engine.entry import console_logging, rerun_hint
-from eaglet.engine.signals import Interrupts
-from eaglet.engine.tracking import Tracker, environment
 from eaglet.models.eagle import KINDS, DraftHead
 from eaglet.models.head_checkpoint import load_draft_head, new_draft_head, save_draft_head
 from eaglet.models.llama import Transformer
+from eaglet.runner.entry import console_logging, rerun_hint
+from eaglet.runner.signals import Interrupts
+from eaglet.runner.tracking import Tracker, environment
 from eaglet.training.checkpoints import (check_batch_settings, clear_run_dir, load_checkpoint, optimizer_state,
                                          pick_checkpoint, restore_training_state, rng_state, save_checkpoint,
                                          truncate_log)
@@ -125,7 +125,7 @@ def make_optimizer(head: nn.Module, oc: DictConfig, total_steps: int):
 
 def load_target(tc: DictConfig, dtype, device, seed: int):
     """(target, tokenizer or None, cache key) from a conf/target/*.yaml block."""
-    from eaglet.engine.common import random_target, target_path
+    from eaglet.runner.common import random_target, target_path
 
     if tc.get("random"):
         torch.manual_seed(seed)  # every process builds the same random weights
@@ -340,7 +340,7 @@ def _set_up(cfg: DictConfig, output_dir, target: Transformer | None, tokenizer) 
 def _loop(run: _Run, interrupts: Interrupts) -> tuple[str | None, int]:
     """Optimiser steps until train.steps (or stop_at_step, time_limit_s, a signal) -> (the name of the signal
     that stopped the run or None, its number or 0); every process stops at the same step."""
-    from eaglet.engine.common import trace_steps
+    from eaglet.runner.common import trace_steps
 
     tc, ec, dd = run.cfg.train, run.cfg.eval, run.dd
     autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if run.device.type == "cuda" and tc.bf16

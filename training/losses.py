@@ -29,7 +29,7 @@ from omegaconf import DictConfig
 from torch import nn
 
 from eaglet.models.eagle import DraftHead
-from eaglet.training.ttt_attention import DenseKV, TTTPattern
+from eaglet.models.ttt_attention import DenseKV, TTTPattern
 
 # Per-step statistics, summed over rows (and later over micro-batches and processes); *_fresh: over the rows whose
 # predicted token is not inside a verbatim repeat (`repeated_ngrams`)

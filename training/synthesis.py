@@ -340,7 +340,7 @@ def synthesize(cfg: DictConfig, target=None, tokenizer=None, log=print) -> dict:
     """Make (or finish) the data `cfg` (conf/synthesize.yaml) describes; -> index.json's contents. `target` /
     `tokenizer` replace cfg.target (tests pass tiny ones)."""
     from eaglet.data.assets import asset_path
-    from eaglet.engine.common import resolve_hardware
+    from eaglet.runner.common import resolve_hardware
 
     check_config(cfg)
     t_start = time.perf_counter()

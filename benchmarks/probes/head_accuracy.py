@@ -28,10 +28,10 @@ from pathlib import Path
 import torch
 
 from eaglet.data.assets import asset_path
+from eaglet.data.chat import encode_turns
 from eaglet.models.checkpoint import load_tokenizer
 from eaglet.models.head_checkpoint import load_draft_head
 from eaglet.models.llama import Transformer
-from eaglet.engine.common import encode_turns
 from eaglet.training.chain_replay import chain_rates, replay_chain, step_hits
 from eaglet.training.features import OnlineFeatures
 

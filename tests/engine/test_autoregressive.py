@@ -77,7 +77,7 @@ def test_seeded_sampling_is_reproducible(tiny):
 
 @pytest.mark.slow
 def test_smollm2_knows_the_capital_of_france(smollm2, tokenizer):
-    from eaglet.engine.common import encode_turns
+    from eaglet.data.chat import encode_turns
 
     ids = encode_turns(tokenizer, [{"role": "user", "content": "What is the capital of France?"}], True)
     eos = (tokenizer.eos_token_id,)

@@ -84,7 +84,7 @@ def test_greedy_is_lossless_gpu_cuda_graphs(target, tree, dtype, kind, folded):
     head = oracle_like(kind, gpu, num_layers=TREES[tree].steps if kind == "multi_layer" else None)
     if folded:
         head.fold_norm_weights()
-    head.set_invariant(gpu.invariant)  # the target's kernels, as engine/run.py sets them
+    head.set_invariant(gpu.invariant)  # the target's kernels, as runner/run.py sets them
     want = ar_outputs(gpu, PROMPTS, 40)
     eng = EagleEngine(gpu, head, TREES[tree], max_batch=2, max_context=256, page_size=8, use_cuda_graph=True)
     reqs = [Request(p, 40, rid=i) for i, p in enumerate(PROMPTS)]

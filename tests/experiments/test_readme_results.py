@@ -1,12 +1,12 @@
-"""README.md's results table is what experiments/report.py computes from the committed files under results/, so a
-rerun that changes a metric fails here until the table is regenerated (`python -m eaglet.experiments.report
---readme README.md`). The prose around it is not checked."""
+"""README.md's results table is what experiments/readme_table.py computes from the committed files under results/,
+so a rerun that changes a metric fails here until the table is regenerated (`python -m
+eaglet.experiments.readme_table --readme README.md`). The prose around it is not checked."""
 
 from __future__ import annotations
 
 import pytest
 
-from eaglet.experiments.report import REPO, RESULTS_BEGIN, RESULTS_END, readme_results, write_readme_results
+from eaglet.experiments.readme_table import REPO, RESULTS_BEGIN, RESULTS_END, readme_results, write_readme_results
 
 README = REPO / "README.md"
 
@@ -18,7 +18,7 @@ def readme_table(text: str) -> str:
 def test_the_readme_results_table_is_the_one_the_committed_results_give():
     assert readme_table(README.read_text()) == readme_results(), (
         "README.md's results table differs from the committed results: "
-        "run python -m eaglet.experiments.report --readme README.md")
+        "run python -m eaglet.experiments.readme_table --readme README.md")
 
 
 def test_every_results_row_says_how_to_reproduce_it():

@@ -9,8 +9,8 @@ import torch
 
 from eaglet.models.head_checkpoint import new_draft_head
 from eaglet.models.kv_cache import ForwardBatch, slots_for
+from eaglet.models.ttt_attention import DenseKV
 from eaglet.training.losses import unroll
-from eaglet.training.ttt_attention import DenseKV
 
 V = 256
 
@@ -137,8 +137,8 @@ def test_dense_rejects_bad_mask(target):
 def test_ttt_pattern_equals_its_dense_mask_with_gradients(target, T):
     """Training runs TTTPattern (T^2 + k*T scores per step); SDPA over `ttt_attention_mask` ((k+1)*T^2) is its
     reference: same outputs and same gradients over 4 unrolled steps."""
+    from eaglet.models.ttt_attention import TTTPattern
     from eaglet.training.losses import ttt_attention_mask
-    from eaglet.training.ttt_attention import TTTPattern
 
     head = make_head("eagle3", target)
     g = torch.Generator().manual_seed(3)
@@ -162,7 +162,7 @@ def test_ttt_pattern_equals_its_dense_mask_with_gradients(target, T):
 
 
 def test_ttt_pattern_needs_the_earlier_steps(target):
-    from eaglet.training.ttt_attention import TTTPattern
+    from eaglet.models.ttt_attention import TTTPattern
 
     head = make_head("eagle3", target)
     tokens, feats = torch.zeros(1, 4, dtype=torch.long), torch.zeros(1, 4, head.feature_size)

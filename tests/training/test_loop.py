@@ -233,7 +233,7 @@ def test_train_draft_cli_three_steps(tmp_path):
 
 
 def _tiny_llama():
-    from eaglet.engine.common import random_target
+    from eaglet.runner.common import random_target
 
     torch.manual_seed(0)  # train() seeds the random target with cfg.seed
     return random_target("tiny_llama", torch.float32, "cpu")
@@ -380,7 +380,7 @@ def test_a_damaged_newest_checkpoint_falls_back_to_the_one_before(target, tmp_pa
 
 def test_a_damaged_checkpoint_named_by_train_resume_is_refused_naming_the_file(target, tmp_path, small_cfg):
     """Also a checkpoint without a manifest: its truncated training state is named, not `OSError: [Errno 22]`."""
-    from eaglet.engine.checks import ConfigError
+    from eaglet.runner.checks import ConfigError
 
     train(small_cfg("eagle1", "train.steps=2"), tmp_path / "run", target=target)
     ck = tmp_path / "run" / "checkpoints" / "step_00000002"

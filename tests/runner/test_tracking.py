@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-from eaglet.engine import tracking
+from eaglet.runner import tracking
 
 
 def _git(repo, *args):

@@ -1,6 +1,6 @@
 """`run(cfg, output_dir) -> metrics`: what `run_spec.py` does, as a plain function (tests call it too).
 
-The config is checked before anything loads (engine/config.py), and the results of an earlier run in a reused run
+The config is checked before anything loads (runner/config.py), and the results of an earlier run in a reused run
 directory are removed. Then, in the run directory: `outputs.jsonl` gets one line per answer as it finishes
 (flushed), and `metrics.json` is written at the end. SIGINT or SIGTERM stops decoding at once; the answers
 finished so far stay, and metrics.json holds the numbers of what ran, with `finished: false`.
@@ -18,20 +18,21 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
+from eaglet.data.chat import encode_turns
+from eaglet.engine.autoregressive import AREngine, GenStats
+from eaglet.engine.eagle import EagleEngine, SimulatedAcceptance, StepStats, TreeSpec
+from eaglet.engine.requests import Request
+from eaglet.engine.sampling import SamplingParams
+from eaglet.engine.stream_plan import StreamPlan, resolve_plan
 from eaglet.kernels._utils import copy_bandwidth
 from eaglet.models.kv_cache import KVCache
 from eaglet.models.llama import Transformer
-from eaglet.engine.autoregressive import AREngine, GenStats
-from eaglet.engine.checks import ConfigError
-from eaglet.engine.common import encode_turns, random_target, resolve_hardware, target_path, trace_steps
-from eaglet.engine.config import head_dir, no_head, validate_run_spec
-from eaglet.engine.eagle import EagleEngine, SimulatedAcceptance, StepStats, TreeSpec
-from eaglet.engine.entry import console_logging
-from eaglet.engine.requests import Request
-from eaglet.engine.sampling import SamplingParams
-from eaglet.engine.signals import Interrupted, Interrupts
-from eaglet.engine.stream_plan import StreamPlan, resolve_plan
-from eaglet.engine.tracking import Tracker, environment
+from eaglet.runner.checks import ConfigError
+from eaglet.runner.common import random_target, resolve_hardware, target_path, trace_steps
+from eaglet.runner.config import head_dir, no_head, validate_run_spec
+from eaglet.runner.entry import console_logging
+from eaglet.runner.signals import Interrupted, Interrupts
+from eaglet.runner.tracking import Tracker, environment
 
 log = logging.getLogger("eaglet")
 RESULTS = ("metrics.json", "outputs.jsonl", "trace.json")  # what a run writes in its directory (W&B runs aside)
@@ -179,8 +180,9 @@ def _run(cfg: DictConfig, out_dir: Path, interrupts: Interrupts) -> dict:
                              stream_plan=StreamPlan(plan, device, cfg.stream.stress_sleep_cycles))
     if cfg.data.name == "synthetic":
         g = torch.Generator().manual_seed(cfg.seed)
-        prompts = [Prompt(f"synthetic-{i}", [""], {"token_ids": torch.randint(0, model.args.vocab_size,
-                                                                                (cfg.data.prompt_len,), generator=g).tolist()})
+        prompts = [Prompt(f"synthetic-{i}", [""],
+                          {"token_ids": torch.randint(0, model.args.vocab_size, (cfg.data.prompt_len,),
+                                                      generator=g).tolist()})
                    for i in range(cfg.data.limit)]
     else:
         prompts = load_prompts(cfg.data.name, limit=cfg.data.limit, path=cfg.data.path,

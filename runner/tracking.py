@@ -56,7 +56,8 @@ class Tracker:
         if self.run is None or self.run.disabled:
             return None
         if self.run.offline:
-            return f"W&B run (offline): {self.run.settings.sync_dir}; upload it: wandb sync {self.run.settings.sync_dir}"
+            sync_dir = self.run.settings.sync_dir
+            return f"W&B run (offline): {sync_dir}; upload it: wandb sync {sync_dir}"
         return f"W&B run: {self.run.url}"
 
     def log(self, metrics: dict, step: int | None = None) -> None:

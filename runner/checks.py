@@ -1,5 +1,5 @@
 """The checking of config values: `Checks` collects a config's bad values as lines, `key=value: what is
-allowed`, and raises them together as a ConfigError (what engine/config.py and training/config.py use)."""
+allowed`, and raises them together as a ConfigError (what runner/config.py and training/config.py use)."""
 
 from __future__ import annotations
 

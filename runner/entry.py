@@ -32,7 +32,7 @@ log.setLevel(logging.INFO)  # the run's lines reach Hydra's job log (and the con
 
 def report_config_errors(fn):
     """fn(); a ConfigError ends the process with its lines on stderr ("error: key=value: ...") and status 2."""
-    from eaglet.engine.checks import ConfigError
+    from eaglet.runner.checks import ConfigError
 
     try:
         return fn()
@@ -71,7 +71,7 @@ def run_task(fn, cfg: DictConfig):
     """fn(cfg, Hydra's output dir) -> metrics, as the task of @hydra.main; see the module docstring."""
     from hydra.core.hydra_config import HydraConfig
 
-    from eaglet.engine.signals import Interrupted, exit_code
+    from eaglet.runner.signals import Interrupted, exit_code
 
     try:
         metrics = report_config_errors(lambda: fn(cfg, HydraConfig.get().runtime.output_dir))
@@ -200,7 +200,7 @@ def _has(root: DictConfig, key: str) -> bool:
 
 def _raw(root: DictConfig, key: str) -> str:
     """The key's value as written (interpolations unresolved, ??? for a required one)."""
-    from eaglet.engine.checks import show
+    from eaglet.runner.checks import show
 
     parent, _, leaf = key.rpartition(".")
     node = OmegaConf.select(root, parent, throw_on_missing=False) if parent else root

@@ -1,4 +1,5 @@
-"""A run's resolved config checked before anything loads (DESIGN §11), and the hardware it names.
+"""A run's resolved config checked before anything loads (a bad value costs no model load and no GPU time), and
+the hardware it names.
 
 Every bad value is one line, `key=value: what is allowed`; a config's bad values are reported together
 (`ConfigError.lines`). The checks come in three layers, each run only when the ones before it passed:
@@ -10,7 +11,7 @@ Every bad value is one line, `key=value: what is allowed`; a config's bad values
    target's weights and KV pools need against what the device has free, the target sized from its
    config.json or GGUF header, or its registry entry.
 
-`validate_run_spec` is run_spec.py's; training/config.py builds train_draft.py's from the same parts (engine/checks.py
+`validate_run_spec` is run_spec.py's; training/config.py builds train_draft.py's from the same parts (runner/checks.py
 holds the machinery). Keys a check does not know are left alone.
 """
 
@@ -22,12 +23,13 @@ from pathlib import Path
 
 from omegaconf import DictConfig, ListConfig
 
-from eaglet.engine.checks import Checks
-from eaglet.engine.common import DTYPE_NAMES, resolve_hardware, target_path
+from eaglet.runner.checks import Checks
+from eaglet.runner.common import DTYPE_NAMES, resolve_hardware, target_path
 
 REPO = Path(__file__).resolve().parents[1]  # the checkout (eaglet installs editable): shipped heads live here
 HEAD_KINDS = ("eagle1", "eagle3", "multi_layer")  # models.eagle.KINDS, named here without importing torch
-STREAM_PLANS = ("serial", "overlap_wait_stream", "overlap_event", "overlap_split", "unsafe_no_sync")  # engine.stream_plan
+# engine.stream_plan.PLANS, named here without importing torch
+STREAM_PLANS = ("serial", "overlap_wait_stream", "overlap_event", "overlap_split", "unsafe_no_sync")
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -280,7 +282,7 @@ def run_spec_memory(cfg: DictConfig, args, dtype) -> dict[str, int]:
     g, kv = cfg.gen, cfg.kv
     ctx = min(g.max_context, args.max_seq_len)
     params = parameter_count(args)
-    # random weights are initialised in float32 and then cast (engine.common.random_target)
+    # random weights are initialised in float32 and then cast (runner.common.random_target)
     parts = {"target weights": params * (max(size, 4) if cfg.target.get("random") else size)}
     pool = 0
     if cfg.draft.name == "none" or g.compare_ar:

@@ -1,6 +1,6 @@
 """Set-up shared by the entry points (run_spec.py, train_draft.py, synthesize.py): the device and dtype, the
-target's weights (a file or random), prompt encoding and the profiler. Nothing here imports torch at module
-level: engine/config.py uses it while checking a config, before anything heavy loads."""
+target's weights (a file or random) and the profiler. Nothing here imports torch at module
+level: runner/config.py uses it while checking a config, before anything heavy loads."""
 
 from __future__ import annotations
 
@@ -55,13 +55,6 @@ def random_target(name: str, dtype, device):
     with torch.device(device):
         model = Transformer(ModelArgs.from_name(name)).to(dtype)
     return model.eval()
-
-
-def encode_turns(tokenizer, history: list[dict], chat_template: bool) -> list[int]:
-    if chat_template:
-        text = tokenizer.apply_chat_template(history, add_generation_prompt=True, tokenize=False)
-        return tokenizer(text, add_special_tokens=False)["input_ids"]
-    return tokenizer(history[-1]["content"])["input_ids"]
 
 
 @contextlib.contextmanager

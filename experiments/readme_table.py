@@ -1,0 +1,251 @@
+"""README.md's results table: one row per headline number, each computed from the committed files under results/,
+with the command that reproduces it.
+
+    python -m eaglet.experiments.readme_table --readme README.md
+
+writes the table (`readme_results`) between the README's RESULTS_BEGIN and RESULTS_END markers;
+tests/experiments/test_readme_results.py regenerates it and compares, so the table cannot drift from the data.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from eaglet.experiments.report import load_runs, overlap_groups, run_noise, versus_serial
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS_BEGIN = "<!-- results table: python -m eaglet.experiments.readme_table --readme README.md -->"
+RESULTS_END = "<!-- end of results table -->"
+
+# Where the rows read their numbers, under results/. A (file, ...) tuple is read in order and a later file's rows
+# override an earlier one's for the same (model, rows or case): each later run measured newer code
+# (results/invariant_h200/README.md says which code each ran).
+SOURCES = {
+    "lossless": "lossless_smollm2_h200/runs",
+    # a layer's four projections ("Per layer" tables): rows 1 and 8 from the whole bench run, 32 / 64 from
+    # rows_128.md (rows64.md's two 32-row tiles, since refined by that run's sweep), 128 and 2,048 from
+    # prefill_k64_proj.md
+    "layer": ("invariant_h200/bench_invariant.md", "invariant_h200/rows64.md", "invariant_h200/rows_128.md",
+              "invariant_h200/split256_proj.md", "invariant_h200/prefill_k64_proj.md"),
+    # whole forwards ("## Whole forward" tables): decode B=1 from leaf_tree_step.md (the leaf-tree attention), the
+    # verifies of 8 tokens and B=8 x 16 from prefill_k64_step.md (128-row x tiles). rows64.md's whole forwards ran
+    # beside an attention variant the code does not have, so they are not read
+    "forward": ("invariant_h200/bench_invariant.md", "invariant_h200/rows_128.md", "invariant_h200/split256_step.md",
+                "invariant_h200/row_tiles_step.md", "invariant_h200/leaf_tree_step.md",
+                "invariant_h200/prefill_k64_step.md"),
+    "e2e_fastest": "invariant_h200/e2e_runs",  # plain decoding with invariant=false, both turns
+    # the e2e stage on the leaf-tree attention: the shipped head's MT-bench first turns at the defaults (each with
+    # its invariant AR pass), random Llama-3.1-8B's plain decoding and simulated EAGLE-3
+    "e2e": "invariant_h200/e2e_leaf_tree_runs",
+    "datasets": "eagle3_smollm2_seed1_h200/eval/datasets",  # the shipped (stage-6) head's other data sets
+    "ar": "ar_h200.md",
+    "verify_8b": "verify_8b_h200/s14_final_run1.json",
+    "overlap": "ablate_overlap_h200/runs",
+    "ddp": "ddp_scaling_h200",
+}
+
+
+def log(msg: str) -> None:
+    print(f"[readme_table] {msg}", flush=True)
+
+
+def md_table(path: Path, heading: str | None = None) -> tuple[list[str], list[list[str]]]:
+    """The first markdown table in a file (after `heading`, if given): (its header cells, its body rows as lists of
+    cell strings)."""
+    lines = path.read_text().splitlines()
+    if heading is not None:
+        lines = lines[next(i for i, line in enumerate(lines) if line.startswith(heading)):]
+    start = next(i for i, line in enumerate(lines) if line.startswith("|"))
+
+    def cells(line: str) -> list[str]:
+        return [c.strip() for c in line.strip().strip("|").split("|")]
+
+    rows = []
+    for line in lines[start + 2:]:  # past the header and its |---| line
+        if not line.startswith("|"):
+            break
+        rows.append(cells(line))
+    return cells(lines[start]), rows
+
+
+def md_rows(path: Path, heading: str | None = None) -> list[list[str]]:
+    """The body rows of the first markdown table in a file (after `heading`, if given), as lists of cell strings."""
+    return md_table(path, heading)[1]
+
+
+def _metrics(path: Path) -> dict:
+    return json.loads(path.read_text())
+
+
+def _runs(results: Path, source: str) -> dict[str, dict]:
+    """Run folder name -> its metrics, for the run folders of one SOURCES entry, in name order."""
+    return {p.parent.name: _metrics(p) for p in sorted((results / SOURCES[source]).glob("*/metrics.json"))}
+
+
+def ok(met: bool, yes: str, no: str) -> str:
+    """A target cell: `yes` where the numbers meet it, else `no`."""
+    return yes if met else no
+
+
+def readme_results(results: Path = REPO / "results") -> str:
+    """The README's results table (markdown): what was measured | result | target | the command that reproduces
+    it. Every number is computed here from a committed metrics file or benchmark table, so the table cannot drift
+    from the data (tests/experiments/test_readme_results.py regenerates it and compares)."""
+    rows = []
+
+    lossless = list(_runs(results, "lossless").values())
+    same = [m for m in lossless if m["invariant"] and m["ar_identical_fraction"] == 1.0]
+    kinds = sorted({m["config"]["draft"]["name"] for m in same})
+    rows.append(("greedy bf16 speculative output equal to plain decoding (SmolLM2, MT-bench, invariant numerics)",
+                 f"{same[0]['num_prompts']} of {same[0]['num_prompts']} answers in {len(same)} of {len(lossless)} "
+                 f"runs ({', '.join(kinds)} heads × chain, EAGLE-2 × B=1, 8)",
+                 "all: met", "`bash scripts/gpu_session.sh lossless`"))
+
+    layer, ratio = {}, {}  # (model, rows or case) -> the latest file's value (SOURCES)
+    for md in SOURCES["layer"]:
+        head, body = md_table(results / md, "Per layer")
+        layer.update({(r[0], r[1]): r[head.index("inv folded / best")] for r in body})
+    for md in SOURCES["forward"]:
+        head, body = md_table(results / md, "## Whole forward")
+        col = {h: i for i, h in enumerate(head)}
+        fast = [col["non-invariant ms"], col["folded non-invariant ms"]]
+        ratio.update({(r[0], r[1]): float(r[col["invariant folded ms"]]) / min(float(r[i]) for i in fast)
+                      for r in body})
+    models = (("SmolLM2-135M", "SmolLM2"), ("Llama-3.1-8B", "Llama-3.1-8B"))
+    ms = ("1", "8", "64", "128")
+    worst = [(M, m) for M in ms for m, _ in models if float(layer[m, M]) > 1.05]
+    rows.append(("cost of invariant numerics: a layer's four projections at the defaults (norms folded), invariant / "
+                 "fastest, M = 1 / 8 / 64 / 128 rows",
+                 "; ".join(f"{short} " + " / ".join(f"{float(layer[m, M]):.3f}×" for M in ms) for m, short in models),
+                 ok(not worst, "≤ 1.05×: met", "≤ 1.05×: **not met** at "
+                    + ", ".join(f"{M} rows ({m})" for M, m in worst)),
+                 "`python -m benchmarks.bench_invariant --parts proj`"))
+    pre = {m: float(layer[m, "2048"]) for m, _ in models}
+    rows.append(("cost of invariant numerics: a 2,048-row prefill's layer (the four projections, norms folded), "
+                 "invariant / fastest",
+                 "; ".join(f"{short} {pre[m]:.3f}×" for m, short in models),
+                 ok(max(pre.values()) <= 1.3, "≤ 1.3×: met", "≤ 1.3×: **not met** ("
+                    + ", ".join(short for m, short in models if pre[m] > 1.3) + ")"),
+                 "`python -m benchmarks.bench_invariant --parts proj --ms 2048`"))
+    cases = ("B=1 T=1", "B=1 T=8", "B=1 T=64", "B=8 T=8", "B=8 T=16")
+    rows.append(("cost of invariant numerics: a forward at the defaults, invariant / fastest (decode B=1; verify B=1 "
+                 "× 8 and 64 tokens, B=8 × 8 and 16)",
+                 "; ".join(f"{short} " + ", ".join(f"{ratio[m, c]:.2f}×" for c in cases) for m, short in models),
+                 ok(max(ratio[m, c] for m, _ in models for c in cases) <= 1.05,
+                    "≤ 1.05×: met", "≤ 1.05×: **not met** (verify)"),
+                 "`python -m benchmarks.bench_invariant --parts step --step-cases 1x1,1x8,1x64,8x8,8x16`"))
+
+    fastest, leaf = _runs(results, "e2e_fastest"), _runs(results, "e2e")
+    first = [leaf[f"smol_b{b}"] for b in (1, 8)]
+    rows.append(("lossless EAGLE-3 with the defaults (invariant, tree 5/4/8), SmolLM2 + the shipped head, MT-bench "
+                 "first turns, B=1 / 8: decode tokens/s, × its AR pass, answers identical to it",
+                 " / ".join(f"{m['decode_tokens_per_s']:,.0f}" for m in first) + "; "
+                 + " / ".join(f"{m['speedup_vs_ar']:.2f}×" for m in first) + "; "
+                 + " / ".join(f"{m['ar_identical_fraction']:.0%}" for m in first),
+                 ok(first[0]["decode_tokens_per_s"] >= 1600 and min(m["speedup_vs_ar"] for m in first) > 1
+                    and min(m["ar_identical_fraction"] for m in first) == 1,
+                    "≥ 1,600 at B=1, faster than AR, identical: met",
+                    "≥ 1,600 at B=1, faster than AR, identical: **not met**"),
+                 "`python run_spec.py data.max_turns=1` (B=8: `gen.batch_size=8`)"))
+    l8b = leaf["l8b_ar"]
+    floor_ms, tok_s = l8b["weight_read_floor_ms"], l8b["decode_tokens_per_s"]
+    rows.append(("plain decoding, random Llama-3.1-8B, B=1, 1k prefix, invariant numerics",
+                 f"{tok_s:.0f} tokens/s ({1e3 / tok_s / floor_ms:.2f}× the weight-read floor of {floor_ms:.2f} ms)",
+                 ok(tok_s >= 235, "≥ 235: met", "≥ 235: **not met**"),
+                 "`python run_spec.py target=random_llama3_8b draft=none data=synthetic data.limit=1 "
+                 "data.prompt_len=1024`"))
+
+    sim = leaf["l8b_eagle3_sim_invariant"]
+    # the draft's floor: 7 chain steps, each reading the random EAGLE-3 head's 0.75 GB (BENCHMARKS.md)
+    floors = sim["weight_read_floor_ms"] + 1.24
+    rows.append(("EAGLE-3 `tree=simulate` (tau 4), random Llama-3.1-8B, B=1, invariant numerics: the step against "
+                 "the target's and the draft head's weight-read floors",
+                 f"{sim['step_median_ms'] / floors:.2f}× ({sim['step_median_ms']:.2f} ms on "
+                 f"{sim['weight_read_floor_ms']:.2f} + 1.24; draft {sim['draft_ms']:.2f}, "
+                 f"verify {sim['verify_ms']:.2f})",
+                 ok(sim["step_median_ms"] <= 1.25 * floors, "≤ 1.25×: met", "≤ 1.25×: **not met**"),
+                 "`python run_spec.py +experiment=ablate_overlap hydra.mode=RUN gen.batch_size=1 stream=serial "
+                 "tree=simulate invariant=true`"))
+
+    inv = [m["ar_decode_tokens_per_s"] for m in first]  # the AR passes of the shipped head's runs
+    plain = [fastest[f"smol_ar_b{b}"]["decode_tokens_per_s"] for b in (1, 8)]  # invariant=false, both turns
+    rows.append(("plain decoding, SmolLM2, MT-bench, B=1 / 8: invariant numerics, first turns (fastest kernels, "
+                 "both turns)",
+                 f"{inv[0]:,.0f} / {inv[1]:,.0f} tokens/s ({plain[0]:,.0f} / {plain[1]:,.0f})", "",
+                 "`python run_spec.py draft=none data.max_turns=1` (`python run_spec.py draft=none invariant=false`)"))
+
+    ar = {(r[0], r[1]): r for r in md_rows(results / SOURCES["ar"])}
+    rows.append(("AR decoding, SmolLM2, B=1, fastest kernels (Hugging Face `generate`)",
+                 f"{int(ar[('eaglet AR (CUDA graph, fused linear)', '1')][2]):,} tokens/s "
+                 f"({int(ar[('HF generate (eager, bf16)', '1')][2]):,})",
+                 "≥ 1,000: met", "`python -m benchmarks.bench_ar --batch 1 8`"))
+
+    rows.append(("shipped EAGLE-3 head, MT-bench, B=1 / 8, the defaults: tau; speedup over plain decoding",
+                 f"{first[0]['tau']:.2f} / {first[1]['tau']:.2f}; "
+                 f"{first[0]['speedup_vs_ar']:.2f}× / {first[1]['speedup_vs_ar']:.2f}×",
+                 ok(first[0]["tau"] >= 3.5 and first[0]["speedup_vs_ar"] >= 2.5, "tau ≥ 3.5, 2.5× at B=1: met",
+                    "tau ≥ 3.5, 2.5× at B=1: **not met**"),
+                 "`python run_spec.py data.max_turns=1` (B=8: `gen.batch_size=8`)"))
+    taus = [_runs(results, "datasets")[d]["tau"] for d in ("humaneval_b8", "sharegpt_b8")]
+    rows.append(("shipped head, B=8: tau on HumanEval / held-out ShareGPT", f"{taus[0]:.2f} / {taus[1]:.2f}",
+                 "", "`python run_spec.py +experiment=datasets`"))
+
+    v8b = _metrics(results / SOURCES["verify_8b"])
+    floor = v8b["weight_read_floor_ms"]
+    rows.append(("random Llama-3.1-8B, B=1, simulated tau 4: verify, step / weight-read floor",
+                 f"{v8b['verify_ms'] / floor:.2f}×, {v8b['step_median_ms'] / floor:.2f}× "
+                 f"({v8b['verify_ms']:.2f}, {v8b['step_median_ms']:.2f} ms on {floor:.2f})",
+                 "1.3×: met; 1.5×: **not met**",
+                 "`python run_spec.py +experiment=ablate_overlap hydra.mode=RUN gen.batch_size=1 stream=serial "
+                 "tree=simulate fold_norms=true`"))
+
+    groups = overlap_groups(load_runs([results / SOURCES["overlap"]]))
+    hidden = sorted(round(100 * g["overlap_split"]["plan_hidden_fraction"])
+                    for (target, _, B), g in groups.items() if target == "random_llama3_8b" and B == 32)
+    rows.append(("`overlap_split`: plan time hidden, random Llama-3.1-8B, B=32", f"{hidden[0]}–{hidden[-1]}%",
+                 "≥ 80%: met", "`python run_spec.py +experiment=ablate_overlap`"))
+    sigma = run_noise(groups)
+    calls = [versus_serial(m, g["serial"], sigma.get(key)) for key, g in groups.items()
+             for plan, m in g.items() if plan != "serial"]
+    rows.append(("overlap plans slower than `serial` beyond noise (3 repeats, 3 standard errors)",
+                 f"{calls.count('slower')} of {len(calls)} points ({calls.count('faster')} faster)", "none: met",
+                 "`python run_spec.py +experiment=ablate_overlap` and `+experiment=ablate_overlap_smollm2`"))
+
+    rate = {}
+    for probe in ("probe_1gpu", "probe_ddp"):  # the mean of the 10-step windows after the first
+        with (results / SOURCES["ddp"] / probe / "train_log.jsonl").open() as f:
+            windows = [json.loads(line)["train/tokens_per_s"] for line in f][1:]
+        rate[probe] = sum(windows) / len(windows)
+    rows.append(("draft-head training, DDP on two H200s against one",
+                 f"{rate['probe_ddp'] / rate['probe_1gpu']:.2f}× ({rate['probe_1gpu'] / 1e3:.1f} k → "
+                 f"{rate['probe_ddp'] / 1e3:.1f} k tokens/s)", "≥ 1.7×: met", "`bash scripts/gpu_session.sh scaling`"))
+
+    lines = ["| measured (H200) | result | target | reproduce |", "|---|---|---|---|"]
+    lines += [f"| {' | '.join(r)} |" for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+def write_readme_results(readme: str | Path, results: Path = REPO / "results") -> Path:
+    """Replace what lies between the README's results markers with `readme_results`."""
+    readme = Path(readme)
+    text = readme.read_text()
+    if RESULTS_BEGIN not in text or RESULTS_END not in text:
+        raise ValueError(f"{readme}: no results markers ({RESULTS_BEGIN!r} ... {RESULTS_END!r})")
+    head, rest = text.split(RESULTS_BEGIN, 1)
+    tail = rest.split(RESULTS_END, 1)[1]
+    readme.write_text(f"{head}{RESULTS_BEGIN}\n{readme_results(results)}{RESULTS_END}{tail}")
+    log(f"wrote the results table into {readme}")
+    return readme
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--readme", default=str(REPO / "README.md"),
+                    help="a README with the results markers (default: the checkout's README.md)")
+    write_readme_results(ap.parse_args(argv).readme)
+
+
+if __name__ == "__main__":
+    main()
