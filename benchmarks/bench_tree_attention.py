@@ -1,6 +1,7 @@
 """Tree attention roofline benchmark: eaglet (Triton, paged) vs SDPA vs FlexAttention vs the floors.
 
     python -m benchmarks.bench_tree_attention --md results/tree_attention_h200.md
+    python -m benchmarks.bench_tree_attention --invariant --md results/invariant_h200/attn.md [--trace DIR]
 
 Setup per row: bf16, Hq=32, Hkv=8, D=128, page_size 16 with shuffled pages, prefix L, N tree
 tokens whose mask is ancestor-or-self of a random, really branching parent array.
@@ -17,29 +18,37 @@ so every call starts with a cold L2 (no input rotation needed). The eager eaglet
 launcher's host time behind that zeroing only while the host time is shorter; "host µs" is the
 launcher's own wall time per call (back-to-back calls, no synchronisation). Correctness: eaglet vs SDPA
 relative error per row (must be < 1e-2).
+
+--invariant: instead, what batch invariance costs in attention: `tree_attention(..., invariant=True)` against the
+split-KV kernel at SmolLM2-135M's and Llama-3.1-8B's heads, at decode (N = 1) and verify shapes (ATTN_CASES: B=1 and
+8, a 4-ary tree of N tokens each, a 1k or 4k prefix, the grid bound 64 keys above it as the engines pass it). Per call
+inside a CUDA graph of 20 calls (`benchmarks._common.bench_graph`); KV floor = the K/V bytes over the measured copy
+bandwidth. --trace DIR: each invariant call's graph profiled, the split pass against the merge.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import sys
 import time
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-import eaglet.kernels.tree_attention as ta
-from eaglet.kernels._utils import sm_count
+import eaglet.kernels.tree_attention_splitkv as sk
+from eaglet.kernels._utils import copy_bandwidth, sm_count
 from eaglet.kernels.tree_attention import tree_attention
 
-from benchmarks._common import bench, fmt, provenance, rel_err
+from benchmarks._common import bench, bench_graph, fmt, provenance, rel_err
 
 HQ, HKV, D, PAGE = 32, 8, 128, 16
 DEV = "cuda"
 DTYPE = torch.bfloat16
 CONFIGS = [(b, l, n) for b in (1, 8) for l in (1024, 4096, 16384, 65536) for n in (16, 64)]
-# --sweep: host-plan knobs of eaglet.kernels.tree_attention to try (module constants).
+# --sweep: host-plan knobs of eaglet.kernels.tree_attention_splitkv to try (module constants).
 SWEEP = [
     {},  # the default plan, timed twice (here and in the table) to show the run-to-run spread
     {"_PROGRAMS_PER_SM": 1},
@@ -54,7 +63,7 @@ SWEEP = [
 ]
 
 
-def bench_graph(fn) -> float:
+def bench_graph_cold(fn) -> float:
     """Median microseconds of replaying fn captured in a CUDA graph (how the verify step runs:
     no Python launch cost), still with do_bench's cold L2 before every replay."""
     fn()  # compile / autotune outside the capture
@@ -135,25 +144,25 @@ def run_row(B, L, N, providers, ceilings, sweep):
 
     num_sms = sm_count(0)
     out = eaglet()  # [B, N, Hq, D]; the first call of a shape class autotunes
-    row["config"] = str(ta._fwd_kernel.best_config)
+    row["config"] = str(sk._fwd_kernel.best_config)
     for variant in sweep:  # host-side plan knobs, e.g. {"_PROGRAMS_PER_SM": 2}, timed as graph replays
-        saved = {name: getattr(ta, name) for name in variant}  # AttributeError for a misspelt knob
+        saved = {name: getattr(sk, name) for name in variant}  # AttributeError for a misspelt knob
         for name, value in variant.items():
-            setattr(ta, name, value)
-        ta._plan.cache_clear()
-        ta._prepare.cache_clear()  # its recipes hold the plan and the kernel's constexprs
-        t = bench_graph(eaglet)
-        plan = (*ta._plan(B, N, HQ, HKV, L + N, N, num_sms), str(ta._fwd_kernel.best_config),
+            setattr(sk, name, value)
+        sk._plan.cache_clear()
+        sk.prepare.cache_clear()  # its recipes hold the plan and the kernel's constexprs
+        t = bench_graph_cold(eaglet)
+        plan = (*sk._plan(B, N, HQ, HKV, L + N, N, num_sms), str(sk._fwd_kernel.best_config),
                 f"rel err vs default {rel_err(eaglet(), out):.1e}")
         row.setdefault("sweep", []).append((variant, t, plan))
         for name, value in saved.items():
-            setattr(ta, name, value)
-        ta._plan.cache_clear()
-        ta._prepare.cache_clear()
+            setattr(sk, name, value)
+        sk._plan.cache_clear()
+        sk.prepare.cache_clear()
     row["eaglet"] = bench(eaglet)
     row["host"] = host_time(eaglet)
-    row["graph"] = bench_graph(eaglet)
-    plan = ta._plan(B, N, HQ, HKV, L + N, N, num_sms)
+    row["graph"] = bench_graph_cold(eaglet)
+    plan = sk._plan(B, N, HQ, HKV, L + N, N, num_sms)
     row["splits"] = f"{plan[2]}{' (tree apart)' if plan[4] else ''}"
 
     allowed = torch.cat([torch.ones(B, N, L, dtype=torch.bool, device=DEV), tree_mask], dim=2)  # [B, N, L+N]
@@ -219,13 +228,119 @@ def table(rows) -> str:
     return "\n".join(lines)
 
 
+# ----------------------------------------------------------------------------------------------------
+# --invariant: invariant against split-KV tree attention at the models' heads
+
+MODELS = {  # the attention heads of models/llama.py's transformer_configs
+    "SmolLM2-135M": dict(name="smollm2_135m", Hq=9, Hkv=3, D=64),
+    "Llama-3.1-8B": dict(name="llama3_8b", Hq=32, Hkv=8, D=128),
+}
+# (B, N, L); N = 16-64: the verifies of the wider trees (sweep_tree)
+ATTN_CASES = [(1, 1, 1024), (1, 8, 1024), (8, 1, 1024), (8, 8, 1024), (1, 8, 4096), (8, 8, 4096), (1, 16, 1024),
+              (1, 64, 1024), (8, 16, 1024)]
+
+
+def attn_inputs(B, N, Hq, Hkv, D, prefix, page_size=16, tree=True, seed=0):
+    """bf16 q [B, N, Hq, D], a paged pool of shuffled pages holding prefix + N keys a request, and (tree, N > 1) the
+    mask of a 4-ary EAGLE-2-like tree, parents first."""
+    gen = torch.Generator(device=DEV).manual_seed(seed)
+    pages_per = math.ceil((prefix + N) / page_size)
+    num_pages = B * pages_per
+    k = torch.randn(num_pages, page_size, Hkv, D, device=DEV, dtype=DTYPE, generator=gen)
+    v = torch.randn(num_pages, page_size, Hkv, D, device=DEV, dtype=DTYPE, generator=gen)
+    pt = torch.randperm(num_pages, device=DEV, generator=gen).view(B, pages_per).int()  # [B, P]
+    pl = torch.full((B,), prefix, device=DEV, dtype=torch.int32)  # [B]
+    q = torch.randn(B, N, Hq, D, device=DEV, dtype=DTYPE, generator=gen)  # [B, N, Hq, D]
+    mask = None
+    if tree and N > 1:
+        parents = [-1] + [(i - 1) // 4 for i in range(1, N)]
+        m = torch.zeros(N, N, dtype=torch.bool)
+        for i in range(N):
+            j = i
+            while j >= 0:
+                m[i, j], j = True, parents[j]
+        mask = m[None].expand(B, N, N).contiguous().to(DEV)  # [B, N, N]
+    return q, k, v, pt, pl, mask
+
+
+def trace_graph(graph, path: str, replays: int = 5) -> str:
+    """Per-kernel time of a captured graph's replays from a torch.profiler trace written to `path`
+    (benchmarks/probes/graph_trace.py's summary: span, kernel time, gaps, µs per kernel)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from benchmarks.probes.graph_trace import replays as graph_replays
+    from benchmarks.probes.graph_trace import summarise
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(replays):
+            graph.replay()
+        torch.cuda.synchronize()
+    prof.export_chrome_trace(path)
+    groups = graph_replays(json.load(open(path))["traceEvents"])
+    if not groups:
+        return f"{path}: no graph kernels in the trace"
+    return summarise(list(groups.values()), top=16, by_grid=True)
+
+
+def run_attn(models: list[str], bw: float, trace_dir: str | None = None) -> str:
+    """Invariant against split-KV tree attention on ATTN_CASES (trace_dir: and each invariant graph's per-kernel
+    time, the split pass against the merge)."""
+    head = "| model | B | N | prefix | KV floor µs | invariant µs | split-KV µs | inv / split-KV |"
+    out = [head, "|" + "---|" * (head.count("|") - 1)]
+    for model in models:
+        c = MODELS[model]
+        for B, N, L in ATTN_CASES:
+            inputs = attn_inputs(B, N, c["Hq"], c["Hkv"], c["D"], L)
+            bound = L + 64  # a graph's bound on the prefix, a little above it (as the engines pass it)
+            t = {}
+            for name, inv in (("invariant", True), ("split", False)):
+                tree_attention(*inputs, max_prefix_len=bound, invariant=inv)  # compile / autotune outside capture
+                t[name] = bench_graph(lambda i, inv=inv: tree_attention(*inputs, max_prefix_len=bound, invariant=inv),
+                                      1)
+            if trace_dir:
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph):
+                    tree_attention(*inputs, max_prefix_len=bound, invariant=True)
+                print(f"  -- {model} attention B={B} N={N} L={L} invariant graph:\n"
+                      + trace_graph(graph, f"{trace_dir}/attn_{c['name']}_b{B}_n{N}_l{L}.json"), flush=True)
+                del graph
+            floor = B * (L + N) * c["Hkv"] * c["D"] * 2 * DTYPE.itemsize / bw * 1e6
+            ratio = t["invariant"] / t["split"] if t["invariant"] and t["split"] else None
+            out.append(f"| {model} | {B} | {N} | {L} | {floor:.2f} | {fmt(t['invariant'], '.2f')} | "
+                       f"{fmt(t['split'], '.2f')} | {fmt(ratio, '.3f')} |")
+            print("  " + out[-1], flush=True)
+    return "\n".join(out)
+
+
+def main_invariant(args: argparse.Namespace) -> None:
+    """--invariant: `run_attn`'s table (to --md as well)."""
+    if args.trace:
+        Path(args.trace).mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(0)
+    bw = copy_bandwidth()
+    print(f"{torch.cuda.get_device_name()}: copy {bw / 1e12:.2f} TB/s (read+write)", flush=True)
+    md = (provenance() + f"Measured copy bandwidth: {bw / 1e12:.2f} TB/s (read+write). bf16, CUDA graphs.\n\n"
+          "## Tree attention: invariant against split-KV\n\n" + run_attn(args.models.split(","), bw, args.trace) + "\n")
+    if args.md:
+        with open(args.md, "w") as f:
+            f.write(md)
+    print(md)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--providers", default="eaglet,sdpa,flex", help="comma list of eaglet,sdpa,flex")
     ap.add_argument("--md", default=None, help="also write the table as markdown here")
     ap.add_argument("--sweep", action="store_true", help="also time host-plan variants (split count, row tile)")
     ap.add_argument("--configs", default=None, help="subset, e.g. '1x4096x64,8x16384x16' (BxLxN)")
+    ap.add_argument("--invariant", action="store_true", help="instead: invariant against split-KV tree attention at "
+                    "the models' decode and verify shapes (ATTN_CASES)")
+    ap.add_argument("--models", default=",".join(MODELS), help=f"--invariant: comma list of {','.join(MODELS)}")
+    ap.add_argument("--trace", default=None, help="--invariant: profile each invariant call's graph, trace files "
+                    "into this folder, a per-kernel table printed")
     args = ap.parse_args()
+    if args.invariant:
+        return main_invariant(args)
     providers = set(args.providers.split(","))
     torch.manual_seed(0)
     ceilings = measure_ceilings()

@@ -2,8 +2,8 @@
 
 `tl.sum`'s order follows the tensor's layout, which Triton picks from the tile shape and the warp count: a row
 reduced in a 16-row tile and in a 128-row one may round differently. The batch-invariant kernels
-(kernels/projection.py, kernels/tree_attention.py) sum with `fixed_sum0` wherever the same logical reduction runs in
-tiles of different shapes.
+(kernels/projection.py, kernels/tree_attention_invariant.py) sum with `fixed_sum0` wherever the same logical
+reduction runs in tiles of different shapes.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Do a query row's bits depend on the MMA's row count? One attention tile (q [M, D] @ k.T, exp2, p @ v, row sums)
 at M = 16, 32, 64, 128 (num_warps 4 and 8), the same 8 query rows placed at rows 3..10 in every tile; bf16 inputs,
-fp32 accumulation, as kernels/tree_attention.py's invariant tiles. Prints which parts match M = 16 bit for bit."""
+fp32 accumulation, as kernels/tree_attention_invariant.py's tiles. Prints which parts match M = 16 bit for bit."""
 import torch
 import triton
 import triton.language as tl

@@ -28,9 +28,12 @@ import triton
 import triton.language as tl
 from triton.runtime.errors import OutOfResources
 
-import eaglet.kernels.tree_attention as ta
+import eaglet.kernels.tree_attention_splitkv as sk
+from eaglet.kernels.tree_attention import tree_attention
+from eaglet.kernels.tree_attention_plan import meta
 
 from benchmarks.bench_tree_attention import HKV, HQ, make_inputs
+
 
 @triton.jit
 def _empty_kernel(X):
@@ -66,15 +69,15 @@ class Call:
         self.inputs = make_inputs(B, self.bound, N)
         self.inputs[4].fill_(L)  # prefix_lens [B]: the pool holds the bound's pages, the requests use L
         q, mask = self.inputs[0], self.inputs[5]  # [B, N, Hq, D], [B, N, N]
-        metas = [ta._meta(t) for t in self.inputs]
-        self.recipe = ta._prepare(*metas, None, self.bound, False, False)
+        metas = [meta(t) for t in self.inputs]
+        self.recipe = sk.prepare(*metas, None, self.bound, False)
         self.kv_max = self.bound + N
         self.out = torch.empty_like(q)  # [B, N, Hq, D]
         self.mask = mask.view(torch.uint8)  # [B, N, N]
 
     def default(self):
         q, k, v, pt, pl, mask = self.inputs
-        return ta.tree_attention(q, k, v, pt, pl, mask, max_prefix_len=self.bound)
+        return tree_attention(q, k, v, pt, pl, mask, max_prefix_len=self.bound)
 
     def planned_chunk(self) -> int:
         return self.recipe[2][1]
@@ -88,7 +91,7 @@ class Call:
         q, k, v, pt, pl, _ = self.inputs
         _, (m_tiles, _, bh), fwd_args, fwd_kw, _, _ = self.recipe
         apart = self.planned_apart() if apart is None else apart
-        splits = ta._num_splits(self.kv_max, self.N, chunk, apart)
+        splits = sk._num_splits(self.kv_max, self.N, chunk, apart)
         group = HQ // HKV
         fwd_args = (fwd_args[0], chunk, splits, *fwd_args[3:])
         kw = dict(fwd_kw, SPLIT=splits > 1, TREE_APART=apart, **cfg)
@@ -98,16 +101,16 @@ class Call:
                         num_warps=4 if splits <= 32 else 8, TREE_APART=apart, FIXED_CHUNK=False)  # fmt: skip
 
         def run():
-            ta._fwd_kernel.fn[(m_tiles, splits, bh)](q, k, v, pt, pl, self.mask, ws, *fwd_args, **kw)
+            sk._fwd_kernel.fn[(m_tiles, splits, bh)](q, k, v, pt, pl, self.mask, ws, *fwd_args, **kw)
             if merge and splits > 1:
-                ta._merge_kernel[(self.N * group, bh)](ws, pl, self.out, chunk, splits, self.N, self.N, HKV, **merge_kw)
+                sk._merge_kernel[(self.N * group, bh)](ws, pl, self.out, chunk, splits, self.N, self.N, HKV, **merge_kw)
             return self.out
 
         return run
 
 
 def fwd_configs(block_m: int) -> list[dict]:
-    kept = ta._prune_fwd_configs(ta._fwd_configs(), {}, BLOCK_M=block_m)
+    kept = sk._prune_fwd_configs(sk._fwd_configs(), {}, BLOCK_M=block_m)
     return [dict(BLOCK_N=c.kwargs["BLOCK_N"], num_warps=c.num_warps, num_stages=c.num_stages) for c in kept]
 
 
@@ -118,11 +121,11 @@ def cfg_str(c: dict) -> str:
 def probe_row(B: int, L: int, N: int, bound: int | None) -> list[str]:
     call = Call(B, L, N, bound)
     ref = call.default()  # autotunes this shape class
-    bc = ta._fwd_kernel.best_config
+    bc = sk._fwd_kernel.best_config
     tuned = dict(BLOCK_N=bc.kwargs["BLOCK_N"], num_warps=bc.num_warps, num_stages=bc.num_stages)
     chunk = call.planned_chunk()
     apart = call.planned_apart()
-    splits = ta._num_splits(call.kv_max, N, chunk, apart)
+    splits = sk._num_splits(call.kv_max, N, chunk, apart)
     where = "in a split of their own" if apart else "in the last split"
     planned = f" (grid planned for {bound})" if bound else ""
     lines = [f"## B={B} L={L} N={N}{planned}: plan {splits} splits x {chunk} keys, new keys {where}; "
@@ -145,8 +148,8 @@ def probe_row(B: int, L: int, N: int, bound: int | None) -> list[str]:
     lines += ["", f"Split length with the best config ({cfg_str(best)}):", "",
               "| chunk | splits | µs | splits, new keys apart | µs, new keys apart |", "|---|---|---|---|---|"]  # fmt: skip
     for c in (64, 128, 256, 512, 1024, 2048):
-        s, s_apart = ta._num_splits(call.kv_max, N, c, False), ta._num_splits(call.kv_max, N, c, True)
-        if c >= best["BLOCK_N"] and s_apart <= ta._MERGE_SPLITS and c < 2 * call.kv_max:
+        s, s_apart = sk._num_splits(call.kv_max, N, c, False), sk._num_splits(call.kv_max, N, c, True)
+        if c >= best["BLOCK_N"] and s_apart <= sk._MERGE_SPLITS and c < 2 * call.kv_max:
             t, t_apart = graph_us(call.launcher(c, best, apart=False)), graph_us(call.launcher(c, best, apart=True))
             lines.append(f"| {c} | {s} | {t:.1f} | {s_apart} | {t_apart:.1f} |")
     return lines + [""]

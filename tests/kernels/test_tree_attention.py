@@ -1,4 +1,4 @@
-"""Tree attention (kernels/tree_attention.py) against an fp64 reference.
+"""Tree attention (kernels/tree_attention.py and its two kernels) against an fp64 reference.
 
 On CPU run with TRITON_INTERPRET=1 (CI does) so the Triton kernel itself is tested; without it
 the launcher falls back to the reference and the kernel tests are skipped. On a GPU the same
@@ -13,7 +13,10 @@ import pytest
 import torch
 
 import eaglet.kernels.tree_attention as ta
+import eaglet.kernels.tree_attention_invariant as inv
+import eaglet.kernels.tree_attention_splitkv as sk
 from eaglet.kernels.tree_attention import tree_attention, tree_attention_ref
+from eaglet.kernels.tree_attention_plan import meta
 from kernel_testing import CUDA, DEVICE, gpu_only, needs_kernel, rel_err
 
 
@@ -150,23 +153,23 @@ def test_grid_plan():
     cases = [(1, 16, 32, 8, 65552, 132), (1, 16, 32, 8, 1040, 132), (8, 64, 32, 8, 16448, 132), (1, 1, 1, 1, 10, 132),
              (1, 37, 4, 2, 4130, 8), (1, 64, 32, 8, 4160, 132), (1, 8, 32, 8, 1032, 132)]  # fmt: skip
     for B, N, Hq, Hkv, kv_max, sms in cases:
-        block_m, m_tiles, splits, chunk, apart = ta._plan(B, N, Hq, Hkv, kv_max, N, sms)
+        block_m, m_tiles, splits, chunk, apart = sk._plan(B, N, Hq, Hkv, kv_max, N, sms)
         rows = N * Hq // Hkv
         prefix_splits = splits - apart
         programs = B * Hkv * m_tiles * splits
         assert 16 <= block_m <= 128 and (m_tiles - 1) * block_m < rows <= m_tiles * block_m
-        assert chunk >= ta._CHUNK_ALIGN and chunk & (chunk - 1) == 0 and 1 <= splits <= ta._MERGE_SPLITS
+        assert chunk >= sk._CHUNK_ALIGN and chunk & (chunk - 1) == 0 and 1 <= splits <= sk._MERGE_SPLITS
         assert kv_max - N <= prefix_splits * chunk  # the prefix splits cover the bound
         assert prefix_splits == 1 or (prefix_splits - 1) * chunk < kv_max - N  # it starts inside the prefix
-        assert splits == 1 or chunk >= ta._MIN_CHUNK // 2  # rounded to the nearest power of two
+        assert splits == 1 or chunk >= sk._MIN_CHUNK // 2  # rounded to the nearest power of two
         assert not apart or (splits > 1 and programs <= sms)
         # past one wave: long chunks (up to the power-of-two rounding)
-        assert splits == 1 or programs <= 2 * sms or 2 * chunk >= ta._CHUNK_PER_ROW * rows
-    assert ta._plan(1, 16, 32, 8, 65552, 16, 132)[2:] == (32, 2048, False)  # one request, 8 KV heads: many splits
-    assert ta._plan(1, 16, 32, 8, 4112, 16, 132)[2:] == (16, 256, False)  # 128 programs on 132 SMs, apart 136
-    assert ta._plan(1, 8, 32, 8, 1032, 8, 132)[2:] == (9, 128, True)  # the 8B verify: 8 prefix splits, 1 tree
-    assert ta._plan(64, 64, 32, 8, 65552, 64, 132)[2] == 1  # the grid is already full
-    assert ta._plan(8, 64, 32, 8, 4160, 64, 132)[2] == 1  # 128 heavy 128-row programs: one per SM already
+        assert splits == 1 or programs <= 2 * sms or 2 * chunk >= sk._CHUNK_PER_ROW * rows
+    assert sk._plan(1, 16, 32, 8, 65552, 16, 132)[2:] == (32, 2048, False)  # one request, 8 KV heads: many splits
+    assert sk._plan(1, 16, 32, 8, 4112, 16, 132)[2:] == (16, 256, False)  # 128 programs on 132 SMs, apart 136
+    assert sk._plan(1, 8, 32, 8, 1032, 8, 132)[2:] == (9, 128, True)  # the 8B verify: 8 prefix splits, 1 tree
+    assert sk._plan(64, 64, 32, 8, 65552, 64, 132)[2] == 1  # the grid is already full
+    assert sk._plan(8, 64, 32, 8, 4160, 64, 132)[2] == 1  # 128 heavy 128-row programs: one per SM already
 
 
 @needs_kernel
@@ -176,26 +179,26 @@ def test_new_keys_apart_or_in_the_last_split(monkeypatch, apart, tree):
     """Both places of the new keys give the reference, with ragged and empty prefixes, a bound above and one below
     the longest prefix (the device-side split length then outgrows the chunk), and every buffer starting as NaN
     (no unused split is read)."""
-    plan = ta._plan.__wrapped__
+    plan = sk._plan.__wrapped__
 
     def forced(B, N, Hq, Hkv, kv_max, nk, num_sms):
         block_m, m_tiles = plan(B, N, Hq, Hkv, kv_max, nk, num_sms)[:2]
-        return block_m, m_tiles, ta._num_splits(kv_max, nk, 64, apart), 64, apart
+        return block_m, m_tiles, sk._num_splits(kv_max, nk, 64, apart), 64, apart
 
-    monkeypatch.setattr(ta, "_plan", forced)
+    monkeypatch.setattr(sk, "_plan", forced)
     monkeypatch.setattr(ta, "_empty", lambda shape, dtype, device: torch.full(shape, float("nan"), dtype=dtype,
                                                                               device=device))
     inputs = make_inputs(3, 21, 4, 2, 64, [700, 3, 0], 16, torch.float32, tree, seed=5)
     ref = ref64(*inputs)
-    ta._prepare.cache_clear()  # its recipes hold the plan
+    sk.prepare.cache_clear()  # its recipes hold the plan
     try:
         for bound in (700, 100):
-            assert ta._prepare(*[ta._meta(t) for t in inputs], None, bound, True)[1][1] > 1  # split
+            assert sk.prepare(*[meta(t) for t in inputs], None, bound, True)[1][1] > 1  # split
             out = tree_attention(*inputs, max_prefix_len=bound)
             assert not out.isnan().any()
             assert rel_err(out, ref) < 1e-4, bound
     finally:
-        ta._prepare.cache_clear()
+        sk.prepare.cache_clear()
 
 
 def _chain(mask_row: torch.Tensor) -> list[int]:
@@ -262,14 +265,14 @@ def test_invariant_rows_do_not_depend_on_the_row_tile(monkeypatch, dtype, B, N, 
     Hq, Hkv = _scale_heads(Hq, Hkv)
     inputs = make_inputs(B, N, Hq, Hkv, D, prefix, 16, dtype, tree, seed=3)
     outs = {}
-    for rows in ta._INVARIANT_ROWS:
-        for merge_rows in (1, ta._INVARIANT_MERGE_ROWS, 16):
-            monkeypatch.setattr(ta, "_inv_rows", lambda b_hkv, n, group, rows=rows: rows)
-            monkeypatch.setattr(ta, "_INVARIANT_MERGE_ROWS", merge_rows)
-            ta._prepare.cache_clear()
+    for rows in inv._INVARIANT_ROWS:
+        for merge_rows in (1, inv._INVARIANT_MERGE_ROWS, 16):
+            monkeypatch.setattr(inv, "_inv_rows", lambda b_hkv, n, group, rows=rows: rows)
+            monkeypatch.setattr(inv, "_INVARIANT_MERGE_ROWS", merge_rows)
+            inv.prepare.cache_clear()
             outs[rows, merge_rows] = tree_attention(*inputs, max_prefix_len=max(prefix), invariant=True)
-    ta._prepare.cache_clear()
-    first = outs[ta._INVARIANT_ROWS[0], 1]
+    inv.prepare.cache_clear()
+    first = outs[inv._INVARIANT_ROWS[0], 1]
     for key, out in outs.items():
         assert torch.equal(out, first), key
 

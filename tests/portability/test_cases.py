@@ -13,8 +13,11 @@ from eaglet.kernels import folded_linear as FL
 from eaglet.kernels import linear as LN
 from eaglet.kernels import projection as PJ
 from eaglet.kernels import tree_attention as TA
+from eaglet.kernels import tree_attention_invariant as TAI
+from eaglet.kernels import tree_attention_splitkv as TAS
 from eaglet.kernels._compile_cases import CompileCase, Ptr, model_shapes
 from eaglet.kernels._utils import is_interpret
+from eaglet.kernels.tree_attention_plan import CASE_PAGE
 
 if is_interpret():
     pytest.skip("the cases are for compiled kernels (PRECISE_TRIG, bf16 dots): run without TRITON_INTERPRET=1",
@@ -25,9 +28,10 @@ BF16 = torch.bfloat16
 EPS = 1e-5
 
 
-def launches(monkeypatch, module, names: tuple[str, ...], call) -> list[tuple[str, dict]]:
+def launches(monkeypatch, module, names: tuple[str, ...], call, launcher=None) -> list[tuple[str, dict]]:
     """(kernel name, its arguments by name) of every launch of module.<names> that call() makes; the kernels do not
-    run, and the launcher takes its Triton path for CPU tensors. The module is as it was afterwards."""
+    run, and the launcher (its module: `launcher`, else `module`) takes its Triton path for CPU tensors. The modules
+    are as they were afterwards."""
     seen = []
     with monkeypatch.context() as patch:
         for name in names:
@@ -39,7 +43,7 @@ def launches(monkeypatch, module, names: tuple[str, ...], call) -> list[tuple[st
                     return lambda *args, **kw: seen.append((name, {**dict(zip(fn.arg_names, args)), **kw}))
 
             patch.setattr(module, name, Launch())
-        patch.setattr(module, "use_triton", lambda *tensors: True)
+        patch.setattr(launcher or module, "use_triton", lambda *tensors: True)
         call()
     return seen
 
@@ -144,19 +148,23 @@ def test_linear_cases_are_its_launches(monkeypatch, s, M):
 @pytest.mark.parametrize("invariant", [False, True], ids=["split-kv", "invariant"])
 def test_tree_attention_cases_are_its_launches(monkeypatch, s, call, invariant):
     B, N, tree, prefix = call
-    pages = -(-(prefix + N) // TA._CASE_PAGE)
+    pages = -(-(prefix + N) // CASE_PAGE)
     q = torch.empty(B, N, s.n_heads, s.head_dim, dtype=BF16)
-    cache = torch.empty(B * pages, TA._CASE_PAGE, s.n_kv_heads, s.head_dim, dtype=BF16)
+    cache = torch.empty(B * pages, CASE_PAGE, s.n_kv_heads, s.head_dim, dtype=BF16)
     mask = torch.ones(B, N, N, dtype=torch.bool) if tree else None
-    names = ("_fwd_kernel", "_inv_fwd_kernel", "_merge_kernel", "_inv_merge_kernel")
-    TA._prepare.cache_clear()  # a recipe holds the kernel objects it was built with
+    kernels = TAI if invariant else TAS
+    names = ("_inv_fwd_kernel", "_inv_merge_kernel") if invariant else ("_fwd_kernel", "_merge_kernel")
+    kernels.prepare.cache_clear()  # a recipe holds the kernel objects it was built with
     try:
-        got = launches(monkeypatch, TA, names, lambda: TA.tree_attention(
+        got = launches(monkeypatch, kernels, names, lambda: TA.tree_attention(
             q, cache, cache, torch.zeros(B, pages, dtype=torch.int32), torch.zeros(B, dtype=torch.int32), mask,
-            max_prefix_len=prefix, invariant=invariant))
+            max_prefix_len=prefix, invariant=invariant), launcher=TA)
     finally:
-        TA._prepare.cache_clear()
-    cases = TA._call_cases(s, B, N, tree, prefix, invariant, 8, False, "")  # 8: the plan off a GPU
+        kernels.prepare.cache_clear()
+    if invariant:
+        cases = TAI._call_cases(s, B, N, tree, prefix, False, "")
+    else:
+        cases = TAS._call_cases(s, B, N, tree, prefix, 8, False, "")  # 8: the plan off a GPU
     fwd = [c for c in cases if "fwd" in c.kernel.__name__]
     merge = [c for c in cases if "merge" in c.kernel.__name__]
     assert [n for n, _ in got] == [fwd[0].kernel.__name__] + [c.kernel.__name__ for c in merge]
