@@ -1,6 +1,6 @@
 """rope_store: the rotary embedding and KV-cache store of an already-projected qkv (split into heads, optionally
-q/k RMSNorm), one launch instead of ~20 torch kernels per layer. `proj_rope_store` (kernels/projection.py,
-kernels/folded_linear.py) computes the qkv projection too, in the same launch.
+q/k RMSNorm), one launch instead of ~20 torch kernels per layer: the stock path's (models/kernel_paths.py).
+`proj_rope_store` (kernels/projection.py) computes the qkv projection too, in the same launch.
 
 Per token row m of qkv [M, (Hq + 2*Hkv) * D] (q heads, then k heads, then v heads):
   0. With `row_norm_of` (a layer whose input RMSNorm is folded into the projection): the row is scaled by

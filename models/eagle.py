@@ -36,7 +36,7 @@ from eaglet.kernels import projection as proj
 from eaglet.kernels.activation import silu_and_mul_ref
 from eaglet.kernels.rmsnorm import rmsnorm_ref
 from eaglet.kernels.tree_attention import SUPPORTED_HEAD_DIMS
-from eaglet.models.kernel_paths import Layer, Path, path_for
+from eaglet.models.kernel_paths import KernelPath, path_for
 from eaglet.models.kv_cache import ForwardBatch, KVCache
 from eaglet.models.llama import Attention, FeedForward, ModelArgs, RMSNorm, Transformer, rope_inv_freq
 # the training forward's attention: models/ depends on training/ here only, and that module imports no model code
@@ -64,9 +64,9 @@ def _draft_args(cfg: dict) -> ModelArgs:
 
 
 def _linear(layer: nn.Linear, invariant: bool, x: torch.Tensor) -> torch.Tensor:
-    """layer(x): x [..., in] -> [..., out], in the invariant projection kernel when the head runs invariant
-    (`DraftHead.set_invariant`)."""
-    if not invariant:
+    """layer(x): x [..., in] -> [..., out], on the head's path (`DraftHead.set_invariant`, models/kernel_paths.py):
+    cuBLAS, or the invariant projection kernel."""
+    if path_for(invariant) is KernelPath.STOCK:
         return layer(x)
     return proj.linear(x.reshape(-1, x.shape[-1]), layer.weight, layer.bias).view(*x.shape[:-1], -1)
 
@@ -97,10 +97,9 @@ class DraftLayer(nn.Module):
     def fold_norm_weights(self) -> bool:
         """Fold the norm weights into the projections after them, in place (as `Transformer.fold_norm_weights`):
         input_layernorm (and hidden_norm, EAGLE-3) into qkv_proj's columns, post_attention_layernorm into
-        gate_up_proj; the norms' weights become 1, so every path computes the same function. Up to 16 rows
-        (models/kernel_paths.py) the layer then runs kernels/folded_linear.py's 4 fused launches and no norm kernel
-        (an EAGLE-3 draft step: 9 fewer launches). A layer without an input norm (EAGLE-1 layer 0, whose qkv reads
-        x unscaled) is left as it is. Returns whether the layer folded."""
+        gate_up_proj; the norms' weights become 1, so both paths compute the same function (the invariant one then
+        applies only each row's 1/rms, projection.FOLDED). A layer without an input norm (EAGLE-1 layer 0, whose qkv
+        reads x unscaled) is left as it is. Returns whether the layer folded."""
         attn = self.self_attn
         if self.input_layernorm is None or self.norms_folded:
             return self.norms_folded
@@ -118,16 +117,8 @@ class DraftLayer(nn.Module):
 
     def forward(self, x, positions, inv_freq, batch: ForwardBatch, kv: KVCache, embeds=None) -> torch.Tensor:
         """x [B, T, H] (residual stream) -> [B, T, H]; `embeds` [B, T, H] only for the EAGLE-3 variant."""
-        path = path_for(Layer.DRAFT, invariant=self.invariant, folded=self.norms_folded,
-                        rows=x.numel() // x.shape[-1])
-        if path is Path.INVARIANT:
+        if path_for(self.invariant) is KernelPath.INVARIANT:
             return self._forward_invariant(x, positions, inv_freq, batch, kv, embeds)
-        if path is Path.FOLDED:
-            # x + attention as a new tensor (x, the caller's, is left as it is), then the MLP adds into it. A folded
-            # layer's PLAIN path (models/kernel_paths.py) is the one below: unit norm weights, the same function.
-            h = self.self_attn(x, positions, inv_freq, batch, kv, folded=True, in_place=False,
-                               embeds=embeds if self.hidden_norm is not None else None)  # [B, T, H]
-            return self.mlp(h, folded=True)  # [B, T, H]
         if self.hidden_norm is not None:
             a = torch.cat([self.input_layernorm(embeds), self.hidden_norm(x)], dim=-1)  # [B, T, 2H]
         elif self.input_layernorm is not None:
@@ -312,7 +303,7 @@ class DraftHead(nn.Module):
         and projection of the head; engine/run.py follows the target's `invariant`. Not for the draft's numerics,
         which decide no emitted token (the verify does), but so that one set of kernels serves target and head
         (models/kernel_paths.py). The training forward (`forward_dense`) is unaffected."""
-        self.invariant = invariant
+        self.invariant = invariant = bool(invariant)
         for m in self.modules():
             if isinstance(m, DraftLayer):
                 m.invariant = invariant
@@ -544,7 +535,7 @@ class Eagle3Head(DraftHead):
             hidden = _linear(self.fc, self.invariant, hidden)  # [B, T, H]
         x = self.midlayer(hidden, positions, self._inv_freq, batch, kv, embeds=self.embed(tokens))  # [B, T, H]
         # x (pre-norm) is what the next draft step takes as hidden, as in EAGLE's topK_genrate and SGLang
-        if self.invariant:  # the norm inside the LM head's projection
+        if path_for(self.invariant) is KernelPath.INVARIANT:  # the norm inside the LM head's projection
             B, T, H = x.shape
             logits = proj.linear(x.reshape(B * T, H), self.lm_head.weight, norm_weight=self.norm.weight,
                                  eps=self.norm.eps).view(B, T, -1)  # [B, T, draft_vocab]
