@@ -677,7 +677,7 @@ def proj_rope_store(x, norm_weight, weight, bias, positions, inv_freq, k_cache, 
     _check_proj(x, weight, bias, norm_weight, x2, norm_weight2)
     qkv_like = x[:, :1].expand(x.shape[0], weight.shape[0])  # [M, (Hq+2Hkv)*D]: rope's checks, no data
     _rope._check_args(qkv_like, positions, inv_freq, k_cache, v_cache, out_slots, n_heads, n_kv_heads, head_dim,
-                      None, None, None)
+                      None, None)
     if head_dim % 64:
         raise ValueError(f"proj_rope_store needs head_dim a multiple of 64, got {head_dim}")
     tensors = _tensors(bias, norm_weight, x2, norm_weight2)
