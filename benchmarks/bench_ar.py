@@ -1,7 +1,8 @@
 """Autoregressive decoding throughput on the embedded SmolLM2-135M-Instruct.
 
 eaglet's AR engine on its two numerics paths (models/kernel_paths.py: invariant and stock; CUDA graphs, and eager
-for reference) vs Hugging Face `generate` on the same weights, beside the HBM floor of one decode step (weights + KV read once / measured copy bandwidth).
+for reference) vs Hugging Face `generate` on the same weights, beside the HBM floor of one decode step (weights + KV
+read once / measured copy bandwidth).
 Greedy, MT-bench first turns, EOS ignored so every request decodes exactly --max-new tokens (a fixed
 amount of work per configuration). Table printed last, also written as markdown with --out.
 
@@ -29,14 +30,14 @@ def main():
     args = ap.parse_args()
 
     from eaglet.data.assets import asset_path
-    from eaglet.kernels._utils import copy_bandwidth
     from eaglet.data.prompts import load_mt_bench
+    from eaglet.engine.autoregressive import AREngine
+    from eaglet.engine.common import encode_turns
+    from eaglet.engine.requests import Request
+    from eaglet.kernels._utils import copy_bandwidth
     from eaglet.models.checkpoint import load_checkpoint, load_tokenizer
     from eaglet.models.kv_cache import KVCache
     from eaglet.models.llama import ModelArgs, Transformer
-    from eaglet.engine.autoregressive import AREngine
-    from eaglet.engine.requests import Request
-    from eaglet.engine.common import encode_turns
 
     dev, dtype = torch.device("cuda"), torch.bfloat16
     path = asset_path("smollm2_gguf")
@@ -48,8 +49,8 @@ def main():
     bw = copy_bandwidth(dev)
     weight_bytes = model.weight_read_bytes()
     kv_bytes_per_token = 2 * margs.n_layers * margs.n_kv_heads * margs.head_dim * 2
-    print(f"device={torch.cuda.get_device_name()} copy bandwidth={bw / 1e12:.2f} TB/s weights={weight_bytes / 1e6:.1f} MB",
-          flush=True)
+    print(f"device={torch.cuda.get_device_name()} copy bandwidth={bw / 1e12:.2f} TB/s "
+          f"weights={weight_bytes / 1e6:.1f} MB", flush=True)
 
     rows = []
     for B in args.batch:

@@ -13,7 +13,8 @@ import torch.nn.functional as F
 from safetensors.torch import save_file
 
 from eaglet.models.checkpoint import CheckpointError, CheckpointNotFoundError
-from eaglet.models.eagle import DraftLayer, Eagle1Head, Eagle3Head, MultiLayerHead
+from eaglet.models.draft_layers import DraftLayer
+from eaglet.models.eagle import Eagle1Head, Eagle3Head, MultiLayerHead
 from eaglet.models.head_checkpoint import (
     head_class,
     head_config,

@@ -83,7 +83,8 @@ def test_logits_match_transformers_smollm2(smollm2_path, smollm2):
     from eaglet.models.checkpoint import load_checkpoint
 
     cfg, sd = load_checkpoint(smollm2_path)
-    hf = transformers.LlamaForCausalLM(transformers.LlamaConfig(**{k: v for k, v in cfg.items() if k != "architectures"}))
+    hf_cfg = transformers.LlamaConfig(**{k: v for k, v in cfg.items() if k != "architectures"})
+    hf = transformers.LlamaForCausalLM(hf_cfg)
     hf.load_state_dict(sd, strict=False)
     hf.tie_weights()
     hf.eval()
