@@ -1,7 +1,8 @@
 """Autoregressive decoding throughput on the embedded SmolLM2-135M-Instruct.
 
-eaglet's AR engine (CUDA graphs, and eager for reference) vs Hugging Face `generate` on the same
-weights, beside the HBM floor of one decode step (weights + KV read once / measured copy bandwidth).
+eaglet's AR engine on its two numerics paths (models/kernel_paths.py: invariant and stock; CUDA graphs, and eager
+for reference) vs Hugging Face `generate` on the same weights, beside the HBM floor of one decode step (weights + KV
+read once / measured copy bandwidth).
 Greedy, MT-bench first turns, EOS ignored so every request decodes exactly --max-new tokens (a fixed
 amount of work per configuration). Table printed last, also written as markdown with --out.
 
@@ -35,7 +36,6 @@ def main():
     from eaglet.engine.requests import Request
     from eaglet.kernels._utils import copy_bandwidth
     from eaglet.models.checkpoint import load_checkpoint, load_tokenizer
-    from eaglet.models.kernel_paths import FUSED_LINEAR_MAX_ROWS, override_limits
     from eaglet.models.kv_cache import KVCache
     from eaglet.models.llama import ModelArgs, Transformer
 
@@ -49,39 +49,33 @@ def main():
     bw = copy_bandwidth(dev)
     weight_bytes = model.weight_read_bytes()
     kv_bytes_per_token = 2 * margs.n_layers * margs.n_kv_heads * margs.head_dim * 2
-    print(f"device={torch.cuda.get_device_name()} copy bandwidth={bw / 1e12:.2f} TB/s weights={weight_bytes / 1e6:.1f} MB",
-          flush=True)
+    print(f"device={torch.cuda.get_device_name()} copy bandwidth={bw / 1e12:.2f} TB/s "
+          f"weights={weight_bytes / 1e6:.1f} MB", flush=True)
 
     rows = []
     for B in args.batch:
         batch_prompts = prompts[:B]
         mean_ctx = sum(len(p) for p in batch_prompts) / B + args.max_new / 2
         floor_s = (weight_bytes + B * mean_ctx * kv_bytes_per_token) / bw  # one decode step
-        # (graphs, fused projections up to this many tokens): the default (fused at 1 token) against
-        # cuBLAS projections at every size, the measurement behind models/kernel_paths.py's FUSED_LINEAR_MAX_ROWS,
-        # and the invariant numerics (run_spec.py's default: lossless bf16 speculation; their own kernels)
-        default = FUSED_LINEAR_MAX_ROWS
-        for graph, fused, inv in ((True, 0, False), (True, default, False), (True, default, True),
-                                  (False, default, False)):
+        # (graphs, invariant): the stock path and the invariant one (run_spec.py's default: lossless bf16
+        # speculation), CUDA graphs and the stock path eager
+        for graph, inv in ((True, False), (True, True), (False, False)):
             model.set_invariant(inv)
-            with override_limits(fused_linear_max_rows=fused):
-                kv = KVCache.for_model(margs, max_reqs=B, max_context=2048, page_size=16, dtype=dtype, device=dev)
-                eng = AREngine(model, kv, B, use_cuda_graph=graph)
-                eng.warmup()  # autotuning and graph capture stay out of the timing
-                eng.generate([Request(p, 8) for p in batch_prompts])
-                reqs = [Request(p, args.max_new, rid=i) for i, p in enumerate(batch_prompts)]
-                st = eng.generate(reqs)
-                decode_tokens = st.new_tokens - len(reqs)  # the first token of each comes from prefill
-                decode_s = st.total_s - st.prefill_s
-                tps = decode_tokens / decode_s
-                name = ("CUDA graph" if graph else "eager") + (
-                    ", invariant numerics" if inv else f", fused projections at <= {fused} tokens" if fused
-                    else ", cuBLAS projections")
-                rows.append({"provider": f"eaglet AR ({name})", "B": B,
-                             "tokens/s": tps, "step ms": 1e3 * decode_s / st.decode_steps,
-                             "floor ms": 1e3 * floor_s, "floor tokens/s": B / floor_s,
-                             "x floor": (decode_s / st.decode_steps) / floor_s})
-                print(rows[-1], flush=True)
+            kv = KVCache.for_model(margs, max_reqs=B, max_context=2048, page_size=16, dtype=dtype, device=dev)
+            eng = AREngine(model, kv, B, use_cuda_graph=graph)
+            eng.warmup()  # autotuning and graph capture stay out of the timing
+            eng.generate([Request(p, 8) for p in batch_prompts])
+            reqs = [Request(p, args.max_new, rid=i) for i, p in enumerate(batch_prompts)]
+            st = eng.generate(reqs)
+            decode_tokens = st.new_tokens - len(reqs)  # the first token of each comes from prefill
+            decode_s = st.total_s - st.prefill_s
+            tps = decode_tokens / decode_s
+            name = ("CUDA graph" if graph else "eager") + (", invariant" if inv else ", stock")
+            rows.append({"provider": f"eaglet AR ({name})", "B": B,
+                         "tokens/s": tps, "step ms": 1e3 * decode_s / st.decode_steps,
+                         "floor ms": 1e3 * floor_s, "floor tokens/s": B / floor_s,
+                         "x floor": (decode_s / st.decode_steps) / floor_s})
+            print(rows[-1], flush=True)
         model.set_invariant(False)
         if args.no_hf:
             continue

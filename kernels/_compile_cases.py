@@ -31,8 +31,8 @@ from typing import Any, NamedTuple
 
 import torch
 
-MODULES = ("activation", "build_tree", "draft_expand", "folded_linear", "kv_ops", "linear", "projection", "rmsnorm",
-           "rope", "topk", "tree_attention_invariant", "tree_attention_splitkv", "verify")
+MODULES = ("activation", "build_tree", "draft_expand", "kv_ops", "projection", "rmsnorm", "rope", "topk",
+           "tree_attention_invariant", "tree_attention_splitkv", "verify")
 
 # The SM (CU) count the launch planners fill when a case is built for a GPU this machine lacks: H100 / H200 (sm_90,
 # 132 SMs) when False, MI300X (gfx942, 304 CUs) when `hip`.
@@ -111,21 +111,19 @@ class Shape(NamedTuple):
     draft_vocab: int  # an EAGLE-3 head's reduced vocabulary (EAGLE-1 / multi-layer heads use `vocab`)
 
 
-# EAGLE-3 draft vocabularies: the head eaglet ships for SmolLM2 (heads/smollm2_135m_eagle3/config.json) and the
-# public Llama-3.1-8B EAGLE-3 heads.
-_DRAFT_VOCAB = {"smollm2_135m": 8192, "llama3_8b": 32000}
+# SmolLM2-135M and Llama-3.1-8B as models/llama.py's transformer_configs has them (kernels/ imports no model code:
+# tests/portability/test_cases.py checks that they agree); EAGLE-3 draft vocabularies of the head eaglet ships for
+# SmolLM2 (heads/smollm2_135m_eagle3/config.json) and of the public Llama-3.1-8B EAGLE-3 heads.
+SHAPES = (
+    Shape("smollm2_135m", hidden=576, n_heads=9, n_kv_heads=3, head_dim=64, ffn=1536, vocab=49152, draft_vocab=8192),
+    Shape("llama3_8b", hidden=4096, n_heads=32, n_kv_heads=8, head_dim=128, ffn=14336, vocab=128256,
+          draft_vocab=32000),
+)
 
 
 def model_shapes() -> list[Shape]:
-    """SmolLM2-135M and Llama-3.1-8B, from models/llama.py's transformer_configs."""
-    from eaglet.models.llama import transformer_configs
-
-    out = []
-    for name, draft_vocab in _DRAFT_VOCAB.items():
-        c = transformer_configs[name]
-        out.append(Shape(name, c["dim"], c["n_heads"], c["n_kv_heads"], c["head_dim"], c["intermediate_size"],
-                         c["vocab_size"], draft_vocab))
-    return out
+    """The model shapes the compile cases are built for (`SHAPES`)."""
+    return list(SHAPES)
 
 
 class Tree(NamedTuple):

@@ -34,17 +34,9 @@ def rmsnorm_ref(
 
 
 def row_rstd_ref(x: torch.Tensor, eps: float) -> torch.Tensor:
-    """Torch reference of `row_rstd`: 1 / rms of each row of x [..., H], fp32 [...]."""
+    """1 / rms of each row of x [..., H], fp32 [...]: the scale that a norm folded into the projection after it
+    (Transformer.fold_norm_weights) applies to the projection's output row (kernels/projection.py)."""
     return torch.rsqrt(x.float().pow(2).mean(-1) + eps)  # [...]
-
-
-@triton.jit
-def row_rstd(row_ptr, H, eps, BLOCK: tl.constexpr):
-    """1 / rms (fp32) of one row of H <= BLOCK values: the scale that a norm folded into the projection after it
-    (Transformer.fold_norm_weights) applies to the projection's output row instead of to its input."""
-    cols = tl.arange(0, BLOCK)  # [BLOCK]
-    x = tl.load(row_ptr + cols, mask=cols < H, other=0.0).to(tl.float32)  # [BLOCK]
-    return tl.math.rsqrt(tl.sum(x * x, axis=0) / H + eps)
 
 
 def _check_args(x, weight, residual) -> None:

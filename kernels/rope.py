@@ -1,10 +1,8 @@
 """rope_store: the rotary embedding and KV-cache store of an already-projected qkv (split into heads, optionally
-q/k RMSNorm), one launch instead of ~20 torch kernels per layer. `proj_rope_store` (kernels/projection.py,
-kernels/folded_linear.py) computes the qkv projection too, in the same launch.
+q/k RMSNorm), one launch instead of ~20 torch kernels per layer: the stock path's (models/kernel_paths.py).
+`proj_rope_store` (kernels/projection.py) computes the qkv projection too, in the same launch.
 
 Per token row m of qkv [M, (Hq + 2*Hkv) * D] (q heads, then k heads, then v heads):
-  0. With `row_norm_of` (a layer whose input RMSNorm is folded into the projection): the row is scaled by
-     1 / rms(row_norm_of[m]), in fp32, rounded to qkv's dtype.
   1. Qwen3 only: per-head RMSNorm over D of q and k (HF semantics, see kernels/rmsnorm.py).
   2. Rotary embedding in Hugging Face's rotate-half layout, angle = position * inv_freq, with
      cos/sin computed in fp32 from positions and inv_freq (no cos/sin cache to index):
@@ -28,7 +26,7 @@ from triton.language.extra import libdevice
 
 from eaglet.kernels._compile_cases import CompileCase, Ptr, model_shapes
 from eaglet.kernels._utils import FLOAT_DTYPES, is_interpret, use_triton
-from eaglet.kernels.rmsnorm import MAX_HIDDEN, rmsnorm_ref, row_rstd, row_rstd_ref
+from eaglet.kernels.rmsnorm import rmsnorm_ref
 
 _INDEX_DTYPES = (torch.int32, torch.int64)
 
@@ -52,15 +50,12 @@ def rope_store_ref(
     q_norm_weight: torch.Tensor | None = None,
     k_norm_weight: torch.Tensor | None = None,
     norm_eps: float = 1e-6,
-    row_norm_of: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Torch reference (the spec) of `rope_store`: HF's apply_rotary_pos_emb with the
     rotation in fp32. Writes k_cache/v_cache in place, returns q [M, Hq, D]."""
     _check_args(qkv, positions, inv_freq, k_cache, v_cache, out_slots, n_heads, n_kv_heads, head_dim,
-                q_norm_weight, k_norm_weight, row_norm_of)
+                q_norm_weight, k_norm_weight)
     M, D = qkv.shape[0], head_dim
-    if row_norm_of is not None:
-        qkv = (qkv.float() * row_rstd_ref(row_norm_of, norm_eps)[:, None]).to(qkv.dtype)  # [M, (Hq+2Hkv)*D]
     q, k, v = qkv.split([n_heads * D, n_kv_heads * D, n_kv_heads * D], dim=-1)
     q = q.reshape(M, n_heads, D)  # [M, Hq, D]
     k = k.reshape(M, n_kv_heads, D)  # [M, Hkv, D]
@@ -80,7 +75,7 @@ def rope_store_ref(
 
 
 def _check_args(qkv, positions, inv_freq, k_cache, v_cache, out_slots, n_heads, n_kv_heads, head_dim,
-                q_norm_weight, k_norm_weight, row_norm_of) -> None:
+                q_norm_weight, k_norm_weight) -> None:
     if n_heads < 1 or n_kv_heads < 1:
         raise ValueError(f"n_heads={n_heads} and n_kv_heads={n_kv_heads} must be >= 1")
     if head_dim < 2 or head_dim % 2 != 0:
@@ -116,31 +111,18 @@ def _check_args(qkv, positions, inv_freq, k_cache, v_cache, out_slots, n_heads, 
         if t is not None and (tuple(t.shape) != (head_dim,) or t.dtype != qkv.dtype):
             raise ValueError(f"{name} must be [head_dim] = [{head_dim}] in qkv's dtype {qkv.dtype}, "
                              f"got {tuple(t.shape)} {t.dtype}")
-    if row_norm_of is not None and (row_norm_of.dim() != 2 or row_norm_of.shape[0] != M
-                                    or not 0 < row_norm_of.shape[1] <= MAX_HIDDEN or row_norm_of.dtype not in FLOAT_DTYPES):
-        raise ValueError(f"row_norm_of must be float [M, H] = [{M}, H] with 0 < H <= {MAX_HIDDEN} (the rows whose "
-                         f"1/rms scales qkv's rows), got {tuple(row_norm_of.shape)} {row_norm_of.dtype}")
     for name, t in (("positions", positions), ("inv_freq", inv_freq), ("k_cache", k_cache), ("v_cache", v_cache),
-                    ("out_slots", out_slots), ("q_norm_weight", q_norm_weight), ("k_norm_weight", k_norm_weight),
-                    ("row_norm_of", row_norm_of)):
+                    ("out_slots", out_slots), ("q_norm_weight", q_norm_weight), ("k_norm_weight", k_norm_weight)):
         if t is not None and t.device != qkv.device:
             raise ValueError(f"{name} is on {t.device}, qkv on {qkv.device}")
 
 
 @triton.jit
-def _scaled(x, scale, dtype, SCALE: tl.constexpr):
-    """x (fp32) times the row's scale, rounded to dtype (the projection's output dtype), when SCALE."""
-    if SCALE:
-        x = (x * scale).to(dtype).to(tl.float32)
-    return x
-
-
-@triton.jit
-def _norm_rope(row_ptr, w_ptr, eps, cos, sin, scale,
+def _norm_rope(row_ptr, w_ptr, eps, cos, sin,
                N_HEADS: tl.constexpr, BLOCK_H: tl.constexpr, D: tl.constexpr, BLOCK_HALF: tl.constexpr,
-               HAS_NORM: tl.constexpr, SCALE: tl.constexpr):
-    """Load N_HEADS heads at row_ptr as (first half, second half), scale them by the row's scale if
-    SCALE, per-head RMSNorm them if HAS_NORM, rotate; returns the halves in fp32, rounded to the input dtype."""
+               HAS_NORM: tl.constexpr):
+    """Load N_HEADS heads at row_ptr as (first half, second half), per-head RMSNorm them if HAS_NORM, rotate;
+    returns the halves in fp32, rounded to the input dtype."""
     HALF: tl.constexpr = D // 2
     dtype = row_ptr.dtype.element_ty
     h = tl.arange(0, BLOCK_H)  # [BLOCK_H]
@@ -149,8 +131,6 @@ def _norm_rope(row_ptr, w_ptr, eps, cos, sin, scale,
     offs = h[:, None] * D + j[None, :]  # [BLOCK_H, BLOCK_HALF]
     x1 = tl.load(row_ptr + offs, mask=mask, other=0.0).to(tl.float32)  # [BLOCK_H, BLOCK_HALF]
     x2 = tl.load(row_ptr + offs + HALF, mask=mask, other=0.0).to(tl.float32)  # [BLOCK_H, BLOCK_HALF]
-    x1 = _scaled(x1, scale, dtype, SCALE)  # [BLOCK_H, BLOCK_HALF]
-    x2 = _scaled(x2, scale, dtype, SCALE)  # [BLOCK_H, BLOCK_HALF]
     if HAS_NORM:
         rstd = tl.math.rsqrt((tl.sum(x1 * x1, axis=1) + tl.sum(x2 * x2, axis=1)) / D + eps)  # [BLOCK_H]
         w1 = tl.load(w_ptr + j, mask=j < HALF, other=0.0).to(tl.float32)  # [BLOCK_HALF]
@@ -165,11 +145,11 @@ def _norm_rope(row_ptr, w_ptr, eps, cos, sin, scale,
 
 @triton.jit
 def _rope_store_kernel(
-    qkv_ptr, pos_ptr, inv_freq_ptr, k_cache_ptr, v_cache_ptr, slots_ptr, q_ptr, qw_ptr, kw_ptr, x_ptr,
-    stride_qkv, stride_x, H, eps,
+    qkv_ptr, pos_ptr, inv_freq_ptr, k_cache_ptr, v_cache_ptr, slots_ptr, q_ptr, qw_ptr, kw_ptr,
+    stride_qkv, eps,
     HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr,
     BLOCK_HQ: tl.constexpr, BLOCK_HKV: tl.constexpr, BLOCK_HALF: tl.constexpr,
-    HAS_NORM: tl.constexpr, PRECISE_TRIG: tl.constexpr, SCALE: tl.constexpr, BLOCK_X: tl.constexpr,
+    HAS_NORM: tl.constexpr, PRECISE_TRIG: tl.constexpr,
 ):
     """Grid (M, 3): program (m, 0) writes row m's q, (m, 1) its k, (m, 2) its v, side by side. At M=8 on an H200
     (Llama-3-8B heads, 20 calls in a graph) one program per row doing all three took 3.03 µs a call, this grid
@@ -187,20 +167,15 @@ def _rope_store_kernel(
         cos = tl.cos(angle)  # [BLOCK_HALF]
         sin = tl.sin(angle)  # [BLOCK_HALF]
     row = qkv_ptr + m * stride_qkv
-    scale = 1.0
-    if SCALE:
-        scale = row_rstd(x_ptr + m * stride_x, H, eps, BLOCK_X)
-
     if part == 0:
-        q1, q2, offs, mask = _norm_rope(row, qw_ptr, eps, cos, sin, scale, HQ, BLOCK_HQ, D, BLOCK_HALF, HAS_NORM,
-                                        SCALE)
+        q1, q2, offs, mask = _norm_rope(row, qw_ptr, eps, cos, sin, HQ, BLOCK_HQ, D, BLOCK_HALF, HAS_NORM)
         q_out = q_ptr + m * (HQ * D)
         tl.store(q_out + offs, q1, mask=mask)
         tl.store(q_out + offs + HALF, q2, mask=mask)
     elif part == 1:
         slot = tl.load(slots_ptr + m).to(tl.int64)
-        k1, k2, offs, mask = _norm_rope(row + HQ * D, kw_ptr, eps, cos, sin, scale, HKV, BLOCK_HKV, D, BLOCK_HALF,
-                                        HAS_NORM, SCALE)
+        k1, k2, offs, mask = _norm_rope(row + HQ * D, kw_ptr, eps, cos, sin, HKV, BLOCK_HKV, D, BLOCK_HALF,
+                                        HAS_NORM)
         k_out = k_cache_ptr + slot * (HKV * D)
         cache_dtype = k_cache_ptr.dtype.element_ty
         tl.store(k_out + offs, k1.to(cache_dtype), mask=mask)
@@ -211,8 +186,7 @@ def _rope_store_kernel(
         j2 = tl.arange(0, 2 * BLOCK_HALF)  # [2 * BLOCK_HALF] a whole head
         vmask = (h < HKV)[:, None] & (j2 < D)[None, :]  # [BLOCK_HKV, 2 * BLOCK_HALF]
         voffs = h[:, None] * D + j2[None, :]  # [BLOCK_HKV, 2 * BLOCK_HALF]
-        v = _scaled(tl.load(row + (HQ + HKV) * D + voffs, mask=vmask).to(tl.float32), scale,
-                    qkv_ptr.dtype.element_ty, SCALE)  # [BLOCK_HKV, 2 * BLOCK_HALF]
+        v = tl.load(row + (HQ + HKV) * D + voffs, mask=vmask)  # [BLOCK_HKV, 2 * BLOCK_HALF]
         tl.store(v_cache_ptr + slot * (HKV * D) + voffs, v.to(v_cache_ptr.dtype.element_ty), mask=vmask)
 
 
@@ -229,7 +203,6 @@ def rope_store(
     q_norm_weight: torch.Tensor | None = None,
     k_norm_weight: torch.Tensor | None = None,
     norm_eps: float = 1e-6,
-    row_norm_of: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Rotate q and k of the fused projection output, store k and v in the cache, return q.
 
@@ -237,56 +210,44 @@ def rope_store(
     [M] (int64 or int32), inv_freq [D/2] fp32, k_cache/v_cache [S, Hkv, D] contiguous (a paged
     pool [pages, page_size, Hkv, D] works too: slot = page * page_size + offset), any float dtype.
     q_norm_weight/k_norm_weight [D] in qkv's dtype: Qwen3's per-head q/k RMSNorm before RoPE.
-    row_norm_of [M, H]: scale each qkv row by 1 / rms(row_norm_of[m]) (norm_eps) first, the input norm of a
-    layer whose norm weight is folded into its qkv projection (qkv = row_norm_of @ W'^T).
     Returns q [M, Hq, D] in qkv's dtype. Rows sharing an out_slot (padding -> dummy slot 0) race:
     one of them wins. Slots are not bounds-checked (that would need a host sync).
     """
     _check_args(qkv, positions, inv_freq, k_cache, v_cache, out_slots, n_heads, n_kv_heads, head_dim,
-                q_norm_weight, k_norm_weight, row_norm_of)
-    extra = [t for t in (q_norm_weight, k_norm_weight, row_norm_of) if t is not None]
+                q_norm_weight, k_norm_weight)
+    extra = [t for t in (q_norm_weight, k_norm_weight) if t is not None]
     if not use_triton(qkv, positions, inv_freq, k_cache, v_cache, out_slots, *extra):
         return rope_store_ref(qkv, positions, inv_freq, k_cache, v_cache, out_slots, n_heads, n_kv_heads,
-                              head_dim, q_norm_weight, k_norm_weight, norm_eps, row_norm_of)
+                              head_dim, q_norm_weight, k_norm_weight, norm_eps)
     M, D = qkv.shape[0], head_dim
     q = torch.empty(M, n_heads, D, dtype=qkv.dtype, device=qkv.device)  # [M, Hq, D]
     if M == 0:
         return q
     if qkv.stride(1) != 1:
         qkv = qkv.contiguous()
-    has_norm, scale = q_norm_weight is not None, row_norm_of is not None
-    x = q  # [M, H] rows of the row scale, else a dummy pointer
-    if scale:
-        x = row_norm_of if row_norm_of.stride(1) == 1 else row_norm_of.contiguous()
+    has_norm = q_norm_weight is not None
     _rope_store_kernel[(M, 3)](
         qkv, positions.contiguous(), inv_freq.contiguous(), k_cache, v_cache, out_slots.contiguous(), q,
-        q_norm_weight.contiguous() if has_norm else q, k_norm_weight.contiguous() if has_norm else q, x,
-        qkv.stride(0), x.stride(0) if scale else 0, x.shape[1] if scale else 1, float(norm_eps),
-        **_launch_meta(n_heads, n_kv_heads, D, has_norm, x.shape[1] if scale else None),
+        q_norm_weight.contiguous() if has_norm else q, k_norm_weight.contiguous() if has_norm else q,
+        qkv.stride(0), float(norm_eps), **_launch_meta(n_heads, n_kv_heads, D, has_norm),
         PRECISE_TRIG=not is_interpret(),
     )
     return q
 
 
-def _launch_meta(n_heads: int, n_kv_heads: int, D: int, has_norm: bool, H: int | None) -> dict:
-    """Blocks and warps for one row's heads; H: the width of the rows whose 1/rms scales qkv (None: no scale)."""
+def _launch_meta(n_heads: int, n_kv_heads: int, D: int, has_norm: bool) -> dict:
+    """Blocks and warps for one row's heads."""
     block_hq, block_half = triton.next_power_of_2(n_heads), triton.next_power_of_2(D // 2)
     return dict(HQ=n_heads, HKV=n_kv_heads, D=D, BLOCK_HQ=block_hq, BLOCK_HKV=triton.next_power_of_2(n_kv_heads),
-                BLOCK_HALF=block_half, HAS_NORM=has_norm, SCALE=H is not None,
-                BLOCK_X=1 if H is None else triton.next_power_of_2(H),
-                num_warps=4 if block_hq * block_half <= 1024 else 8)
+                BLOCK_HALF=block_half, HAS_NORM=has_norm, num_warps=4 if block_hq * block_half <= 1024 else 8)
 
 
 def compile_cases(hip: bool) -> list[CompileCase]:
-    """kernels/_compile_cases.py: the model's heads, plain and with the folded input norm's scale; bf16, the
-    libdevice (CUDA) / OCML (HIP) sine and cosine (the same on both vendors)."""
+    """kernels/_compile_cases.py: the model's heads; bf16, the libdevice (CUDA) / OCML (HIP) sine and cosine (the
+    same on both vendors)."""
     p, i64 = Ptr(torch.bfloat16), Ptr(torch.int64)
-    cases = []
-    for s in model_shapes():
-        for H in (None, s.hidden):
-            cases.append(CompileCase.of(
-                _rope_store_kernel, (s.name,), qkv_ptr=p, pos_ptr=i64, inv_freq_ptr=Ptr(torch.float32),
-                k_cache_ptr=p, v_cache_ptr=p, slots_ptr=i64, q_ptr=p, qw_ptr=p, kw_ptr=p, x_ptr=p,
-                stride_qkv=(s.n_heads + 2 * s.n_kv_heads) * s.head_dim, stride_x=H or 0, H=H or 1, eps=1e-5,
-                PRECISE_TRIG=True, **_launch_meta(s.n_heads, s.n_kv_heads, s.head_dim, False, H)))
-    return cases
+    return [CompileCase.of(
+        _rope_store_kernel, (s.name,), qkv_ptr=p, pos_ptr=i64, inv_freq_ptr=Ptr(torch.float32), k_cache_ptr=p,
+        v_cache_ptr=p, slots_ptr=i64, q_ptr=p, qw_ptr=p, kw_ptr=p,
+        stride_qkv=(s.n_heads + 2 * s.n_kv_heads) * s.head_dim, eps=1e-5, PRECISE_TRIG=True,
+        **_launch_meta(s.n_heads, s.n_kv_heads, s.head_dim, False)) for s in model_shapes()]

@@ -8,9 +8,9 @@ tree verification (the new tokens are a tree: `attn_mask` is ancestor-or-self).
 `Transformer.set_invariant(True)` makes every token's result independent of what else is in the forward
 (the batch, the other tree nodes, the prompt padding): the projections and the attention take their
 invariant kernels (kernels/projection.py, 4 launches a block, and kernels/tree_attention.py). Then a verify computes
-each accepted tree
-node exactly as plain decoding computes that token, and greedy speculative decoding in bf16 emits plain
-decoding's tokens, ties included. Without it, bf16 runs diverge at near-ties of the two best logits.
+each accepted tree node exactly as plain decoding computes that token, and greedy speculative decoding in bf16 emits
+plain decoding's tokens, ties included. Without it (the stock path: the rmsnorm kernel, cuBLAS, the RoPE and SiLU·mul
+kernels; models/kernel_paths.py holds the choice), bf16 runs diverge at near-ties of the two best logits.
 """
 
 from __future__ import annotations
@@ -22,14 +22,12 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from eaglet.kernels.activation import silu_and_mul
-from eaglet.kernels.folded_linear import gate_up_silu, linear_add, linear_add_, proj_rope_store
 from eaglet.kernels import projection as proj
-from eaglet.kernels.linear import norm_linear, silu_mul_linear
+from eaglet.kernels.activation import silu_and_mul
 from eaglet.kernels.rmsnorm import rmsnorm
 from eaglet.kernels.rope import rope_store
 from eaglet.kernels.tree_attention import tree_attention
-from eaglet.models.kernel_paths import Layer, Path, path_for
+from eaglet.models.kernel_paths import KernelPath, path_for
 from eaglet.models.kv_cache import ForwardBatch, KVCache
 
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
@@ -138,7 +136,8 @@ transformer_configs: dict[str, dict] = {
 
 def rope_inv_freq(args: ModelArgs) -> torch.Tensor:
     """Rotary inverse frequencies [head_dim/2] (fp64 for the table), with Llama-3.1 / linear scaling."""
-    inv = 1.0 / (args.rope_theta ** (torch.arange(0, args.head_dim, 2, dtype=torch.float64, device="cpu") / args.head_dim))  # [D/2]
+    even = torch.arange(0, args.head_dim, 2, dtype=torch.float64, device="cpu")  # [D/2]
+    inv = 1.0 / (args.rope_theta ** (even / args.head_dim))  # [D/2]
     rs = args.rope_scaling
     if not rs:
         return inv
@@ -186,40 +185,21 @@ class Attention(nn.Module):
         self.k_norm = RMSNorm(args.head_dim, args.norm_eps) if args.qk_norm else None
         self.norm_eps = args.norm_eps
 
-    def forward(self, x, positions, inv_freq, batch: ForwardBatch, kv: KVCache, qkv=None,
-                folded: bool = False, embeds=None, in_place: bool = True) -> torch.Tensor:
-        """x [B, T, H] -> [B, T, H]; `qkv` [B, T, (Hq+2Hkv)*D]: the projection when the caller made it.
-        folded (a block whose input norm weight is in qkv_proj, `Transformer.fold_norm_weights`): x is the
-        residual stream, its rows' 1/rms scale the qkv rows, and the result is x + o_proj(o), the next stream,
-        written into x (in_place) or a new tensor (kernels/folded_linear.py: fused kernels up to 16 rows, cuBLAS +
-        the RoPE kernel above). With embeds [B, T, E] (an EAGLE-3 midlayer, `DraftLayer.fold_norm_weights`) the
-        projection's input is cat(norm(embeds), norm(x)), each norm folded into its columns of qkv_proj."""
+    def forward(self, x, positions, inv_freq, batch: ForwardBatch, kv: KVCache) -> torch.Tensor:
+        """The stock path (models/kernel_paths.py): x [B, T, H], the normed input -> [B, T, H]."""
         B, T, _ = x.shape
         Hkv, D = self.n_kv_heads, self.head_dim
         k_cache, v_cache = kv.layer(self.layer_id)  # [pages, page_size, Hkv, D] each
-        rope_args = (positions.reshape(-1), inv_freq, k_cache.view(-1, Hkv, D), v_cache.view(-1, Hkv, D),
-                     batch.out_slots.reshape(-1), self.n_heads, Hkv, D)
-        if folded:
-            # the stream updated in place must be x's own memory; a draft layer's x may be a strided view
-            x2d = x.view(B * T, -1) if in_place else x.reshape(B * T, -1)  # [B*T, H]
-            if embeds is None:
-                q = proj_rope_store(x2d, self.qkv_proj.weight, *rope_args, self.norm_eps)  # [B*T, Hq, D]
-            else:
-                q = proj_rope_store(embeds.reshape(B * T, -1), self.qkv_proj.weight, *rope_args, self.norm_eps,
-                                    x2=x2d)  # [B*T, Hq, D]
-        else:
-            qkv = (self.qkv_proj(x) if qkv is None else qkv).view(B * T, -1)  # [B*T, (Hq+2Hkv)*D]
-            # q/k norm (Qwen3) + RoPE + the K/V store into the pool, one launch
-            q = rope_store(qkv, *rope_args, q_norm_weight=None if self.q_norm is None else self.q_norm.weight,
-                           k_norm_weight=None if self.k_norm is None else self.k_norm.weight,
-                           norm_eps=self.norm_eps)  # [B*T, Hq, D]
+        qkv = self.qkv_proj(x).view(B * T, -1)  # [B*T, (Hq+2Hkv)*D]
+        # q/k norm (Qwen3) + RoPE + the K/V store into the pool, one launch
+        q = rope_store(qkv, positions.reshape(-1), inv_freq, k_cache.view(-1, Hkv, D), v_cache.view(-1, Hkv, D),
+                       batch.out_slots.reshape(-1), self.n_heads, Hkv, D,
+                       q_norm_weight=None if self.q_norm is None else self.q_norm.weight,
+                       k_norm_weight=None if self.k_norm is None else self.k_norm.weight,
+                       norm_eps=self.norm_eps)  # [B*T, Hq, D]
         o = tree_attention(q.view(B, T, self.n_heads, D), k_cache, v_cache, batch.page_table, batch.prefix_lens,
-                           batch.attn_mask, max_prefix_len=batch.max_prefix_len)  # [B, T, Hq, D]
-        if folded:  # the residual add in the GEMM's epilogue
-            add = linear_add_ if in_place else linear_add
-            return add(x2d, o.reshape(B * T, -1), self.o_proj.weight).view(B, T, -1)
-        return self.o_proj(o.reshape(B, T, -1))
-
+                           batch.attn_mask, max_prefix_len=batch.max_prefix_len, invariant=False)  # [B, T, Hq, D]
+        return self.o_proj(o.reshape(B, T, -1))  # [B, T, H]
 
     def forward_stream(self, x2d, norm_weight, positions, inv_freq, batch: ForwardBatch, kv: KVCache, B: int,
                        embeds2d=None, norm_weight2=None) -> torch.Tensor:
@@ -255,13 +235,8 @@ class FeedForward(nn.Module):
         self.down_proj = nn.Linear(args.intermediate_size, args.dim, bias=False)
         self.norm_eps = args.norm_eps
 
-    def forward(self, x: torch.Tensor, folded: bool = False) -> torch.Tensor:
-        """x [B, T, H] -> [B, T, H]. folded (Attention.forward): x is the residual stream, the post-attention
-        norm's 1/rms scales the gate_up rows, and the result is x + down(...), the next stream, written into x."""
-        if folded:
-            x2 = x.view(-1, x.shape[-1])  # [B*T, H]
-            a = gate_up_silu(x2, self.gate_up_proj.weight, self.norm_eps)  # [B*T, I]
-            return linear_add_(x2, a, self.down_proj.weight).view(x.shape)
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The stock path: x [B, T, H], the normed input -> [B, T, H]."""
         gu = self.gate_up_proj(x)  # [B, T, 2I]
         return self.down_proj(silu_and_mul(gu))  # [B, T, H]
 
@@ -276,26 +251,12 @@ class TransformerBlock(nn.Module):
         self.invariant = False  # Transformer.set_invariant
         self.norms_folded = False  # Transformer.fold_norm_weights
 
-    def path(self, rows: int) -> Path:
-        """The kernel path this block runs for a call of `rows` (B * T) rows."""
-        return path_for(Layer.BLOCK, invariant=self.invariant, folded=self.norms_folded, rows=rows)
-
     def forward(self, x, residual, positions, inv_freq, batch, kv):
-        """Pre-norm block with the residual adds fused into the norms (vLLM/SGLang style): takes and
-        returns (block output, residual) whose sum is the residual stream; residual=None at layer 0.
-        With folded norms (Transformer.fold_norm_weights) it returns (the residual stream, None), and a multi-token
-        call updates x, the stream, in place. The path is the table's (models/kernel_paths.py)."""
-        path = self.path(x.numel() // x.shape[-1])
-        if path is Path.INVARIANT:
+        """Pre-norm block: takes and returns (block output, residual) whose sum is the residual stream; residual=None
+        at layer 0. The path is models/kernel_paths.py's: the stock one fuses the residual adds into the norms
+        (vLLM/SGLang style); the invariant one returns (the residual stream, None), x updated in place."""
+        if path_for(self.invariant) is KernelPath.INVARIANT:
             return self._forward_invariant(x if residual is None else x + residual, positions, inv_freq, batch, kv)
-        if path is Path.FUSED_LINEAR:
-            return self._forward_fused_linear(x, residual, positions, inv_freq, batch, kv)
-        if path is Path.FOLDED:  # no norm kernel: the norms' 1/rms go into RoPE and SiLU, the adds into the GEMMs
-            # x is the stream, owned by Transformer.forward and updated in place: a clone here is a graph memcpy
-            # node per layer (8B verify at B=1, alternating on one H200: 4.81 ms with it, 4.76 without)
-            stream = x if residual is None else x + residual  # [B, T, H]
-            stream = self.self_attn(stream, positions, inv_freq, batch, kv, folded=True)  # [B, T, H]
-            return self.mlp(stream, folded=True), None
         if residual is None:
             h, residual = self.input_layernorm(x), x
         else:
@@ -320,24 +281,6 @@ class TransformerBlock(nn.Module):
         a = proj.gate_up_silu(x2d, g2, mlp.gate_up_proj.weight, mlp.norm_eps)  # [B*T, I]
         proj.linear_add_(x2d, a, mlp.down_proj.weight)
         return x, None
-
-    def _forward_fused_linear(self, x, residual, positions, inv_freq, batch, kv):
-        """The same block with each norm fused into the projection after it and SiLU·mul into the
-        down projection (kernels/linear.py: ~90 fewer launches per SmolLM2 step). Same results on
-        CPU (the kernels' references are exactly the unfused ops)."""
-        attn, mlp, ln1, ln2 = self.self_attn, self.mlp, self.input_layernorm, self.post_attention_layernorm
-        if residual is None:
-            qkv, residual = norm_linear(x, ln1.weight, ln1.eps, attn.qkv_proj.weight, attn.qkv_proj.bias), x
-        else:
-            qkv, residual = norm_linear(x, ln1.weight, ln1.eps, attn.qkv_proj.weight, attn.qkv_proj.bias,
-                                        residual=residual)  # [B, T, (Hq+2Hkv)*D], [B, T, H]
-        h = attn(x, positions, inv_freq, batch, kv, qkv=qkv)  # [B, T, H]
-        gu, residual = norm_linear(h, ln2.weight, ln2.eps, mlp.gate_up_proj.weight, residual=residual)  # [B, T, 2I]
-        return silu_mul_linear(gu, mlp.down_proj.weight), residual
-
-
-# The block paths that update x, the residual stream, in place (TransformerBlock.forward)
-_IN_PLACE = (Path.INVARIANT, Path.FOLDED)
 
 
 class _Body(nn.Module):
@@ -388,13 +331,9 @@ class Transformer(nn.Module):
 
     def fold_norm_weights(self) -> "Transformer":
         """Fold each layer's input and post-attention RMSNorm weight into the projection after it (W' = W diag(g),
-        g = 1), in place. Every path computes the same function (rounded differently: W' is rounded to the
-        weights' dtype); the multi-token non-invariant path (the verify, prefill) then runs no norm kernel: the
-        1/rms of each row is applied where the projection's output is consumed (RoPE, SiLU), and the residual adds
-        happen in the o_proj and down GEMMs, in place (kernels/folded_linear.py: up to 16 rows, 4 fused launches
-        per layer; above, cuBLAS addmm_ and the RoPE / SiLU kernels). Llama-3-8B's B=1 verify: 4.86 -> 4.81 ms
-        with the folding alone (two norm kernels of 2.2 µs fewer per layer), 4.84 -> 4.36 ms with the fused
-        projections (results/verify_8b_h200/README.md).
+        g = 1), in place. Both paths compute the same function (rounded differently: W' is rounded to the weights'
+        dtype): the invariant projections then multiply no norm weight in their K loop, only each row's 1/rms is
+        left (kernels/projection.py's FOLDED), and the stock path runs its rmsnorm kernel with unit weights.
         Models with a qkv or o_proj bias or q/k norms are refused (the row scale would have to skip the bias)."""
         a = self.args
         if a.attention_bias or a.qk_norm:
@@ -411,7 +350,7 @@ class Transformer(nn.Module):
         return self
 
     def set_invariant(self, invariant: bool) -> "Transformer":
-        """Batch- and position-invariant numerics on (module doc) or off (the fastest kernels per shape)."""
+        """Batch- and position-invariant numerics on (module doc) or off: the stock path (models/kernel_paths.py)."""
         self.invariant = bool(invariant)
         for layer in self.model.layers:
             layer.invariant = self.invariant
@@ -448,20 +387,19 @@ class Transformer(nn.Module):
         if self._inv_freq.device != positions.device:
             self._inv_freq = self._inv_freq.to(positions.device)
         x = self.model.embed_tokens(tokens) if embeds is None else embeds  # [B, T, dim]
-        if embeds is not None and self.model.layers[0].path(x.numel() // x.shape[-1]) in _IN_PLACE:
-            x = embeds.clone()  # the caller's tensor stays as it was
+        if embeds is not None and path_for(self.invariant) is KernelPath.INVARIANT:
+            x = embeds.clone()  # the invariant blocks update the stream in place: the caller's tensor stays as it was
         residual, captured = None, []
         for i, layer in enumerate(self.model.layers):
             x, residual = layer(x, residual, positions, self._inv_freq, batch, kv)  # [B, T, dim] each
             if i in capture_layers:
-                captured.append(x.clone() if residual is None else x + residual)  # folded: later layers update x
+                captured.append(x.clone() if residual is None else x + residual)  # invariant: later layers update x
         return (self.model.norm(x) if residual is None else self.model.norm(x, residual)[0]), captured
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [..., dim] -> logits [..., V] in fp32 (argmax/softmax stability in bf16 runs)."""
         shape = hidden.shape
-        if path_for(Layer.LM_HEAD, invariant=self.invariant, folded=False, rows=hidden.numel() // shape[-1]) \
-                is Path.INVARIANT:
+        if path_for(self.invariant) is KernelPath.INVARIANT:
             return proj.linear(hidden.reshape(-1, shape[-1]), self.lm_head.weight).view(*shape[:-1], -1).float()
         return self.lm_head(hidden).float()
 

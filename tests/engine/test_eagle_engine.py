@@ -74,8 +74,8 @@ def test_bad_trees_are_refused(target):
 @pytest.mark.parametrize("tree", list(TREES))
 def test_greedy_is_lossless_gpu_cuda_graphs(target, tree, dtype, kind, folded):
     """Triton kernels and CUDA graphs on the GPU: speculative == plain greedy (both graph-replayed). bf16
-    needs the invariant numerics (without them it diverged at near-ties on an H200); fp32 runs the fastest
-    kernels, whose rounding differences stay below this model's logit gaps. folded: the norm weights folded into
+    needs the invariant numerics (without them it diverged at near-ties on an H200); fp32 runs the stock
+    path, whose rounding differences stay below this model's logit gaps. folded: the norm weights folded into
     the projections (the default, `fold_norms: true`), the head's too. The head runs the target's kernels."""
     gpu = Transformer.from_state_dict(target.args, target.state_dict(), dtype, "cuda")
     gpu.set_invariant(dtype == torch.bfloat16)
@@ -97,9 +97,9 @@ def test_greedy_is_lossless_gpu_cuda_graphs(target, tree, dtype, kind, folded):
 @pytest.mark.parametrize("tree", list(TREES))
 @pytest.mark.parametrize("kind", ["eagle1", "eagle3"])
 def test_greedy_is_lossless_gpu_folded_norms(target, tree, kind):
-    """fold_norm_weights (fp32, CUDA graphs): the verify's 10 or 16 rows take kernels/folded_linear.py's fused
-    projections, plain decoding the one-token path; a folded EAGLE-3 head drafts through them too (two-input qkv,
-    out-of-place o_proj add); speculative == plain greedy."""
+    """fold_norm_weights (fp32, CUDA graphs) on the stock path: the rmsnorm kernel with the unit weights folding
+    leaves, the verify's and plain decoding's alike; a folded EAGLE-3 head (its two input norms folded into qkv) drafts
+    on it too; speculative == plain greedy."""
     gpu = Transformer.from_state_dict(target.args, target.state_dict(), torch.float32, "cuda")
     gpu.fold_norm_weights()
     # EAGLE-1: an oracle-like head (layer 0 has no input norm: nothing of it folds); EAGLE-3: a random head

@@ -74,25 +74,6 @@ def test_fp32_matches_reference(M, Hq, Hkv, D, norm):
 
 
 @needs_kernel
-@pytest.mark.parametrize("M,Hq,Hkv,D", CASES)
-@pytest.mark.parametrize("H", [576, 100], ids=["H576", "H100-not-pow2"])
-def test_row_scale_of_a_folded_norm(M, Hq, Hkv, D, H):
-    """row_norm_of: every qkv row (q, k and v) scaled by 1/rms of its row of another tensor before RoPE, as the
-    reference does; a row-strided row_norm_of (a column slice) is read in place."""
-    args, heads = make(M, Hq, Hkv, D, torch.float32, seed=3)
-    gen = torch.Generator().manual_seed(4)
-    wide = (torch.randn(M, H + 5, generator=gen) * 3).to(DEVICE)  # [M, H + 5]
-    rows = wide[:, 2:H + 2]  # [M, H], row stride H + 5
-    (q, k_cache, v_cache), (q_ref, k_ref, v_ref) = run_both(args, heads, row_norm_of=rows)
-    assert rel_err(q, q_ref) < 1e-5 and rel_err(k_cache, k_ref) < 1e-5 and rel_err(v_cache, v_ref) < 1e-6
-    (q0, _, v0), _ = run_both(args, heads)
-    rstd = torch.rsqrt(rows.double().pow(2).mean(-1))  # [M]
-    assert rel_err(q, q0 * rstd[:, None, None]) < 1e-5  # the scale is the rows' 1/rms
-    with pytest.raises(ValueError, match="row_norm_of must be"):
-        rope_store(**dict(args, row_norm_of=rows[:-1]), **heads)
-
-
-@needs_kernel
 def test_int32_indices_and_paged_cache():
     """int32 positions/slots, and a paged pool [pages, page_size, Hkv, D] addressed by flat slot."""
     args, heads = make(11, 9, 3, 64, torch.float32, spare=21, seed=1)

@@ -13,7 +13,8 @@ import torch.nn.functional as F
 from safetensors.torch import save_file
 
 from eaglet.models.checkpoint import CheckpointError, CheckpointNotFoundError
-from eaglet.models.eagle import DraftLayer, Eagle1Head, Eagle3Head, MultiLayerHead
+from eaglet.models.draft_layers import DraftLayer
+from eaglet.models.eagle import Eagle1Head, Eagle3Head, MultiLayerHead
 from eaglet.models.head_checkpoint import (
     head_class,
     head_config,
@@ -218,9 +219,9 @@ def test_eagle3_extend_then_steps_equal_dense(target, page_size):
 
 @pytest.mark.parametrize("kind,n_layers", [("eagle1", 2), ("eagle3", 1)])
 def test_fold_norm_weights_keeps_the_function(target, kind, n_layers):
-    """Folded heads (serving's fold_norms=true) compute what the unfolded ones do; EAGLE-1's layer 0 has no input
-    norm to fold and is left as it is. Here the folded functions' torch fallbacks run (tests/kernels/
-    test_folded_linear.py runs their kernels)."""
+    """Folded heads (serving's fold_norms=true) compute what the unfolded ones do on the stock path (the rmsnorm
+    kernel with unit weights; test_invariant_head_keeps_the_function covers the invariant one); EAGLE-1's layer 0 has
+    no input norm to fold and is left as it is."""
     plain = make_head(kind, target, num_layers=n_layers) if kind == "eagle1" else make_head(kind, target)
     folded = make_head(kind, target, num_layers=n_layers) if kind == "eagle1" else make_head(kind, target)
     folded.fold_norm_weights()
