@@ -57,7 +57,7 @@ from eaglet.kernels._fixed_order import fixed_sum0
 from eaglet.kernels._utils import FLOAT_DTYPES, check_like, check_weight, is_interpret, use_triton
 from eaglet.kernels.activation import silu_and_mul_ref
 from eaglet.kernels.projection_config import _ADD, _PLAIN, _ROPE, _SILU, _table, launch_config
-from eaglet.kernels.projection_config import MAX_SPLIT_M as MAX_SPLIT_M  # re-exported: models/, tests, benchmarks
+from eaglet.kernels.projection_config import MAX_SPLIT_M as MAX_SPLIT_M  # re-exported (tests, benchmarks)
 from eaglet.kernels.rmsnorm import row_rstd_ref
 from eaglet.kernels.rope import rope_store_ref
 

@@ -18,8 +18,8 @@ from eaglet.kernels._utils import is_hip, sm_count
 _PLAIN, _ADD, _SILU, _ROPE = 0, 1, 2, 3  # the epilogue
 
 # rows up to which the split-K grid runs (decode, verify: B=8 x 16 tree tokens is 128); above, the prefill tiles,
-# whose grid of 128 x 128 tiles leaves most SMs idle at these rows (SmolLM2's layer at 128 rows: 22.7 µs on the
-# split-K grid, 50.3 in prefill tiles; results/invariant_h200/projection_tuning.md)
+# whose grid of 128 x 128 tiles leaves most SMs idle at these rows (SmolLM2's layer at 128 rows:
+# 22.7 µs on the split-K grid, 50.3 in prefill tiles; results/invariant_h200/projection_tuning.md)
 MAX_SPLIT_M = 256
 
 
