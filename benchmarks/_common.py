@@ -1,11 +1,12 @@
 """Helpers shared by the benchmark and probe scripts, which run as modules from the repository root
-(`python -m benchmarks.bench_linear`, `python -m benchmarks.probes.probe_tree_attention`) and import this as
+(`python -m benchmarks.bench_projection`, `python -m benchmarks.probes.probe_tree_attention`) and import this as
 `benchmarks._common`."""
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import math
 import os
 import sys
 import time
@@ -13,6 +14,12 @@ import time
 import torch
 import triton
 import triton.testing
+
+DEV = "cuda"
+DTYPE = torch.bfloat16  # the GPU benchmarks' activations and weights
+BYTES = DTYPE.itemsize
+GRAPH_REPEATS = 20  # calls a `bench_graph` graph holds
+COLD_BYTES = 128 * 2**20  # weight copies per graph: enough to leave L2 (50 MB on an H200) behind
 
 
 def command() -> str:
@@ -84,3 +91,28 @@ def timed(fn, smoke: bool, host: bool = False) -> float:
 def graph_us(fn, smoke: bool) -> float | str:
     """Median µs of CUDA-graph replays of fn (how the decode step runs: no launch cost); "not run" under --smoke."""
     return "not run" if smoke else triton.testing.do_bench_cudagraph(fn, rep=50, return_mode="median") * 1e3
+
+
+def bench_graph(fn, n_copies: int) -> float | None:
+    """Median microseconds per call inside a CUDA graph of GRAPH_REPEATS calls fn(i % n_copies) (`weights` gives the
+    copies: every call then reads its weights from HBM, as in a decode step whose layer weights were evicted since the
+    last step); None, with the reason printed, when the capture fails."""
+    try:
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for i in range(GRAPH_REPEATS):
+                fn(i % n_copies)
+        t = bench(graph.replay) / GRAPH_REPEATS
+        del graph
+        return t
+    except Exception as e:  # noqa: BLE001 - report, do not abort the table
+        print(f"  graph capture failed: {type(e).__name__}: {str(e).splitlines()[0][:200]}", file=sys.stderr)
+        return None
+
+
+def weights(n: int, k: int) -> list[torch.Tensor]:
+    """Copies of one nn.Linear-like weight [n, k], enough for cold reads inside a graph (at least COLD_BYTES in all,
+    at most GRAPH_REPEATS)."""
+    copies = min(GRAPH_REPEATS, max(1, math.ceil(COLD_BYTES / (n * k * BYTES))))
+    w = torch.randn(n, k, device=DEV, dtype=DTYPE) * k**-0.5  # [n, k]
+    return [w] + [w.clone() for _ in range(copies - 1)]

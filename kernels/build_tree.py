@@ -251,8 +251,8 @@ def _build_tree_kernel(
     # Select by threshold instead of sorting: find T = the (N-1)-th largest score key with a
     # 16-ary search over the int32 key space (8 rounds of 15 counts), keep keys > T plus the
     # lowest-index ties at T. O(8*16*C) compares on keys loaded once (BLOCK_C >= C); a pairwise
-    # rank would be O(C^2) (C = 510 for 6/10). B=64, 6/10/64 on an H200: 14.6 us a graph replay;
-    # reloading the keys every round and scattering through registers took 29 us.
+    # rank would be O(C^2) (C = 510 for 6/10). Keys loaded once: B=64, 6/10/64 in 14.6 µs a graph
+    # replay, half the time of keys reloaded each round (results/tree_verify_h200.md).
     c = tl.arange(0, BLOCK_C)
     in_c = c < C
     key = _score_key(tl.load(scores_ptr + row + c, mask=in_c, other=0.0))  # [BLOCK_C]

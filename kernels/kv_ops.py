@@ -87,9 +87,8 @@ def _commit_kv_kernel(
     # Ascending i, in this one program: accept_index is strictly increasing along the path and
     # accept_index[i] >= i, so a destination seq_len+i can be the source of an EARLIER move
     # (accept_index[k] == i for k < i), which has already been read, but never of a later one.
-    # Parallel moves could clobber such a source before it is read. (Measured alternative: all
-    # moves as one [S+1, Hkv*D] tile, loads, CTA barrier, stores: 14.8 vs 20.9 us at L=30 Hkv=3
-    # D=64 but 53.9 vs 22.1 us at L=32 Hkv=8 D=128; B=64, H200, graph replays. Kept sequential.)
+    # Parallel moves could clobber such a source before it is read. (One [S+1, Hkv*D] tile of all
+    # moves, loads, a CTA barrier, then stores, was slower at the 8B's shape: results/tree_verify_h200.md.)
     for i in range(1, n):
         src = seq_len + tl.load(accept_index_ptr + b.to(tl.int64) * S1 + i)
         dst = (seq_len + i).to(tl.int64)

@@ -1,4 +1,4 @@
-# One module past ~500 lines: every projection runs the one `_proj_kernel`, whose launch table fixes its reduction order.
+# One module past ~500 lines: the one `_proj_kernel` every projection runs, with its launchers, spec and compile cases
 """Every projection of a block, batch-invariant, with the op next to it fused in:
 
     linear(x, weight, bias=None, norm_weight=None, eps=0)       [rmsnorm(x) or x] @ W.T (+ b)         -> [M, N]
@@ -16,14 +16,14 @@ With x2 (an EAGLE-3 midlayer's [embeds | hidden] input) the projection is of cat
 Batch invariance (why one kernel serves decode, verify and prefill): a row's result depends on that row and the
 weight only, never on M or on the other rows, so a verify of 8 tree tokens computes each of them exactly as a decode
 of that token does, and greedy speculative output equals plain decoding in bf16. The reduction order of an output
-element is fixed by the weight's shape (`_config`):
+element is fixed by the weight's shape (kernels/projection_config.py, whose `launch_config` is the one launch table):
   * K is cut into SPLITS fixed ranges (split_k keys each, a multiple of BLOCK_K); split s's partial sum is one chain of
     MMAs over its range, k ascending, from a zero accumulator; the partials are added in split order. With two inputs
     each has its own SPLITS ranges and its own sum.
   * The norm's sum of squares: per split, elementwise over the K steps into [BLOCK_K, rows] lanes, then a pairwise
     tree written out in kernels/_fixed_order.py, so the order does not follow the register layout, which changes
-    with the row tile. SmolLM2's folded qkv at M=1 takes 4.5 µs with it (a tl.sum kernel of the same projection: 4.8).
-    Decode and verify sum inside the projection's K loop; prefill in a pre-pass with the same arithmetic.
+    with the row tile. Decode and verify sum inside the projection's K loop; prefill in a pre-pass with the same
+    arithmetic.
   * The MMA: the weight rows are its M dimension (BLOCK_N) and x's rows its N (BLOCK_M, zero-padded). An element of
     an MMA does not depend on the other elements, so a row gives the same bits in a 16-row tile as in a 128-row one
     (tests/kernels/test_projection.py checks this on the GPU in bf16; fp32 takes FMA dots, sequential in k).
@@ -50,24 +50,20 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
+from eaglet.kernels import projection_config
 from eaglet.kernels import rope as _rope
 from eaglet.kernels._compile_cases import TARGET_SMS, CompileCase, Ptr, model_shapes
 from eaglet.kernels._fixed_order import fixed_sum0
-from eaglet.kernels._utils import FLOAT_DTYPES, check_like, check_weight, is_hip, is_interpret, sm_count, use_triton
+from eaglet.kernels._utils import FLOAT_DTYPES, check_like, check_weight, is_interpret, use_triton
 from eaglet.kernels.activation import silu_and_mul_ref
+from eaglet.kernels.projection_config import _ADD, _PLAIN, _ROPE, _SILU, _table, launch_config
+from eaglet.kernels.projection_config import MAX_SPLIT_M as MAX_SPLIT_M  # re-exported (tests, benchmarks)
 from eaglet.kernels.rmsnorm import row_rstd_ref
 from eaglet.kernels.rope import rope_store_ref
 
 # norm_weight=FOLDED: the RMSNorm's weight is already inside the projection's weight (W' = W diag(g),
 # `Transformer.fold_norm_weights`): only the row scale 1/rms(x) remains, and the K loop multiplies nothing
 FOLDED = "folded"
-_PLAIN, _ADD, _SILU, _ROPE = 0, 1, 2, 3  # the epilogue
-# rows up to which the split-K grid runs (decode, verify: B=8 x 16 tree tokens is 128); above, the prefill tiles,
-# whose grid of 128 x 128 tiles leaves most SMs idle at these rows (SmolLM2's qkv: 8 programs). H200, a layer's
-# four projections at 128 / 256 rows: SmolLM2 22.7 / 27.8 µs against 50.3 / 50.4 in prefill tiles (the fastest
-# non-invariant path: 23.1 / 24.3), the 8B 201 / 366 against 255 / 362; a B=8 verify of 16 tokens 1.44 against
-# 2.27 ms (SmolLM2), 9.58 against 11.18 (8B)
-MAX_SPLIT_M = 256
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -143,123 +139,6 @@ def linear_add_ref(res, a, weight, bias=None) -> torch.Tensor:
     if bias is not None:
         y = y + bias.float()
     return (res.float() + y).to(res.dtype)
-
-
-# ----------------------------------------------------------------------------------------------------
-# Launch configs: the one table
-
-
-def _config(N: int, K: int, epi: int, dtype: torch.dtype, sms: int, hip: bool) -> dict:
-    """The reduction plan and tiles of an [N, K] weight (K: one input's columns): a function of the weight's shape and
-    dtype only, never of M. SPLITS doubles (up to 16) while the doubled grid of 64-row tiles still fits one wave of
-    one program per SM and each split keeps at least 384 columns; BLOCK_N = 64 (the RoPE epilogue's tile holds 32
-    rotary pairs of one head). The sweep (`bench_invariant --parts sweep`, folded norms, M = 1 and 8, H200) chose
-    these plans among 1-8 splits x (BLOCK_K 128 / 256, BLOCK_N 32 / 64, 4 / 5 stages): Llama-3.1-8B qkv 1 split
-    (16.0 µs; 4 splits 19.1), o and down 2 (11.8, 31.7 µs; 8 splits 15.0, 35.4), SmolLM2-135M down 4 (4.8 µs at M=8;
-    2 splits 5.4), the rest 1; more splits than one wave holds cost more in their reduction than they gain."""
-    wide = dtype.itemsize == 2 and K >= 1024
-    block_k = 128 if wide or K >= 128 else 64
-    tiles = triton.cdiv(N, 64)
-    splits = 1
-    while splits < 16 and 2 * tiles * splits <= sms and K // (2 * splits) >= 384:
-        splits *= 2
-    split_k = triton.cdiv(triton.cdiv(K, splits), block_k) * block_k
-    cfg = dict(BLOCK_N=64, BLOCK_K=block_k, SPLITS=triton.cdiv(K, split_k), SPLIT_K=split_k)
-    if hip:  # MI300: compiled and resource-checked only (PORTABILITY.md); 2 stages as in tutorial 06's AMD entries
-        return dict(cfg, num_warps=4, num_stages=2, waves_per_eu=2)
-    return dict(cfg, num_warps=4, num_stages=4 if dtype.itemsize == 2 else 2)
-
-
-# MI300, 64-row x tiles: in 4 waves they reach the 256 VGPRs that waves_per_eu=2 allows (an EAGLE-3 two-input qkv
-# spilled 6-43 VGPRs); in 8 waves they take 128-220
-_HIP_WARPS_64 = 8
-
-
-def _prefill_tiles(cfg: dict, N: int, M: int, epi: int, norm: int, head_dim: int, dtype: torch.dtype, sms: int,
-                   hip: bool, two: bool = False) -> dict:
-    """More than MAX_SPLIT_M rows (prefill, compute-bound): one program per (weight tile, x tile) that loops over the
-    plan's splits in their order, or, for a weight of long splits and no norm, the split-K grid in the same tiles (one
-    program a split, one accumulator; the last to arrive adds the partials in split order; their fp32 traffic, 8
-    bytes an output a split, is small beside a split's 2,048 or more multiply-adds an output). Each row's sum of squares comes from `_sumsq_kernel` in the plan's lanes
-    (SUMSQ_K), so the K loop keeps none and its MMA's K tile is free: 64, in 4 stages (a chain of the same k16 MMAs
-    as the plan's 128; tests/kernels/test_projection.py checks the rows' bits). sm_90 (bf16 / fp16), 8 warps: the
-    first tile of (weight rows x rows) 128 x 256, 128 x 128, 64 x 256, 64 x 128 that
-      * keeps a RoPE tile within a head (64 weight rows at head_dim 64);
-      * takes 256 rows only with one accumulator (one split or the split-K grid: a looped split's chain from zero
-        lives beside the running sum, a second input's sum beside the first's) and, at 128 weight rows, with x left
-        in shared memory (x * g, NORM 2, spilled; so did the RoPE epilogue, 716 B a thread in the 8B's qkv);
-      * has at least half as many programs as the GPU has SMs (SmolLM2's o at 2,048 rows: 40 of 128 x 256);
-    else the tile of the most programs; 3 stages at 64 x 256. The sweep (`bench_invariant --parts sweep --sweep-ms
-    2048`, H200, rows bit-identical) against the 128 x 128 tiles in the plan's K tile of 128, 3 stages: the 8B's qkv
-    243.9 / 245.6 µs, o 143.0 / 144.0 (grid), gate_up 874 / 1036 (128 x 256), down 456 / 479 (grid); SmolLM2's
-    qkv 18.6 / 21.3 (64 x 256), o 8.1 / 8.8, gate_up 27.1 / 30.0 (128 x 256), down 17.7 / 18.9 (four splits of 384:
-    on the grid 28.4). MI300: 64 weight rows x 64 x rows (32 with two inputs: two accumulators) in 8 waves, 2
-    stages, the plan's K tile. fp32: 64 x 64 rows, 4 warps."""
-    if hip:
-        return dict(cfg, BLOCK_M=32 if two else 64, num_warps=_HIP_WARPS_64, num_stages=2, IN_PROGRAM=True)
-    if dtype.itemsize == 4:
-        return dict(cfg, BLOCK_M=64, num_warps=4, num_stages=2, IN_PROGRAM=True)
-    grid = cfg["SPLITS"] > 1 and not two and norm == 0 and cfg["SPLIT_K"] >= 2048
-    one_acc = grid or (cfg["SPLITS"] == 1 and not two)
-    splits = cfg["SPLITS"] if grid else 1
-    tiles = [(bn, bm) for bn, bm in ((128, 256), (128, 128), (64, 256), (64, 128))
-             if not (epi == _ROPE and head_dim % bn)
-             and (bm == 128 or (one_acc and (bn == 64 or (norm < 2 and epi != _ROPE))))]
-    programs = [triton.cdiv(N, bn) * triton.cdiv(M, bm) * splits for bn, bm in tiles]
-    full = [t for t, n in zip(tiles, programs) if 2 * n >= sms]
-    block_n, block_m = full[0] if full else tiles[programs.index(max(programs))]
-    return dict(cfg, BLOCK_N=block_n, BLOCK_M=block_m, BLOCK_K=64, SUMSQ_K=cfg["BLOCK_K"], num_warps=8,
-                num_stages=3 if (block_n, block_m) == (64, 256) else 4, IN_PROGRAM=not grid)
-
-
-def _table(N: int, K: int, M: int, epi: int, dtype: torch.dtype, sms: int, hip: bool, head_dim: int = 64,
-           two: bool = False, norm: int = 0) -> dict:
-    """The config of a call on a GPU of `sms` SMs (CUs), AMD's when `hip`, with a second input when `two`, NORM
-    `norm` (the larger of two inputs'; only the prefill tiles depend on it). Up to 16
-    rows one 16-row x tile (each weight tile read by one program per split); for 17-MAX_SPLIT_M rows the smallest x
-    tile (of 16 / 32 / 64 rows) whose grid still fits one wave (the programs of a weight tile then read it once
-    from HBM and again from L2), and 128-row weight tiles where none does (past 64 rows with 128-row x tiles where
-    their grid fills a wave). The sweeps (`bench_invariant --parts
-    sweep --sweep-ms 32,64`, H200) chose these x tiles for SmolLM2: at 64 rows qkv 16 (5.33 µs; one 64-row tile
-    9.73), o 16 (4.00; 32 rows 4.15), gate_up and down 32 (5.70, 5.46); gate_up at 32 rows 16 (5.22; 32 rows 5.58).
-    The 8B's qkv, o and down fit one wave only in 64-row tiles, its gate_up and both LM heads in none. A row's bits
-    do not depend on its tile (module doc; the sweeps checked the rows of the tiles they chose)."""
-    cfg = _config(N, K, epi, dtype, sms, hip)
-    if M > MAX_SPLIT_M:
-        return _prefill_tiles(cfg, N, M, epi, norm, head_dim, dtype, sms, hip, two)
-    block_m = 16 if M <= 16 else 32 if M <= 32 else 64
-    if block_m > 16:
-        grid = triton.cdiv(N, cfg["BLOCK_N"]) * cfg["SPLITS"] * (2 if two else 1)  # programs per x tile
-        fits = [bm for bm in (16, 32, 64) if bm <= block_m and triton.cdiv(M, bm) * grid <= sms]
-        if fits:
-            block_m = fits[0]
-        elif not hip and dtype.itemsize == 2 and not (epi == _ROPE and head_dim % 128):
-            # a grid past one wave in every tile (LM heads, the 8B's gate_up; past 64 rows also its qkv, o, down):
-            # 128 weight rows a program, so that its x tile is at most its weight tile, in 48 KB stages at 64 rows
-            # (MI300's 64 KB of LDS holds no two; fp32 doubles them). The sweep at 32 / 64 rows (H200; rows
-            # bit-identical): the 8B LM head 248 / 286 µs against 262 / 302 in 64-row weight tiles, SmolLM2's 19.2 /
-            # 25.0 against 22.5 / 26.3, the 8B gate_up 60.7 / 68.4 against 62.7 / 71.7; one stage fewer where K is
-            # under 8 tiles (SmolLM2's 576). Past 64 rows a 128-row x tile where its grid still fills a wave (each
-            # weight tile read once a split, not twice), in 3 stages of 64 KB; at 128 rows the 8B gate_up 92.6 µs
-            # against 115.8 in 64-row x tiles, its LM head 377 against 479, its qkv (at 64) 30.5 against 32.3
-            stages = (3 if block_m == 32 else 4) - (K < 8 * cfg["BLOCK_K"])
-            if M > 64 and triton.cdiv(N, 128) * cfg["SPLITS"] * (2 if two else 1) >= sms:
-                block_m, stages = 128, 3
-            cfg = dict(cfg, BLOCK_N=128, num_warps=4 if block_m == 32 else 8, num_stages=stages)
-    if hip and block_m == 64:
-        cfg = dict(cfg, num_warps=_HIP_WARPS_64)
-    if not hip and M <= 16 and dtype.itemsize == 2 and triton.cdiv(N, 64) * cfg["SPLITS"] <= sms:
-        # a grid within one wave: each program streams a long slab, and 5 stages of 20 KB keep more of it in flight
-        # (8B qkv 16.0 µs, 4 stages 16.6; o 11.8 / 12.0); with more programs than SMs, 4 (8B gate_up 57.4 / 58.0)
-        cfg = dict(cfg, num_stages=5)
-    return dict(cfg, BLOCK_M=block_m, IN_PROGRAM=False)
-
-
-def launch_config(N: int, K: int, M: int, epi: int, dtype: torch.dtype, device: torch.device,
-                  head_dim: int = 64, two: bool = False, norm: int = 0) -> dict:
-    """The config a call runs with on `device` (public for the benchmarks): `_table` at its SM count."""
-    sms = sm_count(device.index or 0) if device.type == "cuda" else 8  # the interpreter: few SMs, still splits
-    return _table(N, K, M, epi, dtype, sms, is_hip(), head_dim, two, norm)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -626,7 +505,7 @@ def _launch(epi: int, x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, 
         c2 = launch_config(N, K2, M, epi, x.dtype, x.device, d)
         splits2, split_k2 = c2["SPLITS"], c2["SPLIT_K"]
     block_m, block_n = cfg["BLOCK_M"], cfg["BLOCK_N"]
-    in_program = cfg.pop("IN_PROGRAM", M > MAX_SPLIT_M)  # the table's; a hand-made cfg (tests, sweeps): by rows
+    in_program = cfg.pop("IN_PROGRAM", M > projection_config.MAX_SPLIT_M)  # the table's; a hand-made cfg: by rows
     sumsq_k = cfg.pop("SUMSQ_K", cfg["BLOCK_K"])  # the plan's BLOCK_K: the pre-pass's lanes (the order)
     m_tiles, n_tiles = triton.cdiv(M, block_m), triton.cdiv(N, block_n)
     n_splits = splits + splits2

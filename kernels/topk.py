@@ -5,9 +5,8 @@
 The k largest logits of each row, largest first (ties: the lower id first), and their log-probabilities
 log_softmax(logits)[ids] in fp32. Every draft step of the EAGLE-2 tree, the draft-extend and the prefill take
 these from the draft head's logits. In torch that is `log_softmax` then `topk`: a softmax kernel and a radix
-select of 13 kernels (4 digit passes of 3 kernels, a gather). A profile of the random 8B head's
-draft graph (32,000-token draft vocabulary, B=1, 6 steps) spent 8.1 µs per softmax and 27.5 µs per top-k in those
-13 kernels.
+select of 13 kernels (4 digit passes of 3 kernels, a gather); results/kernel_choices_h200.md has what they cost in
+a draft graph.
 
 Kernels. Each program packs a logit and its id into one int64 key: the fp32 value's order-preserving int32
 (`build_tree._score_key`; -0.0 and 0.0 tie) in the high half, 2**31 - 1 - id in the low half. A larger key is a
@@ -31,14 +30,13 @@ from eaglet.kernels._utils import FLOAT_DTYPES, use_triton
 from eaglet.kernels.build_tree import _score_key
 
 # Rows up to this many ids run as one chunk: one launch instead of two. Above it, more programs win over the
-# second launch (H200, 4 rows of 8,192 ids, top-4, from a graph: 7.26 µs as one chunk, 4.64 µs in chunks of 1,024).
+# second launch (4 rows of 8,192 ids: 4.64 µs in chunks of 1,024, 7.26 as one; results/draft_kernels_h200.md).
 _SINGLE_CHUNK = 1024
 
 
 def _block_v(V: int) -> int:
-    """Chunk length of a row of V > _SINGLE_CHUNK ids, from the H200 sweep in results/draft_kernels_h200.md:
-    1,024 up to 32k ids (V=32,000, 4 rows: 5.16 µs against 5.36 with 2,048 and 6.55 with 4,096), 2,048 beyond
-    (V=128,256, 32 rows: 17.70 µs against 20.15 with 1,024; 4 rows: 6.69 against 7.10 with 4,096)."""
+    """Chunk length of a row of V > _SINGLE_CHUNK ids: 1,024 up to 32k ids, 2,048 beyond (the H200 sweep in
+    results/draft_kernels_h200.md, "Chunking sweep": V=128,256, 32 rows, 17.70 µs against 20.15 with 1,024)."""
     return 1024 if V <= 32768 else 2048
 
 

@@ -288,9 +288,7 @@ def _verify_sampling_kernel(
         offs = v0 + tl.arange(0, BLOCK_V)
         p = p_next
         # Issue the next block's load before this block's scan so their latencies overlap. The
-        # loop is still bound by its per-block cross-warp scan/reductions: ~2 us a 4096-token
-        # block (B=64, V=128256, H200: 64 us; fp32 without the prefetch, 2048-token blocks and 4
-        # warps: 59 us). Scanning the block sums and then one block's cumsum would cut that loop.
+        # loop is still bound by its per-block cross-warp scan/reductions (results/kernel_choices_h200.md).
         p_next = tl.load(base + offs + BLOCK_V, mask=offs + BLOCK_V < V, other=0.0)  # [BLOCK_V]
         # Rejected tokens fall in at most n_rej blocks: only those pay for the masking.
         if tl.sum(((rejected >= v0) & (rejected < v0 + BLOCK_V)).to(tl.int32), 0) > 0:

@@ -2,13 +2,15 @@
 # Stages of a GPU session, each sized to fit one 10-minute call on an offline GPU machine (the H200 box):
 #   bash scripts/gpu_session.sh STAGE [OUT]
 #   tests      GPU tests: kernels (bf16, graphs), CUDA-graph decode, EAGLE losslessness, stream plans (CSAN, stress)
-#   invariant  the invariant kernels' GPU tests, then benchmarks/bench_invariant.py (PARTS=proj,attn,step,sweep;
-#              BENCH_ARGS: more, e.g. "--trace /tmp/trace" for the per-kernel time inside the step graphs)
+#   invariant  the invariant kernels' GPU tests, then the benchmarks of PARTS (default "proj step attn": projections,
+#              whole forwards, tree attention invariant against split-KV; SWEEP=1 adds the tuning sweeps "sweep
+#              attn_sweep"); PROJ_ARGS / STEP_ARGS / ATTN_ARGS / SWEEP_ARGS: more, e.g. STEP_ARGS="--trace /tmp/trace"
+#              for the per-kernel time inside the step graphs
 #   e2e        run_spec.py with the defaults (SmolLM2 B=1/8 with AR passes, the fastest plain decoding) and random
 #              Llama-3.1-8B (plain; EAGLE-3 tree=simulate); a table of their metrics. E2E_SMOL=0 / E2E_L8B=0 skip
 #              either half (the 8B half needs no model file: it can run while the GGUF is still being carried)
 #   ar         benchmarks/bench_ar.py (needs the SmolLM2 GGUF and MT-bench; see scripts/offline_gpu_env.sh)
-#   kernels    the kernel benchmarks: tree attention, model kernels, linear, tree/verify, top-k, build_tree
+#   kernels    the kernel benchmarks: tree attention, model kernels, tree/verify, top-k, build_tree
 #   ablation   the overlap ablations (ABLATION_EXP, default both: ablate_overlap on random Llama-3.1-8B weights,
 #              ablate_overlap_smollm2 on the embedded default), one tree shape per GPU (ABLATION_GPUS=1: all on one),
 #              then their report
@@ -104,13 +106,25 @@ case $stage in
     EAGLET_AUTOTUNE=0 python -m pytest -v -rf -p no:cacheprovider tests/kernels tests/engine 2>&1 | tee "$out/tests.log" \
       | grep -E "PASSED|FAILED|ERROR|passed|failed|^E " | tail -60 ;;
   invariant)
-    # the invariant kernels' GPU tests (bf16 bit-identity across M, graphs), then benchmarks/bench_invariant.py's parts
-    # (PARTS, default proj,attn,step; sweep tunes the launch table)
+    # the invariant kernels' GPU tests (bf16 bit-identity across M, graphs), then one benchmark per part, each within
+    # the time left (BUDGET_S): proj = benchmarks/bench_projection.py, step = bench_step.py, attn =
+    # bench_tree_attention.py --invariant; the sweeps (tuning the launch tables) only with SWEEP=1 or in PARTS
     EAGLET_AUTOTUNE=0 timeout ${TEST_S:-200} python -m pytest -v -rf -p no:cacheprovider tests/kernels/test_projection.py \
       tests/kernels/test_invariant_model.py "tests/kernels/test_tree_attention.py::test_invariant_node_equals_its_decode" \
       2>&1 | tee "$out/invariant_tests.log" | grep -E "passed|failed|^E |FAILED" | tail -20
-    timeout ${BENCH_S:-380} python -m benchmarks.bench_invariant --parts ${PARTS:-proj,attn,step} ${BENCH_ARGS:-} \
-      --md "$out/invariant_h200.md" 2>&1 | tee "$out/invariant.log" | grep -E "^\||Error|error" | tail -80 ;;
+    parts=${PARTS:-proj step attn}; (( ${SWEEP:-0} )) && parts+=" sweep attn_sweep"
+    for part in ${parts//,/ }; do
+      case $part in
+        proj) cmd=(benchmarks.bench_projection --md "$out/projection_h200.md" ${PROJ_ARGS:-}) ;;
+        step) cmd=(benchmarks.bench_step --md "$out/step_h200.md" ${STEP_ARGS:-}) ;;
+        attn) cmd=(benchmarks.bench_tree_attention --invariant --md "$out/attn_invariant_h200.md" ${ATTN_ARGS:-}) ;;
+        sweep) cmd=(benchmarks.probes.sweep_projection --md "$out/sweep_projection_h200.md" ${SWEEP_ARGS:-}) ;;
+        attn_sweep) cmd=(benchmarks.probes.sweep_tree_attention ${ATTN_SWEEP_ARGS:-}) ;;
+        *) echo "[gpu_session] unknown part $part"; continue ;;
+      esac
+      timeout "$(left)" python -m "${cmd[@]}" 2>&1 | tee "$out/invariant_$part.log" | grep -E "^\||Error|error" \
+        | tail -60
+    done ;;
   e2e)
     # the issue-level end-to-end runs of the defaults (SmolLM2 + the shipped head, MT-bench, B=1 and 8, each with its
     # AR pass), the fastest plain decoding beside them, and random Llama-3.1-8B (plain decoding; EAGLE-3 with
@@ -138,7 +152,6 @@ case $stage in
   kernels)
     python -m benchmarks.bench_tree_attention --md "$out/tree_attention_h200.md" 2>&1 | tail -30
     python -m benchmarks.bench_model_kernels --md "$out/model_kernels_h200.md" 2>&1 | tail -30
-    python -m benchmarks.bench_linear --ms 1,2,4,8 --md "$out/linear_h200.md" 2>&1 | tail -30
     python -m benchmarks.probes.profile_decode --context 512 --invariant 2>&1 | tail -30
     python -m benchmarks.bench_tree_verify --out "$out/tree_verify_h200.md" 2>&1 | tail -15
     python -m benchmarks.bench_topk --md "$out/topk_h200.md" 2>&1 | tail -20

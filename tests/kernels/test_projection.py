@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from eaglet.kernels import projection as P
+from eaglet.kernels import projection_config as PC
 from kernel_testing import CUDA, DEVICE, gpu_only, needs_kernel, rel_err
 
 EPS = 1e-6
@@ -247,7 +248,7 @@ def test_prefill_rows_match_split_k_rows_with_norms(splits, monkeypatch):
         assert torch.equal(P.linear(x, wl, cfg=grid), full["lin_plain"])
     if splits == 1:  # the table's plans split nothing at these K
         one = every(7, lambda n, k, rope=False: None)
-        monkeypatch.setattr(P, "MAX_SPLIT_M", 16)
+        monkeypatch.setattr(PC, "MAX_SPLIT_M", 16)
         assert P.launch_config(I, H, 40, P._PLAIN, dt, x.device)["IN_PROGRAM"]
         table = every(40, lambda n, k, rope=False: None)
         for name, t in one.items():
@@ -262,8 +263,8 @@ def test_config_depends_on_the_weight_only():
         plans = {(c["SPLITS"], c["SPLIT_K"], c.get("SUMSQ_K", c["BLOCK_K"]))  # a prefill's MMA K tile is its own
                  for M in (1, 8, 64, 2048) for c in [P.launch_config(N, K, M, P._PLAIN, torch.bfloat16, dev)]}
         assert len(plans) == 1, (N, K, plans)
-    few = P._config(4096, 14336, P._ADD, torch.bfloat16, 132, False)
-    many = P._config(28672, 4096, P._SILU, torch.bfloat16, 132, False)
+    few = PC._config(4096, 14336, P._ADD, torch.bfloat16, 132, False)
+    many = PC._config(28672, 4096, P._SILU, torch.bfloat16, 132, False)
     assert few["SPLITS"] > 1 and many["SPLITS"] == 1
     assert few["SPLITS"] * few["SPLIT_K"] >= 14336 > (few["SPLITS"] - 1) * few["SPLIT_K"]
 
@@ -276,8 +277,8 @@ def test_prefill_tiles():
     bf16 = torch.bfloat16
 
     def tiles(N, K, M, epi, D=64, two=False, norm=1, grid=False):
-        c = P._table(N, K, M, epi, bf16, 132, False, D, two, norm)
-        plan = P._config(N, K, epi, bf16, 132, False)
+        c = PC._table(N, K, M, epi, bf16, 132, False, D, two, norm)
+        plan = PC._config(N, K, epi, bf16, 132, False)
         assert c["IN_PROGRAM"] != grid and c["num_warps"] == 8
         assert c["BLOCK_K"] == 64 and c["SUMSQ_K"] == plan["BLOCK_K"] and c["SPLIT_K"] == plan["SPLIT_K"]
         assert c["num_stages"] * (c["BLOCK_N"] + c["BLOCK_M"]) * c["BLOCK_K"] * 2 <= 227 * 1024
