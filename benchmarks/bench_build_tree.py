@@ -21,11 +21,10 @@ from __future__ import annotations
 
 import torch
 
+from benchmarks._common import SMOKE_HEADER, fmt, graph_us, kernel_bench_args, provenance, report, timed
 from eaglet.kernels._compile_cases import TREES
 from eaglet.kernels._utils import copy_bandwidth
 from eaglet.kernels.build_tree import build_tree, build_tree_ref, num_candidates, random_candidates
-
-from benchmarks._common import SMOKE_HEADER, fmt, graph_us, kernel_bench_args, provenance, report, timed
 
 BATCHES = (1, 8, 64)
 PREFIX = (100, 2000)  # seq_lens drawn from [100, 2000)

@@ -27,15 +27,14 @@ import sys
 
 import torch
 
+from benchmarks._common import bench, fmt, provenance, rel_err, report
 from eaglet.kernels._utils import copy_bandwidth
 from eaglet.kernels.activation import silu_and_mul, silu_and_mul_ref
+from eaglet.kernels.build_tree import num_candidates
+from eaglet.kernels.draft_expand import expand_step, expand_step_ref
 from eaglet.kernels.rmsnorm import rmsnorm, rmsnorm_ref
 from eaglet.kernels.rope import rope_store, rope_store_ref
-from eaglet.kernels.draft_expand import expand_step, expand_step_ref
 from eaglet.kernels.topk import topk_logprobs
-from eaglet.kernels.build_tree import num_candidates
-
-from benchmarks._common import bench, fmt, provenance, rel_err, report
 
 DEV = "cuda"
 DTYPE = torch.bfloat16

@@ -24,13 +24,12 @@ import torch
 import torch.nn.functional as F
 
 import eaglet.kernels.projection as P
+from benchmarks._common import BYTES, DEV, DTYPE, bench_graph, fmt, provenance, rel_err, weights
 from eaglet.kernels import projection_config
 from eaglet.kernels._utils import copy_bandwidth
 from eaglet.kernels.activation import silu_and_mul
 from eaglet.kernels.rmsnorm import rmsnorm
 from eaglet.kernels.rope import rope_store
-
-from benchmarks._common import BYTES, DEV, DTYPE, bench_graph, fmt, provenance, rel_err, weights
 
 MODELS = {
     "SmolLM2-135M": dict(name="smollm2_135m", H=576, I=1536, Hq=9, Hkv=3, D=64, V=49152, layers=30),

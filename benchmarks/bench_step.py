@@ -20,11 +20,10 @@ from pathlib import Path
 
 import torch
 
+from benchmarks._common import DEV, DTYPE, bench, provenance
 from eaglet.kernels import projection_config
 from eaglet.models.kv_cache import ForwardBatch, KVCache, slots_for
 from eaglet.models.llama import ModelArgs, Transformer
-
-from benchmarks._common import DEV, DTYPE, bench, provenance
 
 MODELS = {"SmolLM2-135M": "smollm2_135m", "Llama-3.1-8B": "llama3_8b"}
 STEP_CASES = ((1, 1), (8, 1), (1, 8), (8, 8))  # (B, T): decode and verify, T tokens per request

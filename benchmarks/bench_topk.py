@@ -17,10 +17,9 @@ from __future__ import annotations
 
 import torch
 
+from benchmarks._common import SMOKE_HEADER, fmt, graph_us, kernel_bench_args, provenance, rel_err, report, timed
 from eaglet.kernels._utils import copy_bandwidth
 from eaglet.kernels.topk import topk_logprobs, topk_logprobs_ref
-
-from benchmarks._common import SMOKE_HEADER, fmt, graph_us, kernel_bench_args, provenance, rel_err, report, timed
 
 CONFIGS = [(rows, V, k) for V in (8192, 32000, 49152, 128256) for rows, k in ((1, 4), (4, 4), (64, 4), (640, 10))]
 SMOKE_CONFIGS = [(2, 1000, 4), (2, 3000, 4)]  # one chunk (V <= 1,024 ids), and chunks + the rows kernel

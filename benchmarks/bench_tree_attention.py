@@ -39,10 +39,9 @@ import torch
 import torch.nn.functional as F
 
 import eaglet.kernels.tree_attention_splitkv as sk
+from benchmarks._common import bench, bench_graph, fmt, provenance, rel_err
 from eaglet.kernels._utils import copy_bandwidth, sm_count
 from eaglet.kernels.tree_attention import tree_attention
-
-from benchmarks._common import bench, bench_graph, fmt, provenance, rel_err
 
 HQ, HKV, D, PAGE = 32, 8, 128, 16
 DEV = "cuda"

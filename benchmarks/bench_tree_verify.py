@@ -21,11 +21,10 @@ import torch
 import triton
 import triton.testing
 
-from eaglet.kernels.kv_ops import commit_kv, commit_kv_ref
-from eaglet.kernels.build_tree import build_tree, build_tree_ref, random_candidates
-from eaglet.kernels.verify import verify_greedy, verify_greedy_ref, verify_sampling, verify_sampling_ref
-
 from benchmarks._common import command
+from eaglet.kernels.build_tree import build_tree, build_tree_ref, random_candidates
+from eaglet.kernels.kv_ops import commit_kv, commit_kv_ref
+from eaglet.kernels.verify import verify_greedy, verify_greedy_ref, verify_sampling, verify_sampling_ref
 
 B = 64
 TREES = {"EAGLE-2 6/10/64": (6, 10, 64), "SGLang 5/4/8": (5, 4, 8)}  # name: (steps S, topk K, N)

@@ -15,12 +15,20 @@ from typing import Callable, Sequence
 
 import torch
 
+from eaglet.engine.cuda_graph import GraphRunner
+from eaglet.engine.requests import (
+    PendingTokens,
+    Request,
+    admit,
+    check_request,
+    default_min_admit,
+    emit,
+    pad_prompts,
+    synchronizer,
+)
+from eaglet.engine.sampling import SamplingParams, sample
 from eaglet.models.kv_cache import ForwardBatch, KVCache, slots_for, to_device
 from eaglet.models.llama import Transformer
-from eaglet.engine.cuda_graph import GraphRunner
-from eaglet.engine.requests import (PendingTokens, Request, admit, check_request, default_min_admit, emit,
-                                    pad_prompts, synchronizer)
-from eaglet.engine.sampling import SamplingParams, sample
 
 
 @dataclass

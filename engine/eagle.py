@@ -29,19 +29,27 @@ from typing import Callable, Sequence
 
 import torch
 
+from eaglet.engine.cuda_graph import GraphRunner
+from eaglet.engine.phase_timer import PHASES, PhaseTimer
+from eaglet.engine.requests import (
+    PendingTokens,
+    Request,
+    admit,
+    check_request,
+    default_min_admit,
+    emit,
+    pad_prompts,
+    synchronizer,
+)
+from eaglet.engine.sampling import SamplingParams, probs_from_logits, sample
+from eaglet.engine.stream_plan import ResolvedPlan, StreamPlan
+from eaglet.kernels.build_tree import build_tree, num_candidates
 from eaglet.kernels.draft_expand import expand_step
 from eaglet.kernels.kv_ops import commit_kv
 from eaglet.kernels.topk import topk_logprobs
-from eaglet.kernels.build_tree import build_tree, num_candidates
 from eaglet.kernels.verify import VerifyResult, verify_greedy, verify_sampling
 from eaglet.models.kv_cache import ForwardBatch, KVCache, slots_for, to_device
 from eaglet.models.llama import Transformer
-from eaglet.engine.cuda_graph import GraphRunner
-from eaglet.engine.phase_timer import PHASES, PhaseTimer
-from eaglet.engine.requests import (PendingTokens, Request, admit, check_request, default_min_admit, emit,
-                                    pad_prompts, synchronizer)
-from eaglet.engine.sampling import SamplingParams, probs_from_logits, sample
-from eaglet.engine.stream_plan import ResolvedPlan, StreamPlan
 
 
 @dataclass(frozen=True)

@@ -27,8 +27,8 @@ import triton.language as tl
 
 from eaglet.kernels._compile_cases import TREES, CompileCase, Ptr, model_shapes
 from eaglet.kernels._utils import use_triton
-from eaglet.kernels.topk import _decode_keys, _keys, _top_keys, top_ids_ref
 from eaglet.kernels.build_tree import num_candidates
+from eaglet.kernels.topk import _decode_keys, _keys, _top_keys, top_ids_ref
 
 
 def expand_step_ref(cur_lp, lp, ids, cur_flat, mask, h, scores, tokens, parents, base, d2t=None,

@@ -135,11 +135,12 @@ def test_bad_run_configs_are_named(tmp_path):
 def test_skip_too_long_keeps_prompts_that_fit(caplog):
     """data.skip_too_long (on for ShareGPT, whose prompts reach 27k tokens): prompts whose first turn leaves
     no room for the answer are skipped, and the run says how many (a line of its log)."""
+    from omegaconf import OmegaConf
+
     from eaglet.data.prompts import Prompt
     from eaglet.models.checkpoint import load_tokenizer
     from eaglet.runner.common import target_path
     from eaglet.runner.run import fitting_prompts
-    from omegaconf import OmegaConf
 
     tok = load_tokenizer(target_path(OmegaConf.load(REPO / "conf" / "target" / "smollm2_135m.yaml")))
     short, long = Prompt("s", ["What is the capital of France?"], {}), Prompt("l", ["word " * 3000], {})

@@ -9,8 +9,20 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from eaglet.runner.checks import Checks
-from eaglet.runner.config import (DTYPE_NAMES, HEAD_KINDS, check_hardware, check_logger, check_memory, check_target,
-                                check_tree, kv_pool_bytes, parameter_count, resolve_hardware, target_args, target_key)
+from eaglet.runner.config import (
+    DTYPE_NAMES,
+    HEAD_KINDS,
+    check_hardware,
+    check_logger,
+    check_memory,
+    check_target,
+    check_tree,
+    kv_pool_bytes,
+    parameter_count,
+    resolve_hardware,
+    target_args,
+    target_key,
+)
 
 
 def check_head(c: Checks) -> None:

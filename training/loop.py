@@ -51,9 +51,17 @@ from eaglet.models.llama import Transformer
 from eaglet.runner.entry import console_logging, rerun_hint
 from eaglet.runner.signals import Interrupts
 from eaglet.runner.tracking import Tracker, environment
-from eaglet.training.checkpoints import (check_batch_settings, clear_run_dir, load_checkpoint, optimizer_state,
-                                         pick_checkpoint, restore_training_state, rng_state, save_checkpoint,
-                                         truncate_log)
+from eaglet.training.checkpoints import (
+    check_batch_settings,
+    clear_run_dir,
+    load_checkpoint,
+    optimizer_state,
+    pick_checkpoint,
+    restore_training_state,
+    rng_state,
+    save_checkpoint,
+    truncate_log,
+)
 from eaglet.training.config import validate_train_draft
 from eaglet.training.data import BatchSchedule, Sample, collate, draft_vocab, load_samples
 from eaglet.training.distributed import Dist, gathered, join, wrap

@@ -55,10 +55,23 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
-from eaglet.training.conversation import (Checker, Generators, Record, converse, derived_seed, user_turn_prefix,
-                                          written_turn)
-from eaglet.training.data import (AnswerGenerator, RegenConfig, config_hash, file_digest, render_conversation,
-                                  train_conversations)
+from eaglet.training.conversation import (
+    Checker,
+    Generators,
+    Record,
+    converse,
+    derived_seed,
+    user_turn_prefix,
+    written_turn,
+)
+from eaglet.training.data import (
+    AnswerGenerator,
+    RegenConfig,
+    config_hash,
+    file_digest,
+    render_conversation,
+    train_conversations,
+)
 from eaglet.training.dedup import EVAL_SETS, DedupConfig, PromptIndex, eval_prompts, is_eval
 from eaglet.training.filters import FilterConfig, reject_reason, repeat_fraction
 from eaglet.training.synth_store import chunk_meta, chunk_path, write_chunk, write_json

@@ -29,10 +29,9 @@ import triton.language as tl
 from triton.runtime.errors import OutOfResources
 
 import eaglet.kernels.tree_attention_splitkv as sk
+from benchmarks.bench_tree_attention import HKV, HQ, make_inputs
 from eaglet.kernels.tree_attention import tree_attention
 from eaglet.kernels.tree_attention_plan import meta
-
-from benchmarks.bench_tree_attention import HKV, HQ, make_inputs
 
 
 @triton.jit

@@ -10,10 +10,10 @@ import argparse
 
 import torch
 
-from eaglet.models.kv_cache import KVCache
-from eaglet.models.llama import ModelArgs, Transformer
 from eaglet.engine.autoregressive import AREngine
 from eaglet.engine.requests import Request
+from eaglet.models.kv_cache import KVCache
+from eaglet.models.llama import ModelArgs, Transformer
 
 
 def main():

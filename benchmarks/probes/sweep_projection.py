@@ -19,9 +19,8 @@ import torch
 import triton
 
 import eaglet.kernels.projection as P
-from eaglet.kernels import projection_config
-
 from benchmarks._common import DEV, DTYPE, bench_graph, fmt, provenance, weights
+from eaglet.kernels import projection_config
 
 MODELS = {
     "SmolLM2-135M": dict(H=576, I=1536, Hq=9, Hkv=3, D=64, V=49152),

@@ -18,10 +18,9 @@ import contextlib
 import torch
 
 import eaglet.kernels.tree_attention_invariant as inv
-from eaglet.kernels.tree_attention import tree_attention
-
 from benchmarks._common import bench_graph, fmt, provenance
 from benchmarks.bench_tree_attention import MODELS, attn_inputs
+from eaglet.kernels.tree_attention import tree_attention
 
 
 @contextlib.contextmanager

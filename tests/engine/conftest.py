@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from engine_testing import oracle_target
 
 

@@ -13,11 +13,11 @@ from __future__ import annotations
 import argparse
 
 import torch
-
-from eaglet.engine.requests import Request
-from eaglet.engine.eagle import EagleEngine
-from eaglet.engine.stream_plan import ResolvedPlan, StreamPlan
 from engine_testing import PROMPTS, TREES, ar_outputs, oracle_like, oracle_target
+
+from eaglet.engine.eagle import EagleEngine
+from eaglet.engine.requests import Request
+from eaglet.engine.stream_plan import ResolvedPlan, StreamPlan
 
 
 def main() -> None:

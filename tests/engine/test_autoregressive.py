@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from eaglet.models.kv_cache import KVCache, KVPoolExhausted
-from eaglet.models.llama import ModelArgs, Transformer
 from eaglet.engine.autoregressive import AREngine
 from eaglet.engine.requests import Request
 from eaglet.engine.sampling import SamplingParams, probs_from_logits, sample
+from eaglet.models.kv_cache import KVCache, KVPoolExhausted
+from eaglet.models.llama import ModelArgs, Transformer
 
 
 @pytest.fixture(scope="module")

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from eaglet.models.kv_cache import KVCache
-from eaglet.models.llama import ModelArgs, Transformer
 from eaglet.engine.autoregressive import AREngine
 from eaglet.engine.requests import Request
+from eaglet.models.kv_cache import KVCache
+from eaglet.models.llama import ModelArgs, Transformer
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA/ROCm GPU")
 

@@ -5,12 +5,12 @@ serving is its teacher-forced accuracy, and a gap between `train/acc_k` and serv
 from __future__ import annotations
 
 import pytest
+from engine_testing import PROMPTS, TREES, ar_outputs, oracle_like
 
 from eaglet.engine.eagle import EagleEngine
 from eaglet.engine.requests import Request
 from eaglet.training.chain_replay import chain_rates, replay_chain, step_hits
 from eaglet.training.features import OnlineFeatures
-from engine_testing import PROMPTS, TREES, ar_outputs, oracle_like
 
 
 @pytest.mark.parametrize("kind", ["eagle1", "multi_layer"])

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pytest
 import torch
+from engine_testing import PROMPTS, TREES, ar_outputs, oracle_like
 
-from eaglet.models.head_checkpoint import new_draft_head
-from eaglet.models.kv_cache import KVCache
-from eaglet.models.llama import ModelArgs, Transformer
 from eaglet.engine.autoregressive import AREngine
 from eaglet.engine.eagle import EagleEngine, SimulatedAcceptance, StepStats, TreeSpec
 from eaglet.engine.requests import Request
-from engine_testing import PROMPTS, TREES, ar_outputs, oracle_like
+from eaglet.models.head_checkpoint import new_draft_head
+from eaglet.models.kv_cache import KVCache
+from eaglet.models.llama import ModelArgs, Transformer
 
 
 def spec_outputs(target, head, tree, prompts, max_new, batch):
@@ -118,8 +118,8 @@ def test_sampling_preserves_the_target_distribution():
     follows the target's own marginal sum_t1 p(t1) p(t2 | t1), by a chi-square test."""
     from scipy.stats import chisquare
 
-    from eaglet.models.kv_cache import ForwardBatch, slots_for
     from eaglet.engine.sampling import SamplingParams
+    from eaglet.models.kv_cache import ForwardBatch, slots_for
 
     torch.manual_seed(1)
     args = ModelArgs(family="llama", vocab_size=12, dim=128, n_layers=2, n_heads=2, n_kv_heads=1, head_dim=64,

@@ -9,8 +9,6 @@ each element is one chain over k, ascending, from the accumulator (fp32 multiply
 
 from __future__ import annotations
 
-import numpy as np
-
 from eaglet.kernels._utils import is_interpret
 
 

@@ -9,12 +9,10 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from kernel_testing import DEVICE, gpu_only, needs_kernel, rel_err
 
 import eaglet.kernels.activation as act
 from eaglet.kernels.activation import silu_and_mul, silu_and_mul_ref
-from kernel_testing import DEVICE, gpu_only, needs_kernel, rel_err
-
-
 
 
 def make(shape, dtype, seed=0, device=DEVICE):

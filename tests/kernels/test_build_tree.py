@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from kernel_testing import DEVICE, needs_kernel
 
 from eaglet.kernels.build_tree import (
     DraftTree,
@@ -17,8 +18,6 @@ from eaglet.kernels.build_tree import (
     num_candidates,
     random_candidates,
 )
-from kernel_testing import DEVICE, needs_kernel
-
 
 # (steps S, topk K, num_draft_tokens N)
 SHAPES = [

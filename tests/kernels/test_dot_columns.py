@@ -8,7 +8,6 @@ import pytest
 import torch
 import triton
 import triton.language as tl
-
 from kernel_testing import DEVICE, needs_kernel
 
 

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-from eaglet.kernels.draft_expand import expand_step, expand_step_ref
-from eaglet.kernels.build_tree import num_candidates
 from kernel_testing import DEVICE, gpu_only, needs_kernel
+
+from eaglet.kernels.build_tree import num_candidates
+from eaglet.kernels.draft_expand import expand_step, expand_step_ref
 
 
 def make(B, K, S, i, H, vd=50, d2t=True, seed=0, dtype=torch.float32, tie=False):
@@ -135,9 +135,9 @@ def test_engine_draft_calls_match_the_references(kind, monkeypatch):
     torch reference on the same inputs: ids and everything `expand_step` returns or writes exactly, the
     log-probabilities to fp32 rounding. EAGLE-3 with a reduced draft vocabulary and a multi-layer head cover both
     expansion flavours."""
+    import eaglet.engine.eagle as engine
     import eaglet.kernels.draft_expand as dx
     import eaglet.kernels.topk as tk
-    import eaglet.engine.eagle as engine
     from eaglet.models.head_checkpoint import new_draft_head
     from eaglet.models.llama import ModelArgs, Transformer
 

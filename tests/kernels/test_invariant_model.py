@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from kernel_testing import CUDA, needs_kernel
 
 from eaglet.models.kv_cache import ForwardBatch, KVCache, slots_for
 from eaglet.models.llama import ModelArgs, Transformer
-from kernel_testing import CUDA, needs_kernel
 
 
 def _logits_of(model, kv, row, tokens, positions, prefix, mask=None, bound=None):

@@ -8,10 +8,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-from eaglet.kernels.kv_ops import commit_kv, commit_kv_ref
 from kernel_testing import DEVICE, needs_kernel
 
+from eaglet.kernels.kv_ops import commit_kv, commit_kv_ref
 
 
 def random_paths(B, S, N, gen):

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from kernel_testing import CUDA, DEVICE, gpu_only, needs_kernel, rel_err
 
 from eaglet.kernels import projection as P
 from eaglet.kernels import projection_config as PC
-from kernel_testing import CUDA, DEVICE, gpu_only, needs_kernel, rel_err
 
 EPS = 1e-6
 MAX_POS = 131072  # angles up to ~1.3e5 rad: the cos/sin range reduction

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from kernel_testing import DEVICE, gpu_only, needs_kernel, rel_err
 
 import eaglet.kernels.rmsnorm as rn
 from eaglet.kernels.rmsnorm import rmsnorm, rmsnorm_ref
-from kernel_testing import DEVICE, gpu_only, needs_kernel, rel_err
 
 EPS = 1e-6
 

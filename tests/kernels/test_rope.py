@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from kernel_testing import DEVICE, gpu_only, needs_kernel, rel_err
 
 import eaglet.kernels.rope as rp
 from eaglet.kernels.rope import rope_store, rope_store_ref
-from kernel_testing import DEVICE, gpu_only, needs_kernel, rel_err
 
 MAX_POS = 131072  # angles up to ~1.3e5 rad: exercises the cos/sin range reduction
 

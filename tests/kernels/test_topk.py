@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from kernel_testing import CUDA, DEVICE, gpu_only, needs_kernel
 
 import eaglet.kernels.topk as tk
 from eaglet.kernels.topk import topk_logprobs, topk_logprobs_ref
-from kernel_testing import CUDA, DEVICE, gpu_only, needs_kernel
 
 
 def make(shape, seed=0, scale=3.0, dtype=torch.float32):

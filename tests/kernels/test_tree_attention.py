@@ -11,14 +11,13 @@ import math
 
 import pytest
 import torch
+from kernel_testing import CUDA, DEVICE, gpu_only, needs_kernel, rel_err
 
 import eaglet.kernels.tree_attention as ta
 import eaglet.kernels.tree_attention_invariant as inv
 import eaglet.kernels.tree_attention_splitkv as sk
 from eaglet.kernels.tree_attention import tree_attention, tree_attention_ref
 from eaglet.kernels.tree_attention_plan import meta
-from kernel_testing import CUDA, DEVICE, gpu_only, needs_kernel, rel_err
-
 
 
 def random_parents(n: int, gen: torch.Generator) -> list[int]:

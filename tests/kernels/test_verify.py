@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import scipy.stats
 import torch
+from kernel_testing import CUDA, DEVICE, needs_kernel
 
 from eaglet.kernels.build_tree import build_tree, random_candidates
 from eaglet.kernels.verify import (
@@ -25,7 +26,6 @@ from eaglet.kernels.verify import (
     verify_sampling,
     verify_sampling_ref,
 )
-from kernel_testing import CUDA, DEVICE, needs_kernel
 
 gpu_only = pytest.mark.skipif(not CUDA, reason="full-size chi-square of the kernel needs a GPU")
 

@@ -10,9 +10,9 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from eaglet.models.kv_cache import KVCache
 from eaglet.engine.autoregressive import AREngine
 from eaglet.engine.requests import Request
+from eaglet.models.kv_cache import KVCache
 from eaglet.training.data import (
     AnswerGenerator,
     BatchSchedule,

@@ -11,9 +11,9 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from eaglet.data.prompts import load_humaneval, load_mt_bench
+from eaglet.training.conversation import Checker, Record
 from eaglet.training.dedup import DedupConfig, PromptIndex, bands, eval_prompts, is_eval, normalise
 from eaglet.training.filters import FilterConfig, LoopStop, reject_reason, repeat_fraction
-from eaglet.training.conversation import Checker, Record
 from eaglet.training.synthesis import select_pool
 
 CONF = Path(__file__).resolve().parents[2] / "conf"

@@ -8,8 +8,8 @@ import json
 import os
 import signal
 import subprocess
-import time
 import sys
+import time
 from pathlib import Path
 
 import pytest

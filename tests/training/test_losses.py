@@ -8,8 +8,15 @@ import torch
 
 from eaglet.models.head_checkpoint import new_draft_head
 from eaglet.training.data import Sample, draft_vocab
-from eaglet.training.losses import (STATS, draft_loss, repeated_ngrams, step_counts, step_terms, target_distribution,
-                                   ttt_attention_mask)
+from eaglet.training.losses import (
+    STATS,
+    draft_loss,
+    repeated_ngrams,
+    step_counts,
+    step_terms,
+    target_distribution,
+    ttt_attention_mask,
+)
 
 
 def ttt_mask_reference(T: int, k: int) -> list[list[bool]]:
