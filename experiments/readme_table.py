@@ -35,12 +35,10 @@ SOURCES = {
     "forward": ("invariant_h200/bench_invariant.md", "invariant_h200/rows_128.md", "invariant_h200/split256_step.md",
                 "invariant_h200/row_tiles_step.md", "invariant_h200/leaf_tree_step.md",
                 "invariant_h200/prefill_k64_step.md"),
-    "e2e_fastest": "invariant_h200/e2e_runs",  # plain decoding with invariant=false, both turns
     # the e2e stage on the leaf-tree attention: the shipped head's MT-bench first turns at the defaults (each with
     # its invariant AR pass), random Llama-3.1-8B's plain decoding and simulated EAGLE-3
     "e2e": "invariant_h200/e2e_leaf_tree_runs",
     "datasets": "eagle3_smollm2_seed1_h200/eval/datasets",  # the shipped (stage-6) head's other data sets
-    "ar": "ar_h200.md",
     "verify_8b": "verify_8b_h200/s14_final_run1.json",
     "overlap": "ablate_overlap_h200/runs",
     "ddp": "ddp_scaling_h200",
@@ -68,11 +66,6 @@ def md_table(path: Path, heading: str | None = None) -> tuple[list[str], list[li
             break
         rows.append(cells(line))
     return cells(lines[start]), rows
-
-
-def md_rows(path: Path, heading: str | None = None) -> list[list[str]]:
-    """The body rows of the first markdown table in a file (after `heading`, if given), as lists of cell strings."""
-    return md_table(path, heading)[1]
 
 
 def _metrics(path: Path) -> dict:
@@ -121,23 +114,23 @@ def readme_results(results: Path = REPO / "results") -> str:
                  "; ".join(f"{short} " + " / ".join(f"{float(layer[m, M]):.3f}×" for M in ms) for m, short in models),
                  ok(not worst, "≤ 1.05×: met", "≤ 1.05×: **not met** at "
                     + ", ".join(f"{M} rows ({m})" for M, m in worst)),
-                 "`python -m benchmarks.bench_invariant --parts proj`"))
+                 "`python -m benchmarks.bench_projection`"))
     pre = {m: float(layer[m, "2048"]) for m, _ in models}
     rows.append(("cost of invariant numerics: a 2,048-row prefill's layer (the four projections, norms folded), "
                  "invariant / fastest",
                  "; ".join(f"{short} {pre[m]:.3f}×" for m, short in models),
                  ok(max(pre.values()) <= 1.3, "≤ 1.3×: met", "≤ 1.3×: **not met** ("
                     + ", ".join(short for m, short in models if pre[m] > 1.3) + ")"),
-                 "`python -m benchmarks.bench_invariant --parts proj --ms 2048`"))
+                 "`python -m benchmarks.bench_projection --ms 2048`"))
     cases = ("B=1 T=1", "B=1 T=8", "B=1 T=64", "B=8 T=8", "B=8 T=16")
     rows.append(("cost of invariant numerics: a forward at the defaults, invariant / fastest (decode B=1; verify B=1 "
                  "× 8 and 64 tokens, B=8 × 8 and 16)",
                  "; ".join(f"{short} " + ", ".join(f"{ratio[m, c]:.2f}×" for c in cases) for m, short in models),
                  ok(max(ratio[m, c] for m, _ in models for c in cases) <= 1.05,
                     "≤ 1.05×: met", "≤ 1.05×: **not met** (verify)"),
-                 "`python -m benchmarks.bench_invariant --parts step --step-cases 1x1,1x8,1x64,8x8,8x16`"))
+                 "`python -m benchmarks.bench_step --step-cases 1x1,1x8,1x64,8x8,8x16`"))
 
-    fastest, leaf = _runs(results, "e2e_fastest"), _runs(results, "e2e")
+    leaf = _runs(results, "e2e")
     first = [leaf[f"smol_b{b}"] for b in (1, 8)]
     rows.append(("lossless EAGLE-3 with the defaults (invariant, tree 5/4/8), SmolLM2 + the shipped head, MT-bench "
                  "first turns, B=1 / 8: decode tokens/s, × its AR pass, answers identical to it",
@@ -170,17 +163,8 @@ def readme_results(results: Path = REPO / "results") -> str:
                  "tree=simulate invariant=true`"))
 
     inv = [m["ar_decode_tokens_per_s"] for m in first]  # the AR passes of the shipped head's runs
-    plain = [fastest[f"smol_ar_b{b}"]["decode_tokens_per_s"] for b in (1, 8)]  # invariant=false, both turns
-    rows.append(("plain decoding, SmolLM2, MT-bench, B=1 / 8: invariant numerics, first turns (fastest kernels, "
-                 "both turns)",
-                 f"{inv[0]:,.0f} / {inv[1]:,.0f} tokens/s ({plain[0]:,.0f} / {plain[1]:,.0f})", "",
-                 "`python run_spec.py draft=none data.max_turns=1` (`python run_spec.py draft=none invariant=false`)"))
-
-    ar = {(r[0], r[1]): r for r in md_rows(results / SOURCES["ar"])}
-    rows.append(("AR decoding, SmolLM2, B=1, fastest kernels (Hugging Face `generate`)",
-                 f"{int(ar[('eaglet AR (CUDA graph, fused linear)', '1')][2]):,} tokens/s "
-                 f"({int(ar[('HF generate (eager, bf16)', '1')][2]):,})",
-                 "≥ 1,000: met", "`python -m benchmarks.bench_ar --batch 1 8`"))
+    rows.append(("plain decoding, SmolLM2, MT-bench first turns, B=1 / 8, invariant numerics",
+                 f"{inv[0]:,.0f} / {inv[1]:,.0f} tokens/s", "", "`python run_spec.py draft=none data.max_turns=1`"))
 
     rows.append(("shipped EAGLE-3 head, MT-bench, B=1 / 8, the defaults: tau; speedup over plain decoding",
                  f"{first[0]['tau']:.2f} / {first[1]['tau']:.2f}; "
