@@ -144,9 +144,10 @@ def table(rows) -> str:
     for r in rows:
         gs = r["g_torch"] / r["g_eaglet"] if r["g_torch"] and r["g_eaglet"] else None
         lines.append(
-            f"| {r['model']} | {r['kernel']} | {r['M']} | {r['bytes'] / 1e6:.3f} | {r['floor']:.2f} | {r['eaglet']:.1f} "
-            f"| {r['torch']:.1f} | {r['torch'] / r['eaglet']:.1f}x | {fmt(r['g_eaglet'], '.2f')} | {fmt(r['g_torch'], '.2f')} "
-            f"| {fmt(gs)}x | {100 * r['floor'] / r['eaglet']:.1f} | {fmt(r['l_eaglet'], 'd')} / {fmt(r['l_torch'], 'd')} "
+            f"| {r['model']} | {r['kernel']} | {r['M']} | {r['bytes'] / 1e6:.3f} | {r['floor']:.2f} "
+            f"| {r['eaglet']:.1f} | {r['torch']:.1f} | {r['torch'] / r['eaglet']:.1f}x "
+            f"| {fmt(r['g_eaglet'], '.2f')} | {fmt(r['g_torch'], '.2f')} | {fmt(gs)}x "
+            f"| {100 * r['floor'] / r['eaglet']:.1f} | {fmt(r['l_eaglet'], 'd')} / {fmt(r['l_torch'], 'd')} "
             f"| {r['err']:.1e} |"
         )
     return "\n".join(lines)

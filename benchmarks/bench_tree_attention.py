@@ -172,7 +172,10 @@ def run_row(B, L, N, providers, ceilings, sweep):
     mask4 = allowed[:, None]  # [B, 1, N, L+N]
     ref = F.scaled_dot_product_attention(qh, k, v, attn_mask=mask4).transpose(1, 2)  # [B, N, Hq, D]
     row["err"] = rel_err(out, ref)
-    row["sdpa"] = bench(lambda: F.scaled_dot_product_attention(qh, k, v, attn_mask=mask4)) if "sdpa" in providers else "not run"
+    row["sdpa"] = (
+        bench(lambda k=k, v=v: F.scaled_dot_product_attention(qh, k, v, attn_mask=mask4))
+        if "sdpa" in providers else "not run"
+    )
     del k, v
     row["flex"] = run_flex(qh, k_cache, v_cache, page_table, allowed, L, N, ref) if "flex" in providers else "not run"
     return row
@@ -212,7 +215,8 @@ def ratio(peer, ours):
 
 def table(rows) -> str:
     head = (
-        "| B | L | N | bound | HBM floor µs | compute floor µs | eaglet µs | eaglet graph µs | eaglet host µs | floor / eaglet "
+        "| B | L | N | bound | HBM floor µs | compute floor µs | eaglet µs | eaglet graph µs | eaglet host µs "
+        "| floor / eaglet "
         "| SDPA µs | Flex µs "
         "| eaglet speedup vs SDPA | vs Flex | splits | rel err vs SDPA |"
     )
@@ -220,7 +224,8 @@ def table(rows) -> str:
     for r in rows:
         sdpa, flex = r["sdpa"], r["flex"]
         lines.append(
-            f"| {r['B']} | {r['L']} | {r['N']} | {r['bound']} | {r['hbm']:.1f} | {r['flop']:.1f} | {r['eaglet']:.1f} | {r['graph']:.1f} "
+            f"| {r['B']} | {r['L']} | {r['N']} | {r['bound']} | {r['hbm']:.1f} | {r['flop']:.1f} | {r['eaglet']:.1f} "
+            f"| {r['graph']:.1f} "
             f"| {r['host']:.1f} | {r['floor'] / r['eaglet']:.2f} | {fmt(sdpa)} | {fmt(flex)} "
             f"| {fmt(ratio(sdpa, r['eaglet']))} | {fmt(ratio(flex, r['eaglet']))} | {r['splits']} | {r['err']:.1e} |"
         )
@@ -348,7 +353,8 @@ def main() -> None:
     configs = [tuple(map(int, c.split("x"))) for c in args.configs.split(",")] if args.configs else CONFIGS
     header = (
         provenance() +
-        f"Measured ceilings: copy {ceilings[0] / 1e12:.2f} TB/s (read+write), bf16 matmul {ceilings[1] / 1e12:.0f} TFLOP/s  \n"
+        f"Measured ceilings: copy {ceilings[0] / 1e12:.2f} TB/s (read+write), "
+        f"bf16 matmul {ceilings[1] / 1e12:.0f} TFLOP/s  \n"
         f"Setup: bf16, Hq={HQ}, Hkv={HKV}, D={D}, page_size {PAGE} (shuffled pages), random branching tree masks; "
         "median µs via triton.testing.do_bench (cold L2 before every call); 'eaglet graph' = the same call replayed "
         "from a CUDA graph (no Python launch cost).\n"
@@ -358,7 +364,8 @@ def main() -> None:
         row = run_row(B, L, N, providers, ceilings, SWEEP if args.sweep else [])
         rows.append(row)
         print(
-            f"  B={B} L={L} N={N}: eaglet {row['eaglet']:.1f} µs (graph {row['graph']:.1f}, host {row['host']:.1f}; floor {row['floor']:.1f}, {row['bound']}), "
+            f"  B={B} L={L} N={N}: eaglet {row['eaglet']:.1f} µs (graph {row['graph']:.1f}, host {row['host']:.1f}; "
+            f"floor {row['floor']:.1f}, {row['bound']}), "
             f"SDPA {fmt(row['sdpa'])}, Flex {fmt(row['flex'])}, err {row['err']:.1e}, {row['config']}",
             flush=True,
         )

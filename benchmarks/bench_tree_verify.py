@@ -80,8 +80,8 @@ def main():
         inputs = make_tree(S, K, N, vocab=128256)
         tree = build_tree(*inputs, N, K, S, "qlen_only")
         ok = same(tree, build_tree_ref(*[t.cpu() for t in inputs], N, K, S, "qlen_only"))
-        rows.append(("build_tree QLEN_ONLY", f"B={B} {name}", *timeit(lambda: build_tree(*inputs, N, K, S, "qlen_only")),
-                     f"C={inputs[0].shape[1]}", ok))
+        rows.append(("build_tree QLEN_ONLY", f"B={B} {name}",
+                     *timeit(lambda: build_tree(*inputs, N, K, S, "qlen_only")), f"C={inputs[0].shape[1]}", ok))
 
         draft, nxt, sib = tree.draft_tokens, tree.retrieve_next_token, tree.retrieve_next_sibling
         pred = deep_target(tree)
@@ -97,7 +97,7 @@ def main():
             res = verify_sampling(draft, nxt, sib, probs, u, uf, S)
             ok = same(res, verify_sampling_ref(draft, nxt, sib, probs, u, uf, S))
             rows.append(("verify_sampling", f"B={B} {name} V={V}",
-                         *timeit(lambda: verify_sampling(draft, nxt, sib, probs, u, uf, S)),
+                         *timeit(lambda probs=probs: verify_sampling(draft, nxt, sib, probs, u, uf, S)),
                          f"mean accept_len {res.accept_len.float().mean():.2f}", ok))
             del probs
 
@@ -122,7 +122,7 @@ def main():
         ok = torch.equal(kv, kv_ref) and torch.equal(seq, seq_ref)
         del kv_ref
 
-        def run():
+        def run(kv=kv):
             seq.copy_(seq0)  # the moves are repeatable, seq_lens must not run away
             commit_kv(kv, page_table, page_size, seq, idx, lens)
 
@@ -130,7 +130,7 @@ def main():
         moved = int((lens - 1).sum()) * L * 2 * Hkv * D * kv.element_size() * 2  # bytes read + written
         rows.append(("commit_kv bf16", f"B={B} L={L} Hkv={Hkv} D={D} S={S}", eager, graph,
                      f"{moved / 1e6:.2f} MB moved, {moved / graph / 1e3:.0f} GB/s (graph)", ok))
-        del kv
+        del kv, run  # run's default holds kv too: free it before the next pool is allocated
 
     dev = torch.cuda.get_device_name()
     head = ["op", "config", "do_bench median (us)", "graph replay median (us)", "note", "matches ref"]

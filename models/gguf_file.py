@@ -17,7 +17,11 @@ from eaglet.models.checkpoint import CheckpointError, check_tensors, normalise_c
 
 # GGUF `general.architecture` -> HF architecture. Mistral and SmolLM2 GGUFs use `llama`: llama.cpp runs
 # them as plain Llama (no sliding window), and so do we.
-GGUF_ARCHITECTURES: dict[str, str] = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+GGUF_ARCHITECTURES: dict[str, str] = {
+    "llama": "LlamaForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+}
 
 # llama.cpp tensor names -> HF names (`blk.N.` -> `model.layers.N.`); the suffix `.weight`/`.bias` is kept.
 _GGUF_GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
@@ -81,7 +85,8 @@ def open_gguf(path: Path):
 
 
 # Parsing the header costs 2.6 s for SmolLM2's GGUF (its 49k-token vocabulary; 2-core CPU), and a run reads it three
-# times (memory estimate, tokenizer, weights): once per file version instead. The reader maps the file; it copies nothing.
+# times (memory estimate, tokenizer, weights): once per file version instead. The reader maps the file; it copies
+# nothing.
 @functools.lru_cache(maxsize=2)
 def _open_gguf_cached(file: str, mtime_ns: int, size: int):
     path = Path(file)
@@ -101,7 +106,9 @@ def _open_gguf_cached(file: str, mtime_ns: int, size: int):
         reader = gguf.GGUFReader(path)
         short = [t.name for t in reader.tensors if t.data.nbytes != t.n_bytes]
     except (ValueError, IndexError, KeyError, OSError) as e:
-        raise CheckpointError(f"{path}: corrupt or truncated GGUF file ({type(e).__name__}: {e}); re-download it") from e
+        raise CheckpointError(
+            f"{path}: corrupt or truncated GGUF file ({type(e).__name__}: {e}); re-download it"
+        ) from e
     if short:
         raise CheckpointError(f"{path}: truncated GGUF file (tensors {short[:4]} are short); re-download it")
     return gguf, reader
@@ -117,7 +124,9 @@ def gguf_config(path: Path, reader) -> dict:
             f"(HF {supported_list()}; Mistral and SmolLM2 GGUFs are `llama`)"
         )
     if gguf_field(reader, f"{arch}.expert_count", 0):
-        raise CheckpointError(f"{path}: a mixture-of-experts GGUF ({arch}.expert_count > 0); only dense models are supported")
+        raise CheckpointError(
+            f"{path}: a mixture-of-experts GGUF ({arch}.expert_count > 0); only dense models are supported"
+        )
 
     def meta(key: str, default=None):
         return gguf_field(reader, f"{arch}.{key}", default)
@@ -131,7 +140,9 @@ def gguf_config(path: Path, reader) -> dict:
     head_dim = int(q.shape[1]) // n_heads  # GGUF shapes are [in, out]
     rope_dim = meta("rope.dimension_count")
     if rope_dim not in (None, head_dim):
-        raise CheckpointError(f"{path}: partial rotary (rope.dimension_count {rope_dim} != head_dim {head_dim}) is unsupported")
+        raise CheckpointError(
+            f"{path}: partial rotary (rope.dimension_count {rope_dim} != head_dim {head_dim}) is unsupported"
+        )
     tokens = reader.fields.get("tokenizer.ggml.tokens")
     eos = [gguf_field(reader, f"tokenizer.ggml.{k}_token_id") for k in ("eos", "eot", "eom")]
     eos = list(dict.fromkeys(e for e in eos if e is not None))  # unique, in order: eos first

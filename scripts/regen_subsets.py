@@ -34,7 +34,8 @@ def main() -> None:
     if not parts:
         raise SystemExit(f"{args.cache_dir}: no regen-*.part*.jsonl files; pass a training run's data.cache_dir")
     # conversations whose first prompt left no room for an answer have none
-    recs = sorted((r for p in parts for r in map(json.loads, p.open()) if r["output_ids"]), key=lambda r: order[r["id"]])
+    recs = sorted((r for p in parts for r in map(json.loads, p.open()) if r["output_ids"]),
+                  key=lambda r: order[r["id"]])
     args.out.mkdir(parents=True, exist_ok=True)
     for name, keep in (("seen", lambda pos: pos < args.split_at), ("unseen", lambda pos: pos >= args.split_at)):
         chosen = [r for r in recs if keep(order[r["id"]])][: args.num]

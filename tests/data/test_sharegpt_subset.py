@@ -24,7 +24,8 @@ def test_first_exchange_keeps_the_merged_first_turns_only():
     cut = subset.first_exchange(conv)
     assert cut["id"] == "abc_0" and cut["conversations"] == turns[:6]
     assert _normalise("abc_0", cut["conversations"]) == _normalise("abc_0", turns)[:2]
-    assert _normalise("abc_0", cut["conversations"]) == (("user", "part one\n\npart two"), ("assistant", "answer\n\nmore"))
+    assert _normalise("abc_0", cut["conversations"]) == (("user", "part one\n\npart two"),
+                                                         ("assistant", "answer\n\nmore"))
     short = {"id": "x", "conversations": turns[1:3]}
     assert subset.first_exchange(short) == short  # no assistant turn: kept whole
 
@@ -41,7 +42,8 @@ def test_user_turns_keep_every_role_and_user_turn():
              {"from": "human", "value": "second question"}, {"from": "gpt", "value": "second answer"}]
     cut = subset.user_turns({"id": "abc_0", "conversations": turns})
     assert _users_and_roles("abc_0", cut["conversations"]) == _users_and_roles("abc_0", turns)
-    assert [t["value"] for t in cut["conversations"]] == ["", "part one", "part two", "", ".", ".", "second question", "."]
+    assert [t["value"] for t in cut["conversations"]] == ["", "part one", "part two", "", ".", ".",
+                                                          "second question", "."]
 
 
 def test_user_turns_on_the_embedded_file():

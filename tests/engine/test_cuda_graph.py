@@ -25,7 +25,10 @@ def test_disabled_runner_stages_into_static_buffers_and_runs_on_them():
 
 def test_inputs_staged_in_parts_equal_staged_at_once():
     """The verify stages its draft-independent inputs before the draft ends and the rest after (overlap_split)."""
-    fn = lambda a, b, c: a * 100 + b * 10 + c  # [B, 2]
+
+    def fn(a, b, c):  # [B, 2]
+        return a * 100 + b * 10 + c
+
     runner = GraphRunner(fn, lambda B: {name: torch.zeros(B, 2) for name in "abc"}, max_batch=4, enabled=False)
     a, b, c = (torch.randn(3, 2) for _ in range(3))
     assert runner.stage(a=a) == 3 and runner.stage(c=c, b=b) == 3  # by name, in any order

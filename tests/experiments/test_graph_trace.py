@@ -1,5 +1,6 @@
 """benchmarks/probes/graph_trace.py: kernels are attributed to the graph launch that ran them, and a replay's gaps
-are its span minus its kernel time (a synthetic trace with two graphs, one eager kernel and a kernel of another launch)."""
+are its span minus its kernel time (a synthetic trace with two graphs, one eager kernel and a kernel of another
+launch)."""
 
 from __future__ import annotations
 
@@ -31,7 +32,8 @@ def test_replays_group_by_launch_and_gaps_are_span_minus_kernel_time():
     # spans 40 and 42 (mean 41), kernel time 22 and 26 (mean 24): gaps 17, over 2 gaps per replay
     assert "2 replays; span 41.0 us, kernel time 24.0 us, gaps 17.0 us (8.50 us per kernel)" in text
     rows = text.splitlines()[2:]
-    assert rows[0].split()[:4] == ["gemm", "2.0", "11.00", "22.0"] and rows[1].split()[:4] == ["norm", "1.0", "2.00", "2.0"]
+    assert rows[0].split()[:4] == ["gemm", "2.0", "11.00", "22.0"]
+    assert rows[1].split()[:4] == ["norm", "1.0", "2.00", "2.0"]
     # --sequence: one replay's kernels in launch order, start offsets from its first kernel
     seq = gt.sequence(groups[2], 2).splitlines()
     assert [line.split() for line in seq] == [["0.0", "2.00", "norm"], ["10.0", "12.00", "gemm"]]

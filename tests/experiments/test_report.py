@@ -54,7 +54,8 @@ def test_repeats_merge_into_medians_and_a_noise_verdict():
     verdicts = {(r.split("|")[3].strip(), r.split("|")[4].strip()): r.split("|")[16].strip()
                 for r in overlap_table(groups).splitlines()[2:] if r.startswith("| t ")}
     assert verdicts == {("1", "serial"): "-", ("1", "overlap_event"): "slower", ("1", "overlap_split"): "within noise",
-                        ("1", "overlap_wait_stream"): "faster", ("8", "serial"): "-", ("8", "overlap_event"): "within noise"}
+                        ("1", "overlap_wait_stream"): "faster", ("8", "serial"): "-",
+                        ("8", "overlap_event"): "within noise"}
 
 
 def test_report_rebuilds_the_tree_sweep_and_head_comparison(tmp_path):

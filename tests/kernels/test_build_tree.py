@@ -45,7 +45,7 @@ def make_inputs(B, S, K, seed, seq_lens=None, tie_levels=None, vocab=1000):
 
 def qlen_from(tree: DraftTree, fmt: MaskFormat, seq_lens: torch.Tensor, N: int) -> torch.Tensor:
     """Decode any mask format to [B, N, N] bool ancestor-or-self; checks FULL's prefix is all True."""
-    mask, B = tree.tree_mask.cpu(), seq_lens.shape[0]
+    mask = tree.tree_mask.cpu()
     if fmt == MaskFormat.QLEN_ONLY:
         return mask
     if fmt == MaskFormat.BITPACKED:

@@ -36,7 +36,9 @@ def make_pool(B, L, Hkv, D, page_size, N, dtype, gen, max_prefix=40):
 
 
 def bits(t: torch.Tensor) -> torch.Tensor:
-    return t.view(torch.uint8) if t.element_size() == 1 else t.view(torch.int16 if t.element_size() == 2 else torch.int32)
+    if t.element_size() == 1:
+        return t.view(torch.uint8)
+    return t.view(torch.int16 if t.element_size() == 2 else torch.int32)
 
 
 @needs_kernel
@@ -50,7 +52,8 @@ def test_matches_reference(L, Hkv, D, S, N, page_size, dtype):
     accept_index, accept_len = random_paths(B, S, N, gen)
     ref_kv, ref_lens = kv.clone(), seq_lens.clone()
     commit_kv_ref(ref_kv, page_table, page_size, ref_lens, accept_index, accept_len)
-    out = [t.clone().to(DEVICE) for t in (kv, page_table, seq_lens, accept_index, accept_len)]  # in place: keep the inputs
+    # in place: keep the inputs
+    out = [t.clone().to(DEVICE) for t in (kv, page_table, seq_lens, accept_index, accept_len)]
     commit_kv(out[0], out[1], page_size, out[2], out[3], out[4])
     assert torch.equal(bits(out[0]).cpu(), bits(ref_kv))
     assert torch.equal(out[2].cpu(), seq_lens + accept_len)
@@ -83,7 +86,8 @@ def test_overlapping_moves_in_order():
         return t[:, :, int(page_table[0, p // page_size]), p % page_size].clone()  # [L, 2, Hkv, D]
 
     before = {p: at(kv, p) for p in range(4, 12)}
-    out = [t.clone().to(DEVICE) for t in (kv, page_table, seq_lens, accept_index, accept_len)]  # in place: keep the inputs
+    # in place: keep the inputs
+    out = [t.clone().to(DEVICE) for t in (kv, page_table, seq_lens, accept_index, accept_len)]
     commit_kv(out[0], out[1], page_size, out[2], out[3], out[4])
     after = out[0].cpu()
     assert torch.equal(at(after, 4), before[4])  # the root stays
@@ -100,7 +104,8 @@ def test_nothing_accepted():
     kv, page_table, seq_lens = make_pool(3, 2, 2, 8, 4, 8, torch.float32, gen)
     accept_index = torch.tensor([[0, -1, -1]] * 3)
     accept_len = torch.ones(3, dtype=torch.int32)
-    out = [t.clone().to(DEVICE) for t in (kv, page_table, seq_lens, accept_index, accept_len)]  # in place: keep the inputs
+    # in place: keep the inputs
+    out = [t.clone().to(DEVICE) for t in (kv, page_table, seq_lens, accept_index, accept_len)]
     commit_kv(out[0], out[1], 4, out[2], out[3], out[4])
     assert torch.equal(out[0].cpu(), kv) and torch.equal(out[2].cpu(), seq_lens + 1)
 

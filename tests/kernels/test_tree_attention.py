@@ -57,7 +57,8 @@ def make_inputs(B, N, Hq, Hkv, D, prefix, page_size, dtype, tree, seed=0, device
 
 
 def ref64(q, k_cache, v_cache, page_table, prefix_lens, tree_mask, sm_scale=None):
-    return tree_attention_ref(q.double(), k_cache.double(), v_cache.double(), page_table, prefix_lens, tree_mask, sm_scale)
+    return tree_attention_ref(q.double(), k_cache.double(), v_cache.double(), page_table, prefix_lens, tree_mask,
+                              sm_scale)
 
 
 # (B, N, Hq, Hkv, D, prefix_lens, page_size, tree). On CPU the interpreter runs these few-head
@@ -139,7 +140,9 @@ def test_split_count_independent():
 
 @needs_kernel
 def test_sm_scale_and_noncontiguous_q():
-    q, k_cache, v_cache, page_table, prefix_lens, tree_mask = make_inputs(2, 6, 4, 2, 64, [90, 33], 16, torch.float32, True)
+    q, k_cache, v_cache, page_table, prefix_lens, tree_mask = make_inputs(
+        2, 6, 4, 2, 64, [90, 33], 16, torch.float32, True
+    )
     q_strided = q.transpose(1, 2).contiguous().transpose(1, 2)  # [B, N, Hq, D], heads-major memory
     out = tree_attention(q_strided, k_cache, v_cache, page_table, prefix_lens, tree_mask, sm_scale=0.3)
     ref = ref64(q, k_cache, v_cache, page_table, prefix_lens, tree_mask, sm_scale=0.3)
@@ -307,7 +310,9 @@ def test_fp32_large_gpu():
 def test_cuda_graph_capture_and_replay():
     """The call is capturable (no host sync, grid from max_prefix_len only); a replay picks up new
     q, prefix_lens and tree_mask written in place into the captured buffers."""
-    q, k_cache, v_cache, page_table, prefix_lens, tree_mask = make_inputs(2, 16, 32, 8, 128, [3500, 10], 16, torch.bfloat16, True)
+    q, k_cache, v_cache, page_table, prefix_lens, tree_mask = make_inputs(
+        2, 16, 32, 8, 128, [3500, 10], 16, torch.bfloat16, True
+    )
     tree_attention(q, k_cache, v_cache, page_table, prefix_lens, tree_mask, max_prefix_len=4000)  # warm up (autotune)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):

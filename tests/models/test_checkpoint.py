@@ -426,7 +426,8 @@ def test_error_missing_tensor(tmp_path):
     model = _tiny_model("qwen2")
     sd = {k: v for k, v in model.state_dict().items() if k != "model.layers.1.self_attn.k_proj.bias"}
     save_hf_checkpoint(tmp_path, json.loads(model.config.to_json_string()), sd)
-    with pytest.raises(CheckpointError, match=r"1 of \d+ tensors .* missing.*model\.layers\.1\.self_attn\.k_proj\.bias"):
+    with pytest.raises(CheckpointError,
+                       match=r"1 of \d+ tensors .* missing.*" r"model\.layers\.1\.self_attn\.k_proj\.bias"):
         load_checkpoint(tmp_path)
 
 

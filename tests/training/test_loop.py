@@ -271,7 +271,8 @@ def test_warm_start_keeps_the_head_or_grows_its_vocabulary(target, tmp_path, sma
     """train.head.init_from starts from a saved head, its weights and its draft vocabulary; with resize_vocab the
     vocabulary is rebuilt from the data at draft_vocab_size and the LM-head rows of the shared tokens carry over
     (one step at lr 0, so the exported head is the one the run started from)."""
-    first = train(small_cfg("eagle3", "train.steps=2", "train.head.export_dtype=float32"), tmp_path / "a", target=target)
+    first = train(small_cfg("eagle3", "train.steps=2", "train.head.export_dtype=float32"), tmp_path / "a",
+                  target=target)
     start = load_draft_head(Path(first["head_dir"]), target)
     over = ("train.steps=1", "train.optim.lr=0", "train.head.export_dtype=float32",
             f"train.head.init_from={first['head_dir']}")
@@ -371,7 +372,8 @@ def test_a_damaged_newest_checkpoint_falls_back_to_the_one_before(target, tmp_pa
     _damage(ckpts / "step_00000004" / file, how)
     m = train(small_cfg("eagle3", *over), tmp_path / "split", target=target)
     why = "bytes, the manifest records" if how == "truncated" else "sha256 differs from the manifest's"
-    assert f"skipping checkpoint step_00000004: {ckpts / 'step_00000004' / file}: " in caplog.text and why in caplog.text
+    assert f"skipping checkpoint step_00000004: {ckpts / 'step_00000004' / file}: " in caplog.text
+    assert why in caplog.text
     assert f"resumed from {ckpts / 'step_00000002'} at step 2" in caplog.text
     assert m["finished"] and sorted(p.name for p in ckpts.iterdir()) == ["corrupt_step_00000004", "step_00000004",
                                                                         "step_00000006"]
