@@ -112,7 +112,7 @@ class GraphRunner:
         graph, _, out = self._graphs[self.bucket(B)]
         graph.replay()
         res = tuple(o[:B] for o in out)
-        return res if len(res) > 1 else res[0]
+        return res if len(res) != 1 else res[0]
 
     def _to_static(self, out, B: int):
         """Eager: copy the outputs [B, ...] into the static output buffers (allocated on first use)."""
@@ -120,7 +120,7 @@ class GraphRunner:
         if self._eager_out is None:
             self._eager_out = tuple(o.new_empty(self.buckets[-1], *o.shape[1:]) for o in outs)
         res = tuple(dst[:B].copy_(o) for dst, o in zip(self._eager_out, outs))
-        return res if len(res) > 1 else res[0]
+        return res if len(res) != 1 else res[0]
 
     def __call__(self, *inputs: torch.Tensor):
         """Stage every input, in the order of the buffers (fn's parameters), and run."""

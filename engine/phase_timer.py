@@ -1,7 +1,7 @@
 """Device time per phase of a speculative step (draft, plan, verify, accept, extend), the breakdown the overlap
 report compares stream plans by (experiments/report.py, overlap.md).
 
-EagleEngine creates one PhaseTimer and its step records into it: an event at each phase boundary, on the stream
+SpeculativeEngine creates one PhaseTimer and its step records into it: an event at each phase boundary, on the stream
 the phase runs on (the plan on the plan stream, the rest on main). The events are read once, after the decode
 loop, so timing adds no host sync to it. On a CPU the work is synchronous and host time stamps stand in for
 events.

@@ -1,4 +1,4 @@
-"""Request bookkeeping both engines share (engine/autoregressive.py, engine/eagle.py): a request and its token
+"""Request bookkeeping both engines share (engine/autoregressive.py, engine/speculative.py): a request and its token
 budget, which waiting requests join the batch, how emitted tokens end a request, the padded inputs of a ragged
 prefill, and the host side of the decode loop (a step's tokens copied to the host without a sync, a device sync).
 """

@@ -42,6 +42,7 @@ SOURCES = {
     "verify_8b": "verify_8b_h200/s14_final_run1.json",
     "overlap": "ablate_overlap_h200/runs",
     "ddp": "ddp_scaling_h200",
+    "ngram_vs_lookup": "ngram_vs_prompt_lookup_cpu.md",  # the n-gram drafter against HF prompt lookup (CPU, fp32)
 }
 
 
@@ -184,6 +185,16 @@ def readme_results(results: Path = REPO / "results") -> str:
                  "1.3×: met; 1.5×: **not met**",
                  "`python run_spec.py +experiment=ablate_overlap hydra.mode=RUN gen.batch_size=1 stream=serial "
                  "tree=simulate fold_norms=true`"))
+
+    head, body = md_table(results / SOURCES["ngram_vs_lookup"])
+    col = {h: i for i, h in enumerate(head)}
+    for r in body:
+        rows.append((f"n-gram drafter (`draft=ngram`, a chain of k={r[col['k']]}, n ≤ {r[col['n']]}) against Hugging "
+                     f"Face prompt lookup, SmolLM2, {r[col['prompts']]} MT-bench first turns, fp32 on a CPU: tokens "
+                     f"per verify, eaglet / HF; answers identical to greedy",
+                     f"{r[col['eaglet tau']]} / {r[col['HF tokens/verify']]}; "
+                     f"{float(r[col['identical to HF greedy: eaglet']]):.0%}", "",
+                     f"`python -m benchmarks.ngram_vs_prompt_lookup --k {r[col['k']]} --n {r[col['n']]}`"))
 
     groups = overlap_groups(load_runs([results / SOURCES["overlap"]]))
     hidden = sorted(round(100 * g["overlap_split"]["plan_hidden_fraction"])

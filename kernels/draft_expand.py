@@ -166,9 +166,9 @@ def _launch_meta(K: int, W: int, HD: int, has_d2t: bool, keep_ancestors: bool) -
 
 def compile_cases(hip: bool) -> list[CompileCase]:
     """kernels/_compile_cases.py: every draft step of every tree, for EAGLE-1 (target ids, ancestors cached),
-    EAGLE-3 (d2t) and multi-layer heads (no ancestors), at the model's hidden size, with the strides the engine's
-    draft passes (engine/eagle.py: step 1 expands the root's broadcast node ids and identity mask); bf16 hidden states,
-    the same on both vendors."""
+    EAGLE-3 (d2t) and multi-layer heads (no ancestors), at the model's hidden size, with the strides the EAGLE
+    drafter passes (engine/drafters/eagle.py: step 1 expands the root's broadcast node ids and identity mask); bf16
+    hidden states, the same on both vendors."""
     f32, i64, u8, bf16 = Ptr(torch.float32), Ptr(torch.int64), Ptr(torch.uint8), Ptr(torch.bfloat16)
     heads = (("eagle1", False, True), ("eagle3", True, True), ("multi_layer", False, False))
     cases = []

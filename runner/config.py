@@ -19,15 +19,12 @@ from __future__ import annotations
 
 import math
 import os
-from pathlib import Path
 
 from omegaconf import DictConfig, ListConfig
 
 from eaglet.runner.checks import Checks
 from eaglet.runner.common import DTYPE_NAMES, resolve_hardware, target_path
 
-REPO = Path(__file__).resolve().parents[1]  # the checkout (eaglet installs editable): shipped heads live here
-HEAD_KINDS = ("eagle1", "eagle3", "multi_layer")  # models.eagle.KINDS, named here without importing torch
 # engine.stream_plan.PLANS, named here without importing torch
 STREAM_PLANS = ("serial", "overlap_wait_stream", "overlap_event", "overlap_split", "unsafe_no_sync")
 
@@ -80,35 +77,17 @@ def check_tree(c: Checks) -> None:
 
 
 def check_draft(c: Checks) -> str | None:
-    name = c.choice("draft.name", ("none", *HEAD_KINDS))
+    """The draft group: its drafter module, and that module's own value checks (engine/drafters/<module>_config.py,
+    torch-free); what needs the drafter's code is its `check_config`, in layer 3."""
+    from eaglet.engine.drafters import drafter_modules, value_checks  # listed, not imported: no torch
+
+    name = c.text("draft.name")
     if name in (None, "none"):
         return name
-    path = c.path("draft.path", "dir", null=True, what="a head directory (config.json + model.safetensors)")
-    random_init = c.flag("draft.random_init")
-    c.integer("draft.num_layers", lo=1)
-    c.integer("draft.draft_vocab_size", lo=1, null=True)
-    if path is None and c.value("draft.path") is None and random_init is False:
-        shipped = (c.value("target.heads") or {}).get(name)
-        if not shipped:
-            c.bad("draft.path", None, no_head(name, c.value("target.name")))
-        elif not (REPO / shipped / "config.json").is_file():
-            c.bad(f"target.heads.{name}", shipped, f"the shipped head is not in {REPO}; pass "
-                                                   f"draft.path=<head directory>")
+    module = c.choice("draft.drafter", drafter_modules())
+    if module is not None and (check := value_checks(module)) is not None:
+        check(c)
     return name
-
-
-def no_head(draft: str, target: str) -> str:
-    return (f"draft={draft} needs draft.path=<head directory>, or draft.random_init=true for a random head "
-            f"(losslessness and latency checks only: it accepts almost nothing); eaglet ships no {draft} head for "
-            f"target={target}. draft=none decodes without one")
-
-
-def head_dir(cfg: DictConfig) -> Path | None:
-    """The head run_spec.py loads: draft.path, else the target's shipped one (None: a random head)."""
-    if cfg.draft.get("path"):
-        return Path(cfg.draft.path).expanduser()
-    shipped = (cfg.target.get("heads") or {}).get(cfg.draft.name)
-    return REPO / shipped if shipped and not cfg.draft.get("random_init") else None
 
 
 def check_data_prompts(c: Checks) -> str | None:
@@ -288,10 +267,13 @@ def run_spec_memory(cfg: DictConfig, args, dtype) -> dict[str, int]:
     if cfg.draft.name == "none" or g.compare_ar:
         pool += kv_pool_bytes(args, args.n_layers, g.batch_size, ctx, kv.page_size, kv.num_pages, size)
     if cfg.draft.name != "none":
+        from eaglet.engine.drafter import drafter_class
+
         S, K, N = cfg.tree.steps, cfg.tree.topk, cfg.tree.num_draft_tokens
-        ctx_s = ctx + max(N, (S - 1) * K, S + 1) + S + 1  # EagleEngine: room for one step's drafts, and one in flight
-        head_layers = cfg.draft.num_layers if cfg.draft.name == "multi_layer" else 1
-        for layers in (args.n_layers, head_layers):
+        # SpeculativeEngine: room for one step's drafts, and one step in flight
+        ctx_s = ctx + max(N, (S - 1) * K, S + 1) + S + 1
+        draft_layers = drafter_class(cfg.draft.drafter).kv_layers(cfg.draft)  # a pool of the target's KV shape
+        for layers in (args.n_layers, draft_layers):
             pool += kv_pool_bytes(args, layers, g.batch_size, ctx_s, kv.page_size, kv.num_pages, size)
     parts[f"KV pools (batch {g.batch_size} x {ctx} tokens)"] = pool
     return parts
@@ -308,24 +290,12 @@ def check_run_spec_device(c: Checks) -> None:
         return
     with c.catching():
         resolve_plan(cfg.stream, device)
-    if cfg.draft.name != "none" and (head := head_dir(cfg)) is not None:
-        import json
-
-        from eaglet.models.head_checkpoint import head_class
-
-        try:
-            kind = head_class(json.loads((head / "config.json").read_text()), head).KIND
-        except (OSError, ValueError) as e:  # no or bad config.json, an unknown architecture (CheckpointError)
-            c.bad("draft.path", str(head), str(e).splitlines()[0])
-        else:
-            if kind != cfg.draft.name:
-                c.bad("draft", cfg.draft.name, f"{head} holds a {kind} head; use draft={kind}")
     if cfg.draft.name != "none":
-        from eaglet.engine.eagle import SimulatedAcceptance, TreeSpec
+        from eaglet.engine.speculative import SimulatedAcceptance, TreeSpec
 
         t = cfg.tree
         with c.catching():
-            TreeSpec(t.steps, t.topk, t.num_draft_tokens).validate(cfg.draft.get("draft_vocab_size") or 2**31)
+            TreeSpec(t.steps, t.topk, t.num_draft_tokens).validate()
         if t.get("simulate"):
             with c.catching():
                 SimulatedAcceptance.from_tau(t.simulate.tau, t.steps)
@@ -334,13 +304,12 @@ def check_run_spec_device(c: Checks) -> None:
     except (ValueError, OSError) as e:  # CheckpointError is a ValueError; an unknown registry name too
         c.bad(*target_key(cfg.target), str(e).splitlines()[0])
         return
-    if cfg.draft.name != "none" and head_dir(cfg) is None:  # a random head: built on meta, its checks run now
-        from eaglet.models.head_checkpoint import new_draft_head
+    if cfg.draft.name != "none":
+        from eaglet.engine.drafter import drafter_class
 
-        d = cfg.draft
-        with c.catching("draft", d.name):
-            new_draft_head(d.name, meta_model(args), num_layers=d.num_layers if d.name == "multi_layer" else None,
-                           draft_vocab_size=d.get("draft_vocab_size"), device="meta")
+        drafter_class(cfg.draft.drafter).check_config(c, cfg, meta_model(args))
+        if c.errors:
+            return
     check_memory(c, run_spec_memory(cfg, args, dtype), device, "target", cfg.target.name, "lower gen.batch_size, "
                  "gen.max_context or kv.num_pages, use hardware.dtype=bfloat16, or a larger device")
 

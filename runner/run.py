@@ -20,16 +20,17 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 
 from eaglet.data.chat import encode_turns
 from eaglet.engine.autoregressive import AREngine, GenStats
-from eaglet.engine.eagle import EagleEngine, SimulatedAcceptance, StepStats, TreeSpec
+from eaglet.engine.drafter import drafter_class
 from eaglet.engine.requests import Request
 from eaglet.engine.sampling import SamplingParams
+from eaglet.engine.speculative import SimulatedAcceptance, SpeculativeEngine, StepStats, TreeSpec
 from eaglet.engine.stream_plan import StreamPlan, resolve_plan
 from eaglet.kernels._utils import copy_bandwidth
 from eaglet.models.kv_cache import KVCache
 from eaglet.models.llama import Transformer
 from eaglet.runner.checks import ConfigError
 from eaglet.runner.common import random_target, resolve_hardware, target_path, trace_steps
-from eaglet.runner.config import head_dir, no_head, validate_run_spec
+from eaglet.runner.config import validate_run_spec
 from eaglet.runner.entry import console_logging
 from eaglet.runner.signals import Interrupted, Interrupts
 from eaglet.runner.tracking import Tracker, environment
@@ -167,13 +168,11 @@ def _run(cfg: DictConfig, out_dir: Path, interrupts: Interrupts) -> dict:
                              seed=cfg.seed)
     engine = ar_engine
     if cfg.draft.name != "none":
-        head = build_head(cfg.draft, cfg.target, model, dtype, device)
-        if cfg.fold_norms:
-            head.fold_norm_weights()
-        head.set_invariant(cfg.invariant)  # the target's kernels (models/kernel_paths.py)
+        drafter = drafter_class(cfg.draft.drafter).from_config(cfg.draft, cfg.target, model, invariant=cfg.invariant,
+                                                               fold_norms=cfg.fold_norms)
         tree = TreeSpec(cfg.tree.steps, cfg.tree.topk, cfg.tree.num_draft_tokens)
         sim = cfg.tree.get("simulate")
-        engine = EagleEngine(model, head, tree, max_batch=batch_size, max_context=max_context,
+        engine = SpeculativeEngine(model, drafter, tree, max_batch=batch_size, max_context=max_context,
                              page_size=cfg.kv.page_size, num_pages=cfg.kv.num_pages, sampling=sampling,
                              eos_ids=sorted(eos), use_cuda_graph=graphs,
                              simulate=SimulatedAcceptance.from_tau(sim.tau, tree.steps) if sim else None,
@@ -282,7 +281,7 @@ def decode_turns(engine, dp: DecodePass, prompts: list, tokenizer, answers: Answ
                                                                                  cfg.gen.chat_template)
                 reqs.append(Request(ids, cfg.gen.max_new_tokens, rid=i))
         turns_ids.append([(r.rid, r.prompt_ids) for r in reqs])
-        stats = StepStats() if isinstance(engine, EagleEngine) else GenStats()
+        stats = StepStats() if isinstance(engine, SpeculativeEngine) else GenStats()
         with trace_steps(cfg.profile_steps if turn == 0 else 0, out_dir) as on_step:
             dp.generate(engine, reqs, stats, turn, on_step)
         tracker.log({"gen/tokens_per_s": stats.new_tokens / stats.total_s, "gen/turn": turn}, step=turn)
@@ -337,25 +336,8 @@ def fitting_prompts(prompts: list, tokenizer, chat_template: bool, budget: int) 
     return kept
 
 
-def build_head(draft, target_cfg, target: Transformer, dtype, device):
-    """draft.path's head; else a random one (draft.random_init); else the head eaglet ships for this target
-    (target.heads, repo-relative paths)."""
-    from eaglet.models.head_checkpoint import load_draft_head, new_draft_head
-
-    path = head_dir(OmegaConf.create({"draft": draft, "target": target_cfg}))
-    if path:
-        head = load_draft_head(path, target, dtype, device)
-        if head.KIND != draft.name:
-            raise ValueError(f"draft={draft.name} but {path} holds a {head.KIND} head; use draft={head.KIND}")
-        return head
-    if not draft.get("random_init"):
-        raise ValueError(no_head(draft.name, target_cfg.name))
-    return new_draft_head(draft.name, target, num_layers=draft.num_layers if draft.name == "multi_layer" else None,
-                          draft_vocab_size=draft.get("draft_vocab_size"), dtype=dtype, device=device)
-
-
 def combine_spec_stats(runs, steps: int) -> dict:
-    from eaglet.engine.eagle import StepStats
+    from eaglet.engine.speculative import StepStats
 
     total = StepStats()
     for r in runs:

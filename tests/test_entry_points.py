@@ -136,6 +136,9 @@ RUN_SPEC_BAD = [
     (["target=random_llama3_8b", "target.random=nope", "data=synthetic", "draft=none"], "target.random"),
     (["draft=multi_layer"], "draft.path"),
     (["draft.path=/no/such/head"], "draft.path"),
+    (["draft.path={empty_dir}"], "draft.path"),  # a folder without config.json and weights
+    (["draft=ngram", "draft.n_min=5"], "draft.n_min"),  # above n_max
+    (["draft.drafter=medusa"], "draft.drafter"),
     (["draft=eagle1", "draft.path={shipped_eagle3}"], "draft"),
     (["tree.num_draft_tokens=100"], "tree.num_draft_tokens"),
     (["tree=simulate", "tree.simulate.tau=9", "draft.random_init=true"], "tree.simulate.tau"),
@@ -165,8 +168,11 @@ def test_a_bad_run_spec_value_stops_at_once_in_one_line(cli, tmp_path, empty_jso
     run_dir = tmp_path / "run"
     before = previous_run(run_dir)
     shipped = REPO / "heads" / "smollm2_135m_eagle3"
+    empty_dir = tmp_path / "empty"
+    empty_dir.mkdir()
     code, out, err, seconds = cli("run_spec", *_fill(overrides, empty_jsonl=empty_jsonl, bad_jsonl=bad_jsonl,
-                                                       shipped_eagle3=shipped), f"hydra.run.dir={run_dir}")
+                                                       shipped_eagle3=shipped, empty_dir=empty_dir),
+                                  f"hydra.run.dir={run_dir}")
     lines = err.splitlines()
     assert code == 2 and len(lines) == 1, err
     assert lines[0].startswith(f"error: {key}="), lines[0]
@@ -376,10 +382,11 @@ def test_an_interrupted_run_keeps_its_finished_answers_and_partial_metrics(tmp_p
 
 
 def test_the_checks_know_the_engines_names():
-    """runner/config.py names the head kinds and stream plans without importing torch: the same names."""
+    """The config checks name the head kinds and stream plans without importing torch: the same names."""
+    from eaglet.engine.drafters.eagle_config import HEAD_KINDS
     from eaglet.engine.stream_plan import PLANS
     from eaglet.models.eagle import KINDS
-    from eaglet.runner.config import HEAD_KINDS, STREAM_PLANS
+    from eaglet.runner.config import STREAM_PLANS
 
     assert HEAD_KINDS == KINDS and STREAM_PLANS == PLANS
 

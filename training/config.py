@@ -8,10 +8,10 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
+from eaglet.engine.drafters.eagle_config import HEAD_KINDS
 from eaglet.runner.checks import Checks
 from eaglet.runner.config import (
     DTYPE_NAMES,
-    HEAD_KINDS,
     check_hardware,
     check_logger,
     check_memory,

@@ -1,4 +1,4 @@
-"""Evaluation during training: the real EagleEngine's tau on held-out prompts with the head as it is, each
+"""Evaluation during training: the real SpeculativeEngine's tau on held-out prompts with the head as it is, each
 draft step's teacher-forced accuracy on the same answers, and head_best/ (the head of the best eval/acc_0 so far)."""
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def eval_prompt_ids(ec: DictConfig, dc: DictConfig, tokenizer, vocab_size: int, 
 
 def evaluate_tau(target: Transformer, head: DraftHead, tree_cfg, prompts: list[list[int]], max_new_tokens: int,
                  batch_size: int, eos_ids) -> dict:
-    """Greedy decoding of `prompts` with the real EagleEngine and this head -> {"tau", "accept_rate_depth", "acc"}.
+    """Greedy decoding of `prompts` with the real engine and this head -> {"tau", "accept_rate_depth", "acc"}.
     acc [steps]: each draft step's teacher-forced accuracy on the same answers (the target's own), which is what
     train/acc_k measures on training batches: side by side they show the generalisation gap (the engine accepts
     exactly what this forward predicts: training/chain_replay.py).
@@ -54,14 +54,16 @@ def evaluate_tau(target: Transformer, head: DraftHead, tree_cfg, prompts: list[l
     answer depends on the head's accept pattern (the verify's shapes), so two evaluations one optimiser step apart
     could score different texts (an H200 run logged eval/acc_0 0.482 and 0.464 at steps 1,526 and 1,527; how much
     of that was the texts was not measured)."""
-    from eaglet.engine.eagle import EagleEngine, TreeSpec
+    from eaglet.engine.drafters.eagle import EagleDrafter
     from eaglet.engine.requests import Request
+    from eaglet.engine.speculative import SpeculativeEngine, TreeSpec
 
     tree = TreeSpec(tree_cfg.steps, tree_cfg.topk, tree_cfg.num_draft_tokens)
     ctx = min(max(len(p) for p in prompts) + max_new_tokens + 1, target.args.max_seq_len)
     draft = copy_head(head, target.dtype)
-    engine = EagleEngine(target, draft, tree, max_batch=min(batch_size, len(prompts)), max_context=ctx,
-                         eos_ids=sorted(eos_ids), use_cuda_graph=False)
+    engine = SpeculativeEngine(target, EagleDrafter(draft), tree, max_batch=min(batch_size, len(prompts)),
+                               max_context=ctx,
+                               eos_ids=sorted(eos_ids), use_cuda_graph=False)
     reqs = [Request(list(p), max_new_tokens, rid=i) for i, p in enumerate(prompts)]
     numerics = target.invariant
     try:

@@ -7,8 +7,8 @@ from __future__ import annotations
 import torch
 
 from eaglet.engine.autoregressive import AREngine
-from eaglet.engine.eagle import TreeSpec
 from eaglet.engine.requests import Request
+from eaglet.engine.speculative import TreeSpec
 from eaglet.models.head_checkpoint import new_draft_head
 from eaglet.models.kv_cache import KVCache
 from eaglet.models.llama import ModelArgs, Transformer

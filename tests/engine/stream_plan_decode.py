@@ -15,8 +15,9 @@ import argparse
 import torch
 from engine_testing import PROMPTS, TREES, ar_outputs, oracle_like, oracle_target
 
-from eaglet.engine.eagle import EagleEngine
+from eaglet.engine.drafters.eagle import EagleDrafter
 from eaglet.engine.requests import Request
+from eaglet.engine.speculative import SpeculativeEngine
 from eaglet.engine.stream_plan import ResolvedPlan, StreamPlan
 
 
@@ -32,8 +33,8 @@ def main() -> None:
     head = oracle_like("eagle1", target)
     want = ar_outputs(target, PROMPTS, args.max_new, use_cuda_graph=graphs)
     plan = StreamPlan(ResolvedPlan(args.plan, args.plan, "test"), torch.device("cuda"), args.sleep)
-    eng = EagleEngine(target, head, TREES["eagle2"], max_batch=2, max_context=256, page_size=8,
-                      use_cuda_graph=graphs, stream_plan=plan)
+    eng = SpeculativeEngine(target, EagleDrafter(head), TREES["eagle2"], max_batch=2, max_context=256, page_size=8,
+                            use_cuda_graph=graphs, stream_plan=plan)
     eng.warmup()
     reqs = [Request(p, args.max_new, rid=i) for i, p in enumerate(PROMPTS)]
     summary = eng.generate(reqs).summary(TREES["eagle2"].steps)

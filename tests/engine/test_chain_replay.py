@@ -7,8 +7,9 @@ from __future__ import annotations
 import pytest
 from engine_testing import PROMPTS, TREES, ar_outputs, oracle_like
 
-from eaglet.engine.eagle import EagleEngine
+from eaglet.engine.drafters.eagle import EagleDrafter
 from eaglet.engine.requests import Request
+from eaglet.engine.speculative import SpeculativeEngine
 from eaglet.training.chain_replay import chain_rates, replay_chain, step_hits
 from eaglet.training.features import OnlineFeatures
 
@@ -22,7 +23,8 @@ def test_engine_accepts_what_training_predicts(target, kind):
     lens = []
     for prompt, answer in zip(PROMPTS, answers):
         req = Request(prompt, 30)
-        stats = EagleEngine(target, head, tree, max_batch=1, max_context=256, page_size=8).generate([req])
+        stats = SpeculativeEngine(target, EagleDrafter(head), tree, max_batch=1, max_context=256,
+                                  page_size=8).generate([req])
         assert req.output_ids == answer
         hits = step_hits(target, head, feats, prompt + answer, len(prompt), tree.steps)  # [rows, steps]
         replayed = replay_chain(hits)

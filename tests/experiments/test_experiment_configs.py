@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
-from eaglet.engine.eagle import TreeSpec
+from eaglet.engine.speculative import TreeSpec
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
 EXPERIMENTS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))

@@ -100,7 +100,7 @@ def test_ttt_unroll_equals_engine_chain(target, kind, layers, steps):
             h, logits = h[:, -1:], logits[:, -1:]
             chain = [(h, logits)]
             for k in range(1, steps):
-                # as EagleEngine._draft_fn with topk 1: prefix = the p+1 extended rows, the step's KV written at
+                # as SpeculativeEngine._draft_fn with topk 1: prefix = the p+1 extended rows, the step's KV written at
                 # position p+k, new keys p+1..p+k = the chain's draft KV (its ancestors, if cached, and itself)
                 mask = torch.ones(B, 1, k, dtype=torch.bool)  # [B, 1, k]
                 mask[..., :-1] = head.DRAFT_ANCESTORS_CACHED

@@ -108,14 +108,14 @@ def test_interrupted_run_resumes_bitwise(target, tmp_path, small_cfg):
 def test_saved_head_loads_in_the_public_layout(target, tmp_path, small_cfg, kind, monkeypatch):
     cfg = small_cfg(kind, "train.steps=2", "train.head.export_dtype=float32", "eval.every=1",
                     "eval.num_prompts=2", "eval.max_new_tokens=6", "eval.prompt_len=8")
-    from eaglet.engine.eagle import EagleEngine
-    decode, numerics = EagleEngine.generate, []
+    from eaglet.engine.speculative import SpeculativeEngine
+    decode, numerics = SpeculativeEngine.generate, []
 
     def recording(self, *args, **kw):  # the evaluation decodes with invariant numerics (the target's own answers)
         numerics.append(self.target.invariant)
         return decode(self, *args, **kw)
 
-    monkeypatch.setattr(EagleEngine, "generate", recording)
+    monkeypatch.setattr(SpeculativeEngine, "generate", recording)
     stale = tmp_path / "run" / "head_best" / "eval.json"  # another run's best in this folder: not this run's
     stale.parent.mkdir(parents=True)
     stale.write_text(json.dumps({"step": 9, "acc": [2.0]}))

@@ -1,18 +1,16 @@
-"""EAGLE speculative decoding: draft a tree, verify it in one target pass, accept, commit, extend.
+"""Speculative decoding with any drafter: draft a tree, verify it in one target pass, accept, commit, update.
 
 One decode step for a batch of B requests, each phase a function of device tensors
 only (no host sync), replayed as a CUDA graph on GPU:
 
-  draft   S-1 draft-head steps from the last extend's top-k (EAGLE-2: keep the best K of K*K
-          expansions by cumulative log-prob), then `build_tree` -> N tree tokens, positions, mask
+  draft   the drafter's `propose` -> N tree tokens, positions, mask, child / sibling links (engine/drafter.py)
   plan    KV slots and page tables for the verify (the part a plan stream can run)
   verify  one target forward over the B*N tree tokens with tree attention
   accept  greedy or tree speculative sampling -> accepted path; `commit_kv` compacts its KV
-  extend  the draft head over the accepted tokens with their target features -> next top-k
+  extend  the drafter's `update` with the accepted path (EAGLE: the draft-extend)
 
-Sequence alignment (EAGLE): the draft input at position p is (target feature at p, token at p+1),
-so draft and target KV positions coincide. After a step a request has `seq_lens` cached tokens and
-a `root` (the bonus token) that is emitted but not yet cached.
+After a step a request has `seq_lens` cached tokens and a `root` (the bonus token) that is emitted but not yet
+cached. The engine names no drafter: what it knows of one is engine/drafter.py's interface.
 
 The host learns accepted tokens one step late (one non-blocking D2H copy per step, behind an
 event), as in `engine.autoregressive`; KV pages are reserved for the longest possible step.
@@ -30,6 +28,7 @@ from typing import Callable, Sequence
 import torch
 
 from eaglet.engine.cuda_graph import GraphRunner
+from eaglet.engine.drafter import Drafter, PrefillBatch
 from eaglet.engine.phase_timer import PHASES, PhaseTimer
 from eaglet.engine.requests import (
     PendingTokens,
@@ -43,10 +42,7 @@ from eaglet.engine.requests import (
 )
 from eaglet.engine.sampling import SamplingParams, probs_from_logits, sample
 from eaglet.engine.stream_plan import ResolvedPlan, StreamPlan
-from eaglet.kernels.build_tree import build_tree, num_candidates
-from eaglet.kernels.draft_expand import expand_step
 from eaglet.kernels.kv_ops import commit_kv
-from eaglet.kernels.topk import topk_logprobs
 from eaglet.kernels.verify import VerifyResult, verify_greedy, verify_sampling
 from eaglet.models.kv_cache import ForwardBatch, KVCache, slots_for, to_device
 from eaglet.models.llama import Transformer
@@ -58,17 +54,11 @@ class TreeSpec:
     topk: int  # K: branching; 1 = a chain
     num_draft_tokens: int  # N: tree tokens verified per step, the root included
 
-    def validate(self, draft_vocab: int) -> None:
+    def validate(self) -> None:
+        """What every drafter needs; a drafter checks the rest (`Drafter.check_tree`)."""
         if self.steps < 1 or self.topk < 1 or self.num_draft_tokens < 1:
             raise ValueError(f"tree.steps={self.steps}, tree.topk={self.topk}, tree.num_draft_tokens="
                              f"{self.num_draft_tokens} must all be >= 1")
-        if self.topk > draft_vocab:
-            raise ValueError(f"tree.topk={self.topk} exceeds the draft vocabulary ({draft_vocab} tokens)")
-        cap = num_candidates(self.topk, self.steps) + 1
-        if self.num_draft_tokens > cap:
-            raise ValueError(f"tree.num_draft_tokens={self.num_draft_tokens} is more than a tree of "
-                             f"steps={self.steps}, topk={self.topk} can hold ({cap} with the root); "
-                             "lower it or raise tree.steps/topk")
 
 
 @dataclass(frozen=True)
@@ -140,13 +130,14 @@ class StepStats:
         }
 
 
-class EagleEngine:
-    def __init__(self, target: Transformer, head, tree: TreeSpec, *, max_batch: int, max_context: int,
+class SpeculativeEngine:
+    def __init__(self, target: Transformer, drafter: Drafter, tree: TreeSpec, *, max_batch: int, max_context: int,
                  page_size: int = 16, num_pages: int | None = None, sampling: SamplingParams = SamplingParams(),
                  eos_ids: Sequence[int] = (), use_cuda_graph: bool | None = None, time_phases: bool = True,
                  simulate: SimulatedAcceptance | None = None, stream_plan: StreamPlan | None = None,
                  min_admit: int | None = None):
-        tree.validate(head.draft_vocab_size)
+        tree.validate()
+        drafter.check_tree(tree.steps, tree.topk, tree.num_draft_tokens)
         self.min_admit = default_min_admit(max_batch) if min_admit is None else min_admit  # see `admit`
         if simulate is not None and len(simulate.accept_probs) != tree.steps + 1:
             raise ValueError(f"simulated acceptance needs {tree.steps + 1} probabilities (lengths 1..steps+1), "
@@ -155,25 +146,26 @@ class EagleEngine:
         self.stream_plan = stream_plan or StreamPlan(ResolvedPlan("serial", "serial", "default"), target.device)
         if simulate is not None:  # on the device up front: no host copy inside a graph capture
             self._sim_probs = torch.tensor(simulate.accept_probs, device=target.device)  # [S+1]
-        self.target, self.head, self.tree = target, head, tree
+        self.target, self.drafter, self.tree = target, drafter, tree
         self.sampling, self.eos_ids = sampling, set(eos_ids)
         self.max_batch, self.device = max_batch, target.device
         S, K, N = tree.steps, tree.topk, tree.num_draft_tokens
-        # room past the longest sequence for the speculative tokens of one step
+        # room past the longest sequence for the speculative tokens of one step (a drafter may write up to
+        # (S-1)*K draft positions past it, as EAGLE-2's draft steps do)
         self.lookahead = max(N, (S - 1) * K, S + 1)
         self.max_context = max_context
         # one step past a finished request's budget can still be in flight (lag 1): S+1 more
         ctx = max_context + self.lookahead + S + 1
-        kw = dict(max_reqs=max_batch, max_context=ctx, page_size=page_size, dtype=target.dtype, device=self.device)
-        self.kv_t = KVCache.for_model(target.args, num_pages=num_pages, **kw)
-        self.kv_d = head.kv_cache(num_pages=num_pages, **kw)
-        self.capture = tuple(head.capture_layers(target.args.n_layers))
+        self.kv_t = KVCache.for_model(target.args, max_reqs=max_batch, max_context=ctx, page_size=page_size,
+                                      num_pages=num_pages, dtype=target.dtype, device=self.device)
+        drafter.setup(target=target, tree=tree, max_batch=max_batch, max_context=ctx, page_size=page_size,
+                      num_pages=num_pages, device=self.device)
+        self.capture = tuple(drafter.capture_layers(target.args.n_layers))
         graphs = self.device.type == "cuda" if use_cuda_graph is None else use_cuda_graph
         self.timer = PhaseTimer(time_phases, self.device)  # the step records into it; generate reads it
-        H, F = head.hidden_size, head.feature_size
-        P_t, P_d = self.kv_t.pages_per_req, self.kv_d.pages_per_req
+        P_t, F = self.kv_t.pages_per_req, drafter.feature_size
 
-        def z(*shape, dtype=torch.long):
+        def z(*shape, dtype=torch.long):  # a maker of zero inputs [B, *shape]
             return lambda B: torch.zeros(B, *shape, dtype=dtype, device=self.device)
 
         dt, i32, f32, b8 = target.dtype, torch.int32, torch.float32, torch.bool
@@ -182,15 +174,16 @@ class EagleEngine:
             return GraphRunner(fn, lambda B: {name: m(B) for name, m in makers.items()}, max_batch=max_batch,
                                enabled=graphs)
 
-        self._draft = runner(self._draft_fn, seq_lens=z(dtype=i32), page_table_d=z(P_d, dtype=i32),
-                             top_lp=z(K, dtype=f32), top_tok=z(K), hidden=z(H, dtype=dt), roots=z())
+        self.state_names = tuple(drafter.state_spec(self.device))
+        state = {k: z(*shape, dtype=dtype) for k, (shape, dtype) in drafter.state_spec(self.device).items()}
+        self._draft = runner(self._draft_fn, seq_lens=z(dtype=i32), roots=z(), rows=z(), **state)
         self._verify = runner(self._verify_fn, out_slots=z(N), seq_lens=z(dtype=i32), page_table=z(P_t, dtype=i32),
                               tokens=z(N), positions=z(N), mask=z(N, N, dtype=b8))
         probs = {} if sampling.greedy else {"probs": z(N, target.args.vocab_size, dtype=f32)}
         self._accept = runner(self._accept_fn, tokens=z(N), logits_or_pred=z(N), next_tok=z(N), next_sib=z(N),
                               mask=z(N, N, dtype=b8), seq_lens=z(dtype=i32), page_table=z(P_t, dtype=i32), **probs)
         self._extend = runner(self._extend_fn, tokens=z(N), feats=z(N, F, dtype=dt), accept_index=z(S + 1),
-                              accept_len=z(dtype=i32), bonus=z(), seq_lens=z(dtype=i32), page_table_d=z(P_d, dtype=i32))
+                              accept_len=z(dtype=i32), bonus=z(), seq_lens=z(dtype=i32), rows=z(), **state)
 
     def warmup(self) -> None:
         """Capture every phase's graphs for every batch bucket before anything is timed."""
@@ -199,37 +192,10 @@ class EagleEngine:
 
     # ---- phases (device only) -------------------------------------------------------------
     @torch.inference_mode()
-    def _draft_fn(self, seq_lens, page_table_d, top_lp, top_tok, hidden, roots):
-        """-> tree tensors: draft_tokens, positions, next_token, next_sibling [B, N]; mask [B, N, N]."""
-        S, K, N = self.tree.steps, self.tree.topk, self.tree.num_draft_tokens
-        B = seq_lens.shape[0]
-        dev = seq_lens.device
-        # the candidates (kernels/build_tree.py's layout), written in place by each step
-        C = num_candidates(K, S)
-        scores = torch.empty(B, C, dtype=torch.float32, device=dev)  # [B, C]
-        tokens = torch.empty(B, C, dtype=torch.long, device=dev)  # [B, C]
-        parents = torch.empty(B, C, dtype=torch.long, device=dev)  # [B, C]
-        scores[:, :K], tokens[:, :K], parents[:, :K] = top_lp, top_tok, -1
-        cur_lp, cur_tok, cur_flat = top_lp, top_tok, torch.arange(K, device=dev).expand(B, K)  # [B, K] each
-        cur_h = hidden[:, None].expand(B, K, hidden.shape[-1])  # [B, K, H]
-        mask = torch.eye(K, dtype=torch.bool, device=dev).expand(B, K, K)  # [B, K, i*K]: the draft KV step i sees
-        # nodes of depth i sit at draft position seq_len + i - 1; their KV goes to the scratch block
-        # seq_len + (i-1)*K + k (overwritten by the next extend). All steps' at once: per step, this metadata
-        # would be a dozen small kernels in the draft graph.
-        scratch = seq_lens[:, None].long() + torch.arange((S - 1) * K, device=dev)  # [B, (S-1)*K]
-        slots = slots_for(page_table_d, scratch, self.kv_d.page_size).view(B, S - 1, K)  # [B, S-1, K]
-        slots = slots.transpose(0, 1).contiguous()  # [S-1, B, K]
-        depth = torch.arange(S - 1, device=dev)[:, None, None]  # [S-1, 1, 1]
-        pos = (seq_lens.long()[None, :, None] + depth).expand(S - 1, B, K).contiguous()  # [S-1, B, K]
-        for i in range(1, S):
-            batch = ForwardBatch(page_table_d, seq_lens, slots[i - 1], mask, self.max_context)
-            h, logits = self.head(cur_tok, cur_h, pos[i - 1], batch, self.kv_d, step=i)  # [B, K, H], [B, K, Vd]
-            lp, tk = topk_logprobs(logits, K)  # [B, K, K] each
-            cur_lp, cur_tok, cur_flat, cur_h, mask = expand_step(
-                cur_lp, lp, tk, cur_flat, mask, h, scores, tokens, parents, K + (i - 1) * K * K,
-                self.head.d2t_offsets, keep_ancestors=self.head.DRAFT_ANCESTORS_CACHED)
-        tree = build_tree(scores, tokens, parents, roots, seq_lens, N, K, S)
-        return tree.draft_tokens, tree.positions, tree.retrieve_next_token, tree.retrieve_next_sibling, tree.tree_mask
+    def _draft_fn(self, seq_lens, roots, rows, **state):
+        """-> tree tensors: tokens, positions, next_token, next_sibling [B, N]; mask [B, N, N]."""
+        tree = self.drafter.propose(seq_lens, roots, rows, **state)
+        return tree.tokens, tree.positions, tree.next_token, tree.next_sibling, tree.mask
 
     def _plan(self, seq_lens: torch.Tensor, rows: torch.Tensor):
         """Verify metadata: tree node j of request b is written at position seq_len + j."""
@@ -246,12 +212,15 @@ class EagleEngine:
         draft's tokens, positions and mask after."""
         batch = ForwardBatch(page_table, seq_lens, out_slots, mask, self.max_context)
         hidden, captured = self.target(tokens, positions, batch, self.kv_t, capture_layers=self.capture)
-        feats = self.head.target_feature(hidden, captured)  # [B, N, F]
+        feats = self.drafter.target_feature(hidden, captured)  # [B, N, F]
+        if feats is None:  # a drafter without target features: an empty static output
+            feats = hidden.new_empty(*hidden.shape[:2], 0)  # [B, N, 0]
         return self.target.logits(hidden), feats
 
     @torch.inference_mode()
     def _accept_fn(self, tokens, logits_or_pred, next_tok, next_sib, mask, seq_lens, page_table, probs=None):
-        """-> accept_index [B, S+1], accept_len [B], bonus [B], new seq_lens [B] (KV committed)."""
+        """-> accept_index [B, S+1], accept_len [B], bonus [B], new seq_lens [B] (KV committed), emitted [B, S+1]
+        (the accepted tokens after the root, then the bonus; -1 padded)."""
         S = self.tree.steps
         if self.simulate is not None:
             res = self._simulated_accept(logits_or_pred, mask)
@@ -263,7 +232,7 @@ class EagleEngine:
             res = verify_sampling(tokens, next_tok, next_sib, probs, u, torch.rand(B, device=tokens.device), S)
         new_lens = seq_lens.clone()
         commit_kv(self.kv_t.kv, page_table, self.kv_t.page_size, new_lens, res.accept_index, res.accept_len)
-        return res.accept_index, res.accept_len, res.bonus, new_lens
+        return res.accept_index, res.accept_len, res.bonus, new_lens, emitted_tokens(tokens, res)
 
     def _simulated_accept(self, pred: torch.Tensor, mask: torch.Tensor) -> VerifyResult:
         """Accept a drawn number of tokens along the tree's deepest path (shorter where it is)."""
@@ -283,56 +252,29 @@ class EagleEngine:
         return VerifyResult(index, length.int(), pred.gather(1, last)[:, 0])
 
     @torch.inference_mode()
-    def _extend_fn(self, tokens, feats, accept_index, accept_len, bonus, seq_lens, page_table_d):
-        """Draft head over the accepted path: pairs (feature of node a_j, token of a_{j+1}), the last
-        pair's token being the bonus. -> emitted tokens [B, S+1], next top-k, last hidden."""
-        S, K = self.tree.steps, self.tree.topk
-        B = tokens.shape[0]
-        dev = tokens.device
-        j = torch.arange(S + 1, device=dev)  # [S+1]
-        valid = accept_index >= 0  # [B, S+1]
-        idx = accept_index.clamp(min=0)  # [B, S+1]
-        path = tokens.gather(1, idx)  # [B, S+1] root, a1, ..., am
-        last = (accept_len.long() - 1).clamp(min=0)[:, None]  # [B, 1]; padded rows (accept_len 0) read row 0
-        nxt = torch.cat([path[:, 1:], path[:, :1]], dim=1)  # [B, S+1] a1..am, junk
-        pair_tok = torch.where(j == last, bonus[:, None], nxt)  # [B, S+1] a1..am, bonus
-        pair_feat = feats.gather(1, idx[:, :, None].expand(B, S + 1, feats.shape[-1]))  # [B, S+1, F]
-        pos = seq_lens[:, None].long() + j  # [B, S+1]
-        slots = torch.where(valid, slots_for(page_table_d, pos, self.kv_d.page_size), 0)  # [B, S+1]
-        batch = ForwardBatch(page_table_d, seq_lens, slots, None, self.max_context)
-        h, logits = self.head(pair_tok, pair_feat, pos, batch, self.kv_d, step=None)  # [B, S+1, H], [B, S+1, Vd]
-        h_last = h.gather(1, last[:, :, None].expand(B, 1, h.shape[-1]))[:, 0]  # [B, H]
-        logits_last = logits.gather(1, last[:, :, None].expand(B, 1, logits.shape[-1]))[:, 0]  # [B, Vd]
-        top_lp, top_tok = topk_logprobs(logits_last, K)  # [B, K]
-        emitted = torch.where(valid, pair_tok, -1)  # [B, S+1]
-        return emitted, top_lp, self.head.to_target_ids(top_tok), h_last
+    def _extend_fn(self, tokens, feats, accept_index, accept_len, bonus, seq_lens, rows, **state):
+        """The drafter's update over the accepted path -> its next state, in `state_names` order."""
+        new = self.drafter.update(tokens, feats, accept_index, accept_len, bonus, seq_lens, rows, **state)
+        return tuple(new[k] for k in self.state_names)
 
     # ---- prefill -----------------------------------------------------------------------------
     @torch.inference_mode()
     def _prefill(self, reqs: list[Request]):
-        """Target and draft prefill of ragged prompts -> (roots, seq_lens, top_lp, top_tok, hidden)."""
-        dev, K = self.device, self.tree.topk
+        """Target and drafter prefill of ragged prompts -> (roots [n], seq_lens [n], the drafter's state)."""
+        dev = self.device
         tokens, pos, valid, lens_t = pad_prompts(reqs, dev)  # [n, T] x3, [n]
         n = len(reqs)
         rows = to_device([r.row for r in reqs], dev)  # [n]
         zeros = torch.zeros(n, dtype=torch.int32, device=dev)
-        pt_t, pt_d = self.kv_t.req_to_page[rows], self.kv_d.req_to_page[rows]  # [n, P]
+        pt_t = self.kv_t.req_to_page[rows]  # [n, P]
         slots = torch.where(valid, slots_for(pt_t, pos, self.kv_t.page_size), 0)  # [n, T]
         hidden, captured = self.target(tokens, pos, ForwardBatch(pt_t, zeros, slots, None, 0), self.kv_t,
                                        capture_layers=self.capture)  # [n, T, H]
         last = (lens_t - 1)[:, None]  # [n, 1]
         roots = sample(self.target.logits(hidden.gather(1, last[:, :, None].expand(n, 1, hidden.shape[-1]))[:, 0]),
                        self.sampling)  # [n]
-        feats = self.head.target_feature(hidden, captured)  # [n, T, F]
-        # draft pairs (feature p, token p+1): the prompt shifted by one, then the root
-        shifted = torch.cat([tokens[:, 1:], tokens[:, :1]], dim=1)  # [n, T]
-        pair_tok = torch.where(pos == last, roots[:, None], shifted)  # [n, T]
-        slots_d = torch.where(valid, slots_for(pt_d, pos, self.kv_d.page_size), 0)  # [n, T]
-        h, logits = self.head(pair_tok, feats, pos, ForwardBatch(pt_d, zeros, slots_d, None, 0), self.kv_d)
-        h_last = h.gather(1, last[:, :, None].expand(n, 1, h.shape[-1]))[:, 0]  # [n, H]
-        logits_last = logits.gather(1, last[:, :, None].expand(n, 1, logits.shape[-1]))[:, 0]  # [n, Vd]
-        top_lp, top_tok = topk_logprobs(logits_last, K)  # [n, K]
-        return roots, lens_t.int(), top_lp, self.head.to_target_ids(top_tok), h_last
+        state = self.drafter.prefill(PrefillBatch(tokens, pos, valid, lens_t, rows, hidden, captured, roots))
+        return roots, lens_t.int(), {k: state[k] for k in self.state_names}
 
     # ---- one step ----------------------------------------------------------------------------
     def _step(self, state: dict, rows: torch.Tensor):
@@ -340,8 +282,9 @@ class EagleEngine:
         seq_lens = state["seq_lens"]
         plan.before_draft()
         t_draft = timer.mark()
-        tokens, positions, next_tok, next_sib, mask = self._draft(
-            seq_lens, self.kv_d.req_to_page[rows], state["top_lp"], state["top_tok"], state["hidden"], state["roots"])
+        B = self._draft.stage(seq_lens=seq_lens, roots=state["roots"], rows=rows,
+                              **{k: state[k] for k in self.state_names})
+        tokens, positions, next_tok, next_sib, mask = self._draft.replay(B)
         t_drafted = timer.mark()
         timer.span("draft", t_draft, t_drafted)
         plan.after_draft()
@@ -370,14 +313,15 @@ class EagleEngine:
         else:
             probs = probs_from_logits(logits, self.sampling)  # [B, N, V]
             acc = self._accept(tokens, tokens, next_tok, next_sib, mask, seq_lens, pt_t, probs)
-        accept_index, accept_len, bonus, new_lens = (t.clone() for t in acc)
+        accept_index, accept_len, bonus, new_lens, emitted = (t.clone() for t in acc)
         t_accepted = timer.mark()
         timer.span("accept", t_verified, t_accepted)
-        emitted, top_lp, top_tok, hidden = self._extend(tokens, feats, accept_index, accept_len, bonus, seq_lens,
-                                                        self.kv_d.req_to_page[rows])
+        self._extend.stage(tokens=tokens, feats=feats, accept_index=accept_index, accept_len=accept_len, bonus=bonus,
+                           seq_lens=seq_lens, rows=rows, **{k: state[k] for k in self.state_names})
+        new = self._extend.replay(B)
+        new = new if isinstance(new, tuple) else (new,)
         timer.span("extend", t_accepted, timer.mark())
-        state.update(roots=bonus, seq_lens=new_lens, top_lp=top_lp.clone(), top_tok=top_tok.clone(),
-                     hidden=hidden.clone())
+        state.update(roots=bonus, seq_lens=new_lens, **{k: t.clone() for k, t in zip(self.state_names, new)})
         return torch.cat([accept_len[:, None].long(), emitted], dim=1)  # [B, 1 + S+1]
 
     # ---- host loop ---------------------------------------------------------------------------
@@ -413,14 +357,14 @@ class EagleEngine:
             if new:
                 for r in new:
                     r.row = self.kv_t.alloc_request()
-                    if self.kv_d.alloc_request() != r.row:
-                        raise RuntimeError("target and draft KV rows diverged")
-                for kv in (self.kv_t, self.kv_d):
-                    kv.reserve_many([(r.row, len(r.prompt_ids) + 1) for r in new])
+                    self.drafter.alloc_request(r.row)
+                first = [(r.row, len(r.prompt_ids) + 1) for r in new]
+                self.kv_t.reserve_many(first)
+                self.drafter.reserve(first)
                 tp = time.perf_counter()
-                roots, lens, top_lp, top_tok, hidden = self._prefill(new)
+                roots, lens, drafter_state = self._prefill(new)
                 inflight.append((PendingTokens(roots, new), False))
-                part = dict(roots=roots, seq_lens=lens, top_lp=top_lp, top_tok=top_tok, hidden=hidden)
+                part = dict(roots=roots, seq_lens=lens, **drafter_state)
                 state = {k: torch.cat([state[k], v]) for k, v in part.items()} if state else part
                 active += new
                 sync()
@@ -430,8 +374,9 @@ class EagleEngine:
                 # pages for the longest possible outcome of the steps still in flight, plus this one
                 unseen = (S + 1) * sum(is_step for _, is_step in inflight)
                 bounds = [(r.row, len(r.prompt_ids) + len(r.output_ids) + unseen + self.lookahead) for r in active]
-                for kv in (self.kv_t, self.kv_d):
-                    kv.reserve_many([(row, min(bound, kv.max_context)) for row, bound in bounds])
+                bounds = [(row, min(bound, self.kv_t.max_context)) for row, bound in bounds]
+                self.kv_t.reserve_many(bounds)
+                self.drafter.reserve(bounds)
                 rows = to_device([r.row for r in active], self.device)  # [B]
                 out = self._step(state, rows)
                 stats.steps += 1
@@ -450,7 +395,7 @@ class EagleEngine:
             active, state = self._retire(active, state)
 
     def _retire(self, active: list[Request], state: dict):
-        """Drop finished requests (EOS or budget, as seen by the host) and free their KV rows."""
+        """Drop finished requests (EOS or budget, as seen by the host) and free their rows."""
         keep = [i for i, r in enumerate(active) if not r.done]
         if len(keep) == len(active):
             return active, state
@@ -458,7 +403,19 @@ class EagleEngine:
         for i, r in enumerate(active):
             if i not in kept:
                 self.kv_t.free_request(r.row)
-                self.kv_d.free_request(r.row)
+                self.drafter.free_request(r.row)
         idx = to_device(keep, self.device)
         return [active[i] for i in keep], {k: v[idx] for k, v in state.items()}
 
+
+
+def emitted_tokens(tokens: torch.Tensor, res: VerifyResult) -> torch.Tensor:
+    """tokens [B, N] of the tree and an accept result -> the step's emitted tokens [B, S+1]: the accepted path after
+    the root, then the bonus, -1 past accept_len."""
+    S1 = res.accept_index.shape[1]
+    j = torch.arange(S1, device=tokens.device)  # [S+1]
+    path = tokens.gather(1, res.accept_index.clamp(min=0))  # [B, S+1] root, a1, ..., am
+    last = (res.accept_len.long() - 1).clamp(min=0)[:, None]  # [B, 1]
+    nxt = torch.cat([path[:, 1:], path[:, :1]], dim=1)  # [B, S+1] a1..am, junk
+    out = torch.where(j == last, res.bonus[:, None], nxt)  # [B, S+1] a1..am, bonus
+    return torch.where(res.accept_index >= 0, out, -1)

@@ -7,15 +7,16 @@ import torch
 from engine_testing import PROMPTS, TREES, ar_outputs, oracle_like
 
 from eaglet.engine.autoregressive import AREngine
-from eaglet.engine.eagle import EagleEngine, SimulatedAcceptance, StepStats, TreeSpec
+from eaglet.engine.drafters.eagle import EagleDrafter
 from eaglet.engine.requests import Request
+from eaglet.engine.speculative import SimulatedAcceptance, SpeculativeEngine, StepStats, TreeSpec
 from eaglet.models.head_checkpoint import new_draft_head
 from eaglet.models.kv_cache import KVCache
 from eaglet.models.llama import ModelArgs, Transformer
 
 
 def spec_outputs(target, head, tree, prompts, max_new, batch):
-    eng = EagleEngine(target, head, tree, max_batch=batch, max_context=256, page_size=8)
+    eng = SpeculativeEngine(target, EagleDrafter(head), tree, max_batch=batch, max_context=256, page_size=8)
     reqs = [Request(p, max_new, rid=i) for i, p in enumerate(prompts)]
     stats = eng.generate(reqs)
     return [r.output_ids for r in reqs], stats
@@ -62,9 +63,9 @@ def test_serial_plan_time_is_all_exposed(target):
 def test_bad_trees_are_refused(target):
     head = new_draft_head("eagle1", target, dtype=torch.float32, device="cpu")
     with pytest.raises(ValueError, match="tree.num_draft_tokens=30"):
-        EagleEngine(target, head, TreeSpec(2, 3, 30), max_batch=1, max_context=64)
+        SpeculativeEngine(target, EagleDrafter(head), TreeSpec(2, 3, 30), max_batch=1, max_context=64)
     with pytest.raises(ValueError, match="tree.topk=300"):
-        EagleEngine(target, head, TreeSpec(2, 300, 8), max_batch=1, max_context=64)
+        SpeculativeEngine(target, EagleDrafter(head), TreeSpec(2, 300, 8), max_batch=1, max_context=64)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA/ROCm GPU")
@@ -86,7 +87,8 @@ def test_greedy_is_lossless_gpu_cuda_graphs(target, tree, dtype, kind, folded):
         head.fold_norm_weights()
     head.set_invariant(gpu.invariant)  # the target's kernels, as runner/run.py sets them
     want = ar_outputs(gpu, PROMPTS, 40)
-    eng = EagleEngine(gpu, head, TREES[tree], max_batch=2, max_context=256, page_size=8, use_cuda_graph=True)
+    eng = SpeculativeEngine(gpu, EagleDrafter(head), TREES[tree], max_batch=2, max_context=256, page_size=8,
+                            use_cuda_graph=True)
     reqs = [Request(p, 40, rid=i) for i, p in enumerate(PROMPTS)]
     stats = eng.generate(reqs)
     assert [r.output_ids for r in reqs] == want
@@ -105,7 +107,8 @@ def test_greedy_is_lossless_gpu_folded_norms(target, tree, kind):
     # EAGLE-1: an oracle-like head (layer 0 has no input norm: nothing of it folds); EAGLE-3: a random head
     head = oracle_like(kind, gpu).fold_norm_weights()
     want = ar_outputs(gpu, PROMPTS, 40)
-    eng = EagleEngine(gpu, head, TREES[tree], max_batch=2, max_context=256, page_size=8, use_cuda_graph=True)
+    eng = SpeculativeEngine(gpu, EagleDrafter(head), TREES[tree], max_batch=2, max_context=256, page_size=8,
+                            use_cuda_graph=True)
     reqs = [Request(p, 40, rid=i) for i, p in enumerate(PROMPTS)]
     stats = eng.generate(reqs)
     assert [r.output_ids for r in reqs] == want
@@ -144,8 +147,8 @@ def test_sampling_preserves_the_target_distribution():
     p1 = dist(prompt)
     want = sum(p1[t] * dist(prompt + [t]) for t in range(args.vocab_size)).detach()  # [V]
     n = 4000
-    eng = EagleEngine(target, head, TreeSpec(2, 3, 5), max_batch=200, max_context=16, page_size=4,
-                      sampling=SamplingParams(temperature=1.0))
+    eng = SpeculativeEngine(target, EagleDrafter(head), TreeSpec(2, 3, 5), max_batch=200, max_context=16, page_size=4,
+                            sampling=SamplingParams(temperature=1.0))
     reqs = [Request(prompt, 2, rid=i) for i in range(n)]
     eng.generate(reqs)
     counts = torch.bincount(torch.tensor([r.output_ids[1] for r in reqs]), minlength=args.vocab_size).double()
@@ -163,8 +166,9 @@ def test_eos_and_budgets_match_plain_decoding(target):
     kv = KVCache.for_model(target.args, max_reqs=2, max_context=256, page_size=8)
     ar = [Request(p, 10 + 7 * i, rid=i) for i, p in enumerate(PROMPTS)]
     AREngine(target, kv, 2, eos_ids=(eos,)).generate(ar)
-    eng = EagleEngine(target, oracle_like("eagle1", target), TREES["eagle2"], max_batch=2, max_context=256,
-                      page_size=8, eos_ids=(eos,))
+    eng = SpeculativeEngine(target, EagleDrafter(oracle_like("eagle1", target)), TREES["eagle2"], max_batch=2,
+                            max_context=256,
+                            page_size=8, eos_ids=(eos,))
     spec = [Request(p, 10 + 7 * i, rid=i) for i, p in enumerate(PROMPTS)]
     eng.generate(spec)
     assert [r.output_ids for r in spec] == [r.output_ids for r in ar]
@@ -175,15 +179,17 @@ def test_eos_and_budgets_match_plain_decoding(target):
 def test_kv_pool_too_small_is_named(target):
     from eaglet.models.kv_cache import KVPoolExhausted
 
-    eng = EagleEngine(target, new_draft_head("eagle1", target, dtype=torch.float32, device="cpu"), TREES["chain"],
-                      max_batch=2, max_context=128, page_size=8, num_pages=6)
+    eng = SpeculativeEngine(target, EagleDrafter(new_draft_head("eagle1", target, dtype=torch.float32,
+                            device="cpu")), TREES["chain"],
+                            max_batch=2, max_context=128, page_size=8, num_pages=6)
     with pytest.raises(KVPoolExhausted, match="kv.num_pages"):
         eng.generate([Request(list(range(1, 30)), 20), Request(list(range(1, 30)), 20)])
 
 
 def test_prompt_longer_than_context_is_named(target):
-    eng = EagleEngine(target, new_draft_head("eagle1", target, dtype=torch.float32, device="cpu"), TREES["chain"],
-                      max_batch=1, max_context=32, page_size=8)
+    eng = SpeculativeEngine(target, EagleDrafter(new_draft_head("eagle1", target, dtype=torch.float32,
+                            device="cpu")), TREES["chain"],
+                            max_batch=1, max_context=32, page_size=8)
     with pytest.raises(ValueError, match="prompt has 40 tokens but the context is 32"):
         eng.generate([Request([1] * 40, 4)])
 
@@ -193,8 +199,8 @@ def test_simulated_acceptance_tolerates_rows_without_a_tree(target):
     read node 0 (an index of -1 is a device-side assert on the GPU)."""
     head = new_draft_head("eagle1", target, dtype=torch.float32, device="cpu")
     tree = TreeSpec(3, 1, 4)
-    eng = EagleEngine(target, head, tree, max_batch=2, max_context=64,
-                      simulate=SimulatedAcceptance.from_tau(2.5, tree.steps))
+    eng = SpeculativeEngine(target, EagleDrafter(head), tree, max_batch=2, max_context=64,
+                            simulate=SimulatedAcceptance.from_tau(2.5, tree.steps))
     pred = torch.arange(8).view(2, 4)  # [B, N]
     mask = torch.zeros(2, 4, 4, dtype=torch.bool)  # [B, N, N]; row 1 has no tree
     mask[0] = torch.tril(torch.ones(4, 4, dtype=torch.bool))  # row 0: a chain
@@ -214,8 +220,9 @@ def test_answers_are_seen_as_they_finish_and_an_interrupt_keeps_the_numbers(targ
         eng = AREngine(target, KVCache.for_model(target.args, max_reqs=2, max_context=256, page_size=8), 2)
         stats = GenStats()
     else:
-        eng = EagleEngine(target, oracle_like("eagle1", target), TREES["eagle2"], max_batch=2, max_context=256,
-                          page_size=8)
+        eng = SpeculativeEngine(target, EagleDrafter(oracle_like("eagle1", target)), TREES["eagle2"], max_batch=2,
+                                max_context=256,
+                                page_size=8)
         stats = StepStats()
     reqs = [Request(p, 6 + 5 * i, rid=i) for i, p in enumerate(PROMPTS)]
     finished = []

@@ -1,0 +1,146 @@
+"""The drafter interface: what the speculative engine (engine/speculative.py) knows of a drafting method.
+
+A drafter proposes a tree of candidate tokens per request; the engine verifies it with one target forward, accepts
+the longest matching path, commits its KV and hands the result back. The engine owns the plan, verify, accept and
+commit, the stream plans, CUDA graphs, batching, sampling and metrics, and meets a drafter only here:
+
+- what it needs from the target: `capture_layers()` (layers whose residual stream the prefill and the verify
+  return) and `target_feature(hidden, captured)` (its per-token input from them, `feature_size` wide; 0: none);
+- its own state: `setup` (buffers sized for the run: a KV pool, a token history), `alloc_request` /
+  `free_request` / `reserve` (per request row, the same row index as the target's KV), `state_spec` (per-request
+  tensors the engine carries from step to step, batched by row), `prefill` (their first values);
+- `propose(seq_lens, roots, rows, **state)` -> the tree the verify takes (`DraftTree`), device tensors only,
+  captured in a CUDA graph by the engine;
+- `update(tokens, feats, accept_index, accept_len, bonus, seq_lens, rows, **state)` -> the next state, after
+  accept (EAGLE's draft-extend, an n-gram drafter's history), also captured.
+
+A request's sequence: `seq_lens` tokens cached, then its root (the last emitted token, not yet cached). A tree of
+N nodes has the root at node 0, parents before children, node j at position seq_len + depth(j).
+
+Registry: `conf/draft/<name>.yaml` names a drafter module (`drafter: <module>`), `eaglet.engine.drafters.<module>`,
+which registers its class with `@register("<module>")`; `drafter_class(module)` imports it on first use. A new
+drafter is that module and its config file; nothing here or in the engine names it.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import NamedTuple
+
+import torch
+
+from eaglet.engine.drafters import drafter_modules
+
+
+class DraftTree(NamedTuple):
+    """A proposal, as the verify takes it (SGLang's tree tensors, the mask as ancestor-or-self)."""
+
+    tokens: torch.Tensor  # [B, N] int64, node 0 = the root token
+    positions: torch.Tensor  # [B, N] int64, seq_lens + depth
+    next_token: torch.Tensor  # [B, N] int64, first child or -1
+    next_sibling: torch.Tensor  # [B, N] int64, next sibling or -1
+    mask: torch.Tensor  # [B, N, N] bool, mask[b, i, j]: node j is node i or one of its ancestors
+
+
+class PrefillBatch(NamedTuple):
+    """The target's prefill of newly admitted requests, padded to the longest prompt T."""
+
+    tokens: torch.Tensor  # [n, T] int64 prompt tokens (0 past a prompt's end)
+    positions: torch.Tensor  # [n, T] int64
+    valid: torch.Tensor  # [n, T] bool, inside the prompt
+    lengths: torch.Tensor  # [n] int64 prompt lengths
+    rows: torch.Tensor  # [n] int64 KV rows
+    hidden: torch.Tensor  # [n, T, H] the target's final-normed hidden states
+    captured: list  # [n, T, H] each: the residual stream after each of `capture_layers()`
+    roots: torch.Tensor  # [n] int64 the first generated token (the target's, sampled)
+
+
+class Drafter:
+    """Base class of drafting methods (module doc). Subclasses set `name` and implement the methods that raise."""
+
+    name: str = ""
+    feature_size: int = 0  # width of `target_feature`'s output; 0: the drafter takes no target features
+
+    @classmethod
+    def from_config(cls, draft, target_cfg, target, *, invariant: bool, fold_norms: bool) -> "Drafter":
+        """The drafter `draft` (its conf/draft group) describes, beside `target` (a Transformer)."""
+        raise NotImplementedError
+
+    @classmethod
+    def check_config(cls, c, cfg, target) -> None:
+        """Report the run config's bad draft.* values through `c` (runner/checks.py's Checks) before anything
+        loads; `target` is the target built on the meta device (shapes only)."""
+
+    @classmethod
+    def kv_layers(cls, draft) -> int:
+        """Layers of the drafter's own KV pool, at the target's KV shape (the memory estimate); 0: none."""
+        return 0
+
+    def capture_layers(self, n_layers: int) -> tuple[int, ...]:
+        """Target layers (of n_layers) whose residual stream the prefill and the verify must return."""
+        return ()
+
+    def target_feature(self, hidden: torch.Tensor, captured: list[torch.Tensor]) -> torch.Tensor | None:
+        """hidden [B, T, H] and the captured layers [B, T, H] each -> features [B, T, feature_size] (None: none)."""
+        return None
+
+    def check_tree(self, steps: int, topk: int, num_draft_tokens: int) -> None:
+        """Raise ValueError (naming the `tree.*` key) when this drafter cannot fill such a tree."""
+
+    def setup(self, *, target, tree, max_batch: int, max_context: int, page_size: int, num_pages: int | None,
+              device: torch.device) -> None:
+        """Allocate the run's buffers: `max_context` positions a request (the engine's, lookahead included)."""
+        raise NotImplementedError
+
+    def alloc_request(self, row: int) -> None:
+        """Take request row `row` (the target's KV row) for a new request."""
+
+    def free_request(self, row: int) -> None:
+        """Give row `row` back."""
+
+    def reserve(self, bounds: list[tuple[int, int]]) -> None:
+        """(row, positions) pairs: room for that many positions of each row, before the next step."""
+
+    def state_spec(self, device: torch.device) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+        """Per-request state carried between steps: name -> (shape past the batch dimension, dtype)."""
+        raise NotImplementedError
+
+    def prefill(self, batch: PrefillBatch) -> dict[str, torch.Tensor]:
+        """The new requests' state [n, ...] for each name of `state_spec`."""
+        raise NotImplementedError
+
+    def propose(self, seq_lens: torch.Tensor, roots: torch.Tensor, rows: torch.Tensor,
+                **state: torch.Tensor) -> DraftTree:
+        """seq_lens [B] int32, roots [B] int64, rows [B] int64 and the state -> the tree (device only, no sync)."""
+        raise NotImplementedError
+
+    def update(self, tokens: torch.Tensor, feats: torch.Tensor, accept_index: torch.Tensor, accept_len: torch.Tensor,
+               bonus: torch.Tensor, seq_lens: torch.Tensor, rows: torch.Tensor,
+               **state: torch.Tensor) -> dict[str, torch.Tensor]:
+        """After accept: tokens [B, N] (the tree), feats [B, N, feature_size] (the verify's), accept_index [B, S+1]
+        (-1 padded), accept_len [B], bonus [B] (the next root), seq_lens [B] (before this step) -> the next state."""
+        raise NotImplementedError
+
+
+_REGISTRY: dict[str, type[Drafter]] = {}
+
+
+def register(module: str):
+    """Class decorator: the drafter that `drafter: <module>` in a conf/draft file selects."""
+
+    def deco(cls: type[Drafter]) -> type[Drafter]:
+        _REGISTRY[module] = cls
+        return cls
+
+    return deco
+
+
+def drafter_class(module: str) -> type[Drafter]:
+    """The class `eaglet.engine.drafters.<module>` registers (imported on first use)."""
+    if module not in _REGISTRY:
+        if module not in drafter_modules():
+            raise ValueError(f"no drafter module {module!r}; there are {', '.join(drafter_modules())}")
+        importlib.import_module(f"eaglet.engine.drafters.{module}")
+    if module not in _REGISTRY:
+        raise ValueError(f"eaglet.engine.drafters.{module} registers no drafter (@register({module!r}))")
+    return _REGISTRY[module]

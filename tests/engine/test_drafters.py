@@ -1,0 +1,141 @@
+"""Every registered drafter (engine/drafters/) behind the one interface: its proposals are valid trees of the declared
+shape, deterministic, and greedy speculative decoding with it equals plain decoding, chain and tree, B=1 and 2, on
+CPU (the GPU's CUDA-graph runs are tests/engine/test_speculative.py's and `scripts/gpu_session.sh tests`)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from engine_testing import PROMPTS, TREES, ar_outputs, oracle_like
+
+from eaglet.engine.drafter import DraftTree, drafter_class
+from eaglet.engine.drafters import drafter_modules
+from eaglet.engine.drafters.eagle import EagleDrafter
+from eaglet.engine.drafters.ngram import NgramDrafter
+from eaglet.engine.requests import Request
+from eaglet.engine.speculative import SpeculativeEngine, TreeSpec
+
+# one way to build each drafter module's drafter for the tests; a module missing here fails the test below
+FACTORIES = {
+    "eagle": lambda target: EagleDrafter(oracle_like("eagle1", target)),
+    "ngram": lambda target: NgramDrafter(n_max=3, n_min=1),
+}
+# prompts whose greedy continuations the random target repeats, so the n-gram drafter finds matches
+LOOPY = PROMPTS + [[9, 8, 7, 9, 8, 7, 9, 8, 7, 9, 8], [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 3, 1, 4, 1, 5]]
+
+
+def test_every_drafter_module_is_registered_and_tested():
+    assert drafter_modules() == sorted(FACTORIES)
+    for module in drafter_modules():
+        assert drafter_class(module).name == module
+
+
+def check_tree(tree: DraftTree, seq_lens: torch.Tensor, roots: torch.Tensor, N: int, S: int) -> None:
+    """The verify's contract: node 0 is the root; the mask is ancestor-or-self of a tree whose parents come first;
+    positions are seq_len + depth (depth <= S); the child / sibling links reach each real node once, children of
+    one parent with distinct tokens, and only nodes whose mask row is their ancestors'."""
+    B = seq_lens.shape[0]
+    assert tree.tokens.shape == tree.positions.shape == tree.next_token.shape == tree.next_sibling.shape == (B, N)
+    assert tree.mask.shape == (B, N, N) and tree.mask.dtype == torch.bool
+    for b in range(B):
+        mask, tok = tree.mask[b].tolist(), tree.tokens[b].tolist()
+        assert tok[0] == roots[b] and tree.positions[b, 0] == seq_lens[b]
+        for i in range(N):
+            anc = [j for j in range(N) if mask[i][j]]
+            assert anc[-1] == i and all(mask[i][k] for j in anc for k in range(N) if mask[j][k])  # closed
+            assert mask[i][0]  # every node hangs under the root
+            depth = len(anc) - 1
+            assert depth <= S and tree.positions[b, i] == seq_lens[b] + depth
+        seen, stack = [], [0]
+        while stack:  # walk the links as the greedy verify does
+            i = stack.pop()
+            seen.append(i)
+            kids, c = [], tree.next_token[b, i].item()
+            while c != -1:
+                assert c > i and mask[c][i] and sum(mask[c]) == sum(mask[i]) + 1  # a child of i
+                kids.append(c)
+                c = tree.next_sibling[b, c].item()
+            assert len({tok[k] for k in kids}) == len(kids)  # distinct tokens among siblings
+            stack += kids
+        assert len(seen) == len(set(seen))
+
+
+@pytest.mark.parametrize("tree", list(TREES))
+@pytest.mark.parametrize("module", sorted(FACTORIES))
+def test_conformance(target, module, tree):
+    """propose after a real prefill: a valid tree of the spec's N nodes, twice the same."""
+    spec = TREES[tree]
+    drafter = FACTORIES[module](target)
+    eng = SpeculativeEngine(target, drafter, spec, max_batch=3, max_context=128, page_size=8)
+    reqs = [Request(p, 8, rid=i) for i, p in enumerate(LOOPY[-3:])]
+    for r in reqs:
+        r.row = eng.kv_t.alloc_request()
+        drafter.alloc_request(r.row)
+    first = [(r.row, len(r.prompt_ids) + 1) for r in reqs]
+    eng.kv_t.reserve_many(first)
+    drafter.reserve([(row, n + eng.lookahead) for row, n in first])
+    roots, seq_lens, state = eng._prefill(reqs)
+    rows = torch.tensor([r.row for r in reqs])
+    with torch.inference_mode():
+        a = drafter.propose(seq_lens, roots, rows, **state)
+        b = drafter.propose(seq_lens, roots, rows, **state)
+    check_tree(a, seq_lens, roots.tolist(), spec.num_draft_tokens, spec.steps)
+    assert all(torch.equal(x, y) for x, y in zip(a, b))
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+@pytest.mark.parametrize("tree", list(TREES))
+@pytest.mark.parametrize("module", sorted(FACTORIES))
+def test_greedy_is_lossless(target, module, tree, batch):
+    want = ar_outputs(target, LOOPY, 30)
+    eng = SpeculativeEngine(target, FACTORIES[module](target), TREES[tree], max_batch=batch, max_context=256,
+                            page_size=8)
+    reqs = [Request(p, 30, rid=i) for i, p in enumerate(LOOPY)]
+    stats = eng.generate(reqs)
+    assert [r.output_ids for r in reqs] == want
+    assert stats.summary(TREES[tree].steps)["tau"] > 1.0  # the drafter's proposals are taken, not only the bonus
+
+
+def test_ngram_tree_merges_shared_prefixes():
+    """Matches whose continuations share a prefix share its nodes; the rest pad the tree."""
+    d = NgramDrafter(n_max=1)
+
+    class Target:
+        device, dtype = torch.device("cpu"), torch.float32
+
+    spec = TreeSpec(steps=3, topk=3, num_draft_tokens=8)
+    d.setup(target=Target(), tree=spec, max_batch=1, max_context=32, page_size=8, num_pages=None,
+            device=torch.device("cpu"))
+    # history: 5 1 2 3 | 5 1 2 4 | 5 7 | 5  -> the suffix "5" occurred at 0, 4, 8: continuations
+    # (most recent first) 7 5 ., 1 2 4, 1 2 3 -> a trie of 7, 5 / 1, 2, 4 / 3 under the root
+    h = [5, 1, 2, 3, 5, 1, 2, 4, 5, 7, 5]
+    d.history[0, :len(h)] = torch.tensor(h)
+    seq_lens = torch.tensor([len(h) - 1], dtype=torch.int32)
+    t = d.propose(seq_lens, torch.tensor([5]), torch.tensor([0]))
+    check_tree(t, seq_lens, [5], 8, 3)
+    assert t.tokens[0].tolist() == [5, 7, 5, 1, 2, 4, 3, 0]
+    assert t.positions[0].tolist() == [10, 11, 12, 11, 12, 13, 13, 11]
+    assert t.next_token[0].tolist() == [1, 2, -1, 4, 5, -1, -1, -1]
+    assert t.next_sibling[0].tolist() == [-1, 3, -1, -1, -1, 6, -1, -1]
+
+
+@pytest.mark.parametrize("module", sorted(FACTORIES))
+def test_sampling_runs_every_drafter(target, module):
+    """Tree speculative sampling over each drafter's trees (whose siblings carry distinct tokens): every request
+    decodes its whole budget of in-vocabulary tokens (that the sampled distribution is the target's is
+    test_speculative.py's, on the verify every drafter shares)."""
+    from eaglet.engine.sampling import SamplingParams
+
+    torch.manual_seed(0)
+    eng = SpeculativeEngine(target, FACTORIES[module](target), TREES["eagle2"], max_batch=2, max_context=256,
+                            page_size=8, sampling=SamplingParams(temperature=1.0))
+    reqs = [Request(p, 12, rid=i) for i, p in enumerate(LOOPY[-3:])]
+    eng.generate(reqs)
+    assert all(len(r.output_ids) == 12 and all(0 <= t < target.args.vocab_size for t in r.output_ids) for r in reqs)
+
+
+def test_ngram_config_names_the_kernels_limit():
+    from eaglet.engine.drafters.ngram_config import MAX_N
+    from eaglet.kernels import ngram_match
+
+    assert MAX_N == ngram_match.MAX_N
