@@ -111,20 +111,20 @@ def test_bad_run_configs_are_named(tmp_path):
     import torch
     from omegaconf import OmegaConf
 
+    from eaglet.engine.drafters.eagle import EagleDrafter
     from eaglet.models.head_checkpoint import new_draft_head, save_draft_head
     from eaglet.models.llama import ModelArgs, Transformer
     from eaglet.runner.common import resolve_hardware
-    from eaglet.runner.run import build_head
 
     target = Transformer(ModelArgs.from_name("tiny_llama")).eval()
     tiny = OmegaConf.create({"name": "tiny_llama"})  # a target config that ships no head
     with pytest.raises(ValueError, match="draft.path=<head directory>, or draft.random_init=true.*draft=none"):
-        build_head(OmegaConf.create({"name": "eagle3", "path": None, "random_init": False}), tiny, target,
-                   torch.float32, "cpu")
+        EagleDrafter.from_config(OmegaConf.create({"name": "eagle3", "path": None, "random_init": False}), tiny,
+                                 target, invariant=False, fold_norms=False)
     save_draft_head(new_draft_head("eagle1", target, dtype=torch.float32, device="cpu"), tmp_path / "h")
     with pytest.raises(ValueError, match="holds a eagle1 head; use draft=eagle1"):
-        build_head(OmegaConf.create({"name": "multi_layer", "path": str(tmp_path / "h")}), tiny, target,
-                   torch.float32, "cpu")
+        EagleDrafter.from_config(OmegaConf.create({"name": "multi_layer", "path": str(tmp_path / "h")}), tiny,
+                                 target, invariant=False, fold_norms=False)
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="hardware=cpu"):
             resolve_hardware(OmegaConf.create({"device": "cuda", "dtype": "auto"}))
