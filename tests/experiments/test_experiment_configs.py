@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
+from eaglet.engine.drafters.eagle import check_eagle_tree
 from eaglet.engine.speculative import TreeSpec
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
@@ -35,8 +36,11 @@ def test_every_sweep_point_composes(name):
     assert len(points) >= 3
     for point in points:
         cfg = compose_run([f"+experiment={name}", *point])
-        if cfg.draft.name != "none":  # the trees the engine would build are valid
-            TreeSpec(cfg.tree.steps, cfg.tree.topk, cfg.tree.num_draft_tokens).validate(draft_vocab=8192)
+        if cfg.draft.name != "none":  # the trees the engine would build are valid, for EAGLE heads too
+            t = cfg.tree
+            TreeSpec(t.steps, t.topk, t.num_draft_tokens).validate()
+            if cfg.draft.drafter == "eagle":
+                check_eagle_tree(t.steps, t.topk, t.num_draft_tokens, vocab=8192)
 
 
 def test_compare_heads_finds_each_kind_in_heads_dir():
