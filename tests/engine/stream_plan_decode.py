@@ -2,7 +2,8 @@
 TORCH_CUDA_SANITIZER, which torch reads at import, applies to it alone). test_stream_plan.py runs it by path, which
 puts this folder on sys.path for `engine_testing`:
 
-    python tests/engine/stream_plan_decode.py --plan overlap_event [--sleep CYCLES] [--no-graphs] [--max-new N]
+    python tests/engine/stream_plan_decode.py --plan overlap_event [--drafter ngram] [--sleep CYCLES] [--no-graphs]
+                                              [--max-new N]
 
 Prints IDENTICAL or MISMATCH, then PHASES and the step's draft, plan, plan-wait and verify ms and the plan's hidden
 fraction.
@@ -16,6 +17,7 @@ import torch
 from engine_testing import PROMPTS, TREES, ar_outputs, oracle_like, oracle_target
 
 from eaglet.engine.drafters.eagle import EagleDrafter
+from eaglet.engine.drafters.ngram import NgramDrafter
 from eaglet.engine.requests import Request
 from eaglet.engine.speculative import SpeculativeEngine
 from eaglet.engine.stream_plan import ResolvedPlan, StreamPlan
@@ -27,13 +29,15 @@ def main() -> None:
     ap.add_argument("--sleep", type=int, default=0, help="stress mode: GPU cycles slept on main after the draft")
     ap.add_argument("--no-graphs", action="store_true", help="decode eagerly (CSAN tracks eager kernels only)")
     ap.add_argument("--max-new", type=int, default=24)
+    ap.add_argument("--drafter", choices=("eagle", "ngram"), default="eagle", help="an oracle-like EAGLE-1 head or "
+                    "the n-gram drafter")
     args = ap.parse_args()
     graphs = not args.no_graphs
     target = oracle_target().cuda()
-    head = oracle_like("eagle1", target)
+    drafter = EagleDrafter(oracle_like("eagle1", target)) if args.drafter == "eagle" else NgramDrafter(n_max=3)
     want = ar_outputs(target, PROMPTS, args.max_new, use_cuda_graph=graphs)
     plan = StreamPlan(ResolvedPlan(args.plan, args.plan, "test"), torch.device("cuda"), args.sleep)
-    eng = SpeculativeEngine(target, EagleDrafter(head), TREES["eagle2"], max_batch=2, max_context=256, page_size=8,
+    eng = SpeculativeEngine(target, drafter, TREES["eagle2"], max_batch=2, max_context=256, page_size=8,
                             use_cuda_graph=graphs, stream_plan=plan)
     eng.warmup()
     reqs = [Request(p, args.max_new, rid=i) for i, p in enumerate(PROMPTS)]

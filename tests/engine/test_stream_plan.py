@@ -95,9 +95,9 @@ def test_vendor_does_not_change_the_plan(monkeypatch):
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA/ROCm GPU")
 
 
-def run_plan(plan, sleep=0, sanitizer=False, graphs=True, max_new=24):
+def run_plan(plan, sleep=0, sanitizer=False, graphs=True, max_new=24, drafter="eagle"):
     """stream_plan_decode.py in a child process: one plan's decode against plain decoding."""
-    cmd = [sys.executable, str(Path(__file__).with_name("stream_plan_decode.py")), "--plan", plan,
+    cmd = [sys.executable, str(Path(__file__).with_name("stream_plan_decode.py")), "--plan", plan, "--drafter", drafter,
            "--sleep", str(sleep), "--max-new", str(max_new), *([] if graphs else ["--no-graphs"])]
     # torch turns CSAN on when the variable exists at all (even "0"): absent unless sanitizing. CSAN also
     # takes a graph capture's launches for eager ones (false races on the static buffers, seen on an H200),
@@ -111,9 +111,10 @@ def run_plan(plan, sleep=0, sanitizer=False, graphs=True, max_new=24):
 
 
 @gpu
+@pytest.mark.parametrize("drafter", ["eagle", "ngram"])  # every drafter under every safe plan, CUDA graphs on
 @pytest.mark.parametrize("plan", ["serial", "overlap_wait_stream", "overlap_event", "overlap_split"])
-def test_safe_plans_are_identical_to_plain_decoding(plan):
-    out = run_plan(plan)
+def test_safe_plans_are_identical_to_plain_decoding(plan, drafter):
+    out = run_plan(plan, drafter=drafter)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "IDENTICAL" in out.stdout
     # the phase timer on the device: serial exposes all of its plan; the split plan's independent part runs
