@@ -116,3 +116,14 @@ def weights(n: int, k: int) -> list[torch.Tensor]:
     copies = min(GRAPH_REPEATS, max(1, math.ceil(COLD_BYTES / (n * k * BYTES))))
     w = torch.randn(n, k, device=DEV, dtype=DTYPE) * k**-0.5  # [n, k]
     return [w] + [w.clone() for _ in range(copies - 1)]
+
+
+def tree_mask(B: int, N: int) -> torch.Tensor:
+    """[B, N, N] ancestor-or-self mask of a 4-ary EAGLE-2-like tree of N tokens, parents first, on DEV."""
+    parents = [-1] + [(i - 1) // 4 for i in range(1, N)]
+    m = torch.zeros(N, N, dtype=torch.bool)
+    for i in range(N):
+        j = i
+        while j >= 0:
+            m[i, j], j = True, parents[j]
+    return m[None].expand(B, N, N).contiguous().to(DEV)  # [B, N, N]

@@ -15,12 +15,12 @@ logits captured in one CUDA graph, median ms a replay. Variants:
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 import torch
 
-from benchmarks._common import DEV, DTYPE, bench, provenance
+from benchmarks._common import DEV, DTYPE, bench, provenance, tree_mask
+from benchmarks.probes.graph_trace import trace_graph
 from eaglet.kernels import projection_config
 from eaglet.models.kv_cache import ForwardBatch, KVCache, slots_for
 from eaglet.models.llama import ModelArgs, Transformer
@@ -31,34 +31,6 @@ PREFIX, CONTEXT = 1024, 2048
 VARIANTS = ("invariant", "stock", "invariant folded")  # in this order: folding is in place
 
 
-def tree_mask(B: int, N: int) -> torch.Tensor:
-    """[B, N, N] ancestor-or-self mask of a 4-ary EAGLE-2-like tree of N tokens, parents first."""
-    parents = [-1] + [(i - 1) // 4 for i in range(1, N)]
-    m = torch.zeros(N, N, dtype=torch.bool)
-    for i in range(N):
-        j = i
-        while j >= 0:
-            m[i, j], j = True, parents[j]
-    return m[None].expand(B, N, N).contiguous().to(DEV)  # [B, N, N]
-
-
-def trace_graph(graph, path: str, replays: int = 5) -> str:
-    """Per-kernel time of a captured graph's replays from a torch.profiler trace written to `path`
-    (benchmarks/probes/graph_trace.py's summary: span, kernel time, gaps, µs per kernel)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    from benchmarks.probes.graph_trace import replays as graph_replays
-    from benchmarks.probes.graph_trace import summarise
-
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        for _ in range(replays):
-            graph.replay()
-        torch.cuda.synchronize()
-    prof.export_chrome_trace(path)
-    groups = graph_replays(json.load(open(path))["traceEvents"])
-    if not groups:
-        return f"{path}: no graph kernels in the trace"
-    return summarise(list(groups.values()), top=16, by_grid=True)
 
 
 def random_model(name: str) -> tuple[ModelArgs, Transformer]:

@@ -29,7 +29,6 @@ bandwidth. --trace DIR: each invariant call's graph profiled, the split pass aga
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 import time
@@ -39,7 +38,8 @@ import torch
 import torch.nn.functional as F
 
 import eaglet.kernels.tree_attention_splitkv as sk
-from benchmarks._common import bench, bench_graph, fmt, provenance, rel_err
+from benchmarks._common import bench, bench_graph, fmt, provenance, rel_err, tree_mask
+from benchmarks.probes.graph_trace import trace_graph
 from eaglet.kernels._utils import copy_bandwidth, sm_count
 from eaglet.kernels.tree_attention import tree_attention
 
@@ -255,35 +255,9 @@ def attn_inputs(B, N, Hq, Hkv, D, prefix, page_size=16, tree=True, seed=0):
     pt = torch.randperm(num_pages, device=DEV, generator=gen).view(B, pages_per).int()  # [B, P]
     pl = torch.full((B,), prefix, device=DEV, dtype=torch.int32)  # [B]
     q = torch.randn(B, N, Hq, D, device=DEV, dtype=DTYPE, generator=gen)  # [B, N, Hq, D]
-    mask = None
-    if tree and N > 1:
-        parents = [-1] + [(i - 1) // 4 for i in range(1, N)]
-        m = torch.zeros(N, N, dtype=torch.bool)
-        for i in range(N):
-            j = i
-            while j >= 0:
-                m[i, j], j = True, parents[j]
-        mask = m[None].expand(B, N, N).contiguous().to(DEV)  # [B, N, N]
+    mask = tree_mask(B, N) if tree and N > 1 else None  # [B, N, N]
     return q, k, v, pt, pl, mask
 
-
-def trace_graph(graph, path: str, replays: int = 5) -> str:
-    """Per-kernel time of a captured graph's replays from a torch.profiler trace written to `path`
-    (benchmarks/probes/graph_trace.py's summary: span, kernel time, gaps, µs per kernel)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    from benchmarks.probes.graph_trace import replays as graph_replays
-    from benchmarks.probes.graph_trace import summarise
-
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        for _ in range(replays):
-            graph.replay()
-        torch.cuda.synchronize()
-    prof.export_chrome_trace(path)
-    groups = graph_replays(json.load(open(path))["traceEvents"])
-    if not groups:
-        return f"{path}: no graph kernels in the trace"
-    return summarise(list(groups.values()), top=16, by_grid=True)
 
 
 def run_attn(models: list[str], bw: float, trace_dir: str | None = None) -> str:

@@ -53,6 +53,23 @@ def sequence(rep: list[dict], first: int) -> str:
     return "\n".join(f"{e['ts'] - t0:9.1f} {e['dur']:7.2f}  {e['name'][:100]}" for e in rep[:first])
 
 
+def trace_graph(graph, path: str, replays_n: int = 5) -> str:
+    """Per-kernel time of a captured CUDA graph's replays: a torch.profiler trace written to `path`, summarised as
+    `summarise` does (span, kernel time, gaps, µs per kernel)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(replays_n):
+            graph.replay()
+        torch.cuda.synchronize()
+    prof.export_chrome_trace(path)
+    groups = replays(json.load(open(path))["traceEvents"])
+    if not groups:
+        return f"{path}: no graph kernels in the trace"
+    return summarise(list(groups.values()), top=16, by_grid=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("trace", help="trace.json written by run_spec.py profile_steps=N")
