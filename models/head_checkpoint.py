@@ -39,9 +39,13 @@ from eaglet.models.checkpoint import (
     attention_defaults,
     save_hf_checkpoint,
 )
-from eaglet.models.eagle import HEAD_CLASSES, KINDS, DraftHead, Eagle3Head
+from eaglet.models.block_head import BlockHead
+from eaglet.models.eagle import HEAD_CLASSES as EAGLE_HEADS
+from eaglet.models.eagle import DraftHead, Eagle3Head
 from eaglet.models.llama import ModelArgs, Transformer
 
+HEAD_CLASSES: dict[str, type[DraftHead]] = {**EAGLE_HEADS, BlockHead.KIND: BlockHead}
+KINDS = tuple(HEAD_CLASSES)
 _BY_ARCHITECTURE = {c.ARCHITECTURE: c for c in HEAD_CLASSES.values()}
 
 

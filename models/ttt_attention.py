@@ -85,6 +85,16 @@ def ttt_attention(q: torch.Tensor, ks: list[torch.Tensor], vs: list[torch.Tensor
     return (o.view(B, Hkv, G, T, D) + o_steps).view(B, Hq, T, D)
 
 
+def rope_dense(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, heads: int) -> torch.Tensor:
+    """Rotate-half RoPE as `rope_store_ref`, rotated in fp32 and rounded once: x [B, T, heads*D], positions
+    [B, T] -> [B, heads, T, D]."""
+    B, T, _ = x.shape
+    freqs = positions.float()[..., None] * inv_freq  # [B, T, D/2]
+    emb = torch.cat([freqs, freqs], dim=-1)[:, :, None, :]  # [B, T, 1, D]
+    xf = x.reshape(B, T, heads, -1).float()  # [B, T, heads, D]
+    return (xf * emb.cos() + rotate_half(xf) * emb.sin()).to(x.dtype).transpose(1, 2)
+
+
 def attention_dense(attn: Attention, a, positions, inv_freq, mask, cache: DenseKV | None) -> torch.Tensor:
     """`Attention.forward` without the pool: rotate-half RoPE in fp32 as `rope_store_ref`, then SDPA of the
     T queries over the cached keys plus their own. a [B, T, in], mask [T, L] or [B, T, L] bool -> [B, T, H]."""
@@ -93,15 +103,7 @@ def attention_dense(attn: Attention, a, positions, inv_freq, mask, cache: DenseK
     B, T, _ = a.shape
     Hq, Hkv, D = attn.n_heads, attn.n_kv_heads, attn.head_dim
     q, k, v = attn.qkv_proj(a).split([Hq * D, Hkv * D, Hkv * D], dim=-1)  # [B, T, Hq*D], [B, T, Hkv*D] x2
-    freqs = positions.float()[..., None] * inv_freq  # [B, T, D/2]
-    emb = torch.cat([freqs, freqs], dim=-1)[:, :, None, :]  # [B, T, 1, D]
-    cos, sin = emb.cos(), emb.sin()
-
-    def rope(x, heads):  # [B, T, heads*D] -> [B, heads, T, D], rotated in fp32 and rounded once
-        xf = x.reshape(B, T, heads, D).float()
-        return (xf * cos + rotate_half(xf) * sin).to(x.dtype).transpose(1, 2)
-
-    q, k = rope(q, Hq), rope(k, Hkv)  # [B, Hq, T, D], [B, Hkv, T, D]
+    q, k = rope_dense(q, positions, inv_freq, Hq), rope_dense(k, positions, inv_freq, Hkv)  # [B, H*, T, D]
     v = v.reshape(B, T, Hkv, D).transpose(1, 2)  # [B, Hkv, T, D]
     ks, vs = cache.extend(attn.layer_id, k, v) if cache is not None else ([k], [v])  # per call [B, Hkv, T_i, D]
 

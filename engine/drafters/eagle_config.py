@@ -25,14 +25,18 @@ def no_head(draft: str, target: str) -> str:
 
 
 def check_values(c) -> None:
-    """Layer 1 (runner/checks.py's Checks `c`): the head kind, where its weights are, the random head's shape."""
+    """Layer 1 (runner/checks.py's Checks `c`): the head kind, the random head's shape, where its weights are."""
     name = c.choice("draft.name", HEAD_KINDS)
-    path = c.path("draft.path", "dir", null=True, what="a head directory (config.json + model.safetensors)")
-    random_init = c.flag("draft.random_init")
     c.integer("draft.num_layers", lo=1)
     c.integer("draft.draft_vocab_size", lo=1, null=True)
-    if name is None:
-        return
+    if name is not None:
+        check_head_source(c, name)
+
+
+def check_head_source(c, name: str) -> None:
+    """draft.path holds a head, or the target ships one for draft `name`, or draft.random_init is set."""
+    path = c.path("draft.path", "dir", null=True, what="a head directory (config.json + model.safetensors)")
+    random_init = c.flag("draft.random_init")
     if path is not None:
         has_config = (path / "config.json").is_file()
         weights = any(path.glob("*.safetensors")) or (path / "pytorch_model.bin").is_file()

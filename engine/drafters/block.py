@@ -1,0 +1,181 @@
+"""Block drafting (`drafter: block`): a block drafter (models/block_head.py) proposes every depth of the tree in one
+forward, DFlash-style, and its dependency term turns that one forward into a tree.
+
+  propose  one forward of the block [root, mask, ...] at seq_len .. seq_len + block_size - 1 over the context in the
+           head's pool -> base logits of depths 1..S; then, per depth, the K kept candidates' children: top-K of
+           log_softmax(base[d] + dep_bias(candidate)), EAGLE-2's selection of the K best of K*K by cumulative
+           log-prob (`grow_tree`), and `build_tree` -> the N best candidates as the verify's tree
+  update   the accepted path's target features (root, a1..am at seq_len ..) written into the pool as context
+  prefill  the prompt's target features written the same way
+
+No per-request state is carried between steps: the context lives in the pool, by row, and the root is the
+engine's. The block's own K/V go to the positions past the context and are overwritten by the next update, as
+EAGLE's draft scratch is.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from eaglet.engine.drafter import Drafter, DraftTree, PrefillBatch, register
+from eaglet.engine.drafters.eagle_config import head_dir, no_head
+from eaglet.kernels.build_tree import build_tree, num_candidates
+from eaglet.kernels.draft_expand import expand_step
+from eaglet.kernels.topk import topk_logprobs
+from eaglet.models.kv_cache import ForwardBatch, slots_for
+
+
+def grow_tree(base: torch.Tensor, dep_bias, roots: torch.Tensor, K: int):
+    """base [B, S, V] fp32 logits of depths 1..S, dep_bias(parents [B, n]) -> [B, n, V], roots [B] -> the EAGLE-2
+    candidates in `build_tree`'s layout: scores, tokens, parents [B, C] (C = K + (S-1)*K*K)."""
+    B, S, _ = base.shape
+    dev = base.device
+    C = num_candidates(K, S)
+    scores = torch.empty(B, C, dtype=torch.float32, device=dev)  # [B, C]
+    tokens = torch.empty(B, C, dtype=torch.long, device=dev)  # [B, C]
+    parents = torch.empty(B, C, dtype=torch.long, device=dev)  # [B, C]
+    cur_lp, cur_tok = topk_logprobs(base[:, 0] + dep_bias(roots[:, None])[:, 0], K)  # [B, K] each
+    scores[:, :K], tokens[:, :K], parents[:, :K] = cur_lp, cur_tok, -1
+    cur_flat = torch.arange(K, device=dev).expand(B, K)  # [B, K]
+    # expand_step also carries a head's hidden state and draft mask: one column each, unused here
+    h = torch.zeros(B, K, 1, device=dev)  # [B, K, 1]
+    mask = torch.zeros(B, K, 1, dtype=torch.bool, device=dev)  # [B, K, 1]
+    for d in range(1, S):
+        lp, tk = topk_logprobs(base[:, d, None] + dep_bias(cur_tok), K)  # [B, K, K] each
+        cur_lp, cur_tok, cur_flat, _, _ = expand_step(cur_lp, lp, tk, cur_flat, mask, h, scores, tokens, parents,
+                                                       K + (d - 1) * K * K, None, keep_ancestors=False)
+    return scores, tokens, parents
+
+
+def check_block_tree(steps: int, topk: int, num_draft_tokens: int, block_size: int, vocab: int) -> None:
+    """A tree of `steps` depths from one block of `block_size` rows (the root and block_size - 1 mask rows)."""
+    if steps > block_size - 1:
+        raise ValueError(f"tree.steps={steps}: a block of {block_size} rows drafts at most {block_size - 1} depths")
+    if topk > vocab:
+        raise ValueError(f"tree.topk={topk} exceeds the vocabulary ({vocab} tokens)")
+    cap = num_candidates(topk, steps) + 1
+    if num_draft_tokens > cap:
+        raise ValueError(f"tree.num_draft_tokens={num_draft_tokens} is more than a tree of steps={steps}, "
+                         f"topk={topk} can hold ({cap} with the root); lower it or raise tree.steps/topk")
+
+
+@register("block")
+class BlockDrafter(Drafter):
+    name = "block"
+
+    def __init__(self, head):
+        self.head = head
+        self.feature_size = head.feature_size
+
+    @classmethod
+    def from_config(cls, draft, target_cfg, target, *, invariant: bool, fold_norms: bool) -> "BlockDrafter":
+        """draft.path's block drafter; else a random one (draft.random_init); else the one shipped for the target.
+        fold_norms does not apply (BlockHead.fold_norm_weights)."""
+        from eaglet.models.head_checkpoint import load_draft_head, new_draft_head
+
+        path = head_dir(draft, target_cfg)
+        if path is not None:
+            head = load_draft_head(path, target, target.dtype, target.device, kind="block")
+        elif not draft.get("random_init"):
+            raise ValueError(no_head(draft.name, target_cfg.name))
+        else:
+            head = new_draft_head("block", target, num_layers=draft.num_layers, block_size=draft.block_size,
+                                  dep_rank=draft.dep_rank, dtype=target.dtype, device=target.device)
+        head.set_invariant(invariant)
+        return cls(head)
+
+    @classmethod
+    def check_config(cls, c, cfg, target) -> None:
+        import json
+
+        from eaglet.models.head_checkpoint import head_class, new_draft_head
+
+        d, t = cfg.draft, cfg.tree  # the values: block_config.check_values, in layer 1
+        path = head_dir(d, cfg.target)
+        block = d.block_size
+        if path is not None:
+            key = "draft.path" if d.get("path") else f"target.heads.{d.name}"
+            try:
+                raw = json.loads((path / "config.json").read_text())
+                kind = head_class(raw, path).KIND
+            except (OSError, ValueError) as e:
+                c.bad(key, str(path), str(e).splitlines()[0])
+                return
+            if kind != "block":
+                c.bad(key, str(path), f"holds a {kind} head; use draft={kind}")
+                return
+            block = raw.get("block_size", block)
+        else:
+            with c.catching("draft", d.name):
+                new_draft_head("block", target, num_layers=d.num_layers, block_size=d.block_size,
+                               dep_rank=d.dep_rank, device="meta")
+        with c.catching():
+            check_block_tree(t.steps, t.topk, t.num_draft_tokens, block, target.args.vocab_size)
+
+    @classmethod
+    def kv_layers(cls, draft) -> int:
+        return draft.num_layers
+
+    # ---- what the engine asks -------------------------------------------------------------------------------
+    def capture_layers(self, n_layers: int) -> tuple[int, ...]:
+        return self.head.capture_layers(n_layers)
+
+    def target_feature(self, hidden, captured):
+        return self.head.target_feature(hidden, captured)  # [B, T, F]
+
+    def check_tree(self, steps: int, topk: int, num_draft_tokens: int) -> None:
+        check_block_tree(steps, topk, num_draft_tokens, self.head.block_size, self.head.target.args.vocab_size)
+
+    def setup(self, *, target, tree, max_batch, max_context, page_size, num_pages, device) -> None:
+        # the whole block is written past the context, however few of its depths the tree uses
+        self.tree, self.max_context = tree, max_context + self.head.block_size
+        self.kv = self.head.kv_cache(max_reqs=max_batch, max_context=self.max_context, page_size=page_size,
+                                     num_pages=num_pages, dtype=target.dtype, device=device)
+
+    def alloc_request(self, row: int) -> None:
+        if self.kv.alloc_request() != row:
+            raise RuntimeError("target and draft KV rows diverged")
+
+    def free_request(self, row: int) -> None:
+        self.kv.free_request(row)
+
+    def reserve(self, bounds: list[tuple[int, int]]) -> None:
+        self.kv.reserve_many([(row, min(n + self.head.block_size, self.max_context)) for row, n in bounds])
+
+    def state_spec(self, device):
+        return {}
+
+    # ---- device work ----------------------------------------------------------------------------------------
+    def prefill(self, batch: PrefillBatch) -> dict[str, torch.Tensor]:
+        pt = self.kv.req_to_page[batch.rows]  # [n, P]
+        slots = torch.where(batch.valid, slots_for(pt, batch.positions, self.kv.page_size), 0)  # [n, T]
+        self.head.store_context(self.head.target_feature(batch.hidden, batch.captured), batch.positions, slots,
+                                self.kv)
+        return {}
+
+    def propose(self, seq_lens, roots, rows) -> DraftTree:
+        S, K, N = self.tree.steps, self.tree.topk, self.tree.num_draft_tokens
+        Kb = self.head.block_size
+        B = seq_lens.shape[0]
+        dev = seq_lens.device
+        pt = self.kv.req_to_page[rows]  # [B, P]
+        pos = seq_lens[:, None].long() + torch.arange(Kb, device=dev)  # [B, Kb]
+        full = torch.ones(B, Kb, Kb, dtype=torch.bool, device=dev)  # [B, Kb, Kb] non-causal inside the block
+        batch = ForwardBatch(pt, seq_lens, slots_for(pt, pos, self.kv.page_size), full, self.max_context)
+        x = self.head.forward_block(roots, pos, batch, self.kv)  # [B, Kb, H]
+        base = self.head.block_logits(x[:, 1:S + 1])  # [B, S, V]
+        scores, tokens, parents = grow_tree(base, self.head.dep_bias, roots, K)  # [B, C] each
+        tree = build_tree(scores, tokens, parents, roots, seq_lens, N, K, S)
+        return DraftTree(tree.draft_tokens, tree.positions, tree.retrieve_next_token, tree.retrieve_next_sibling,
+                         tree.tree_mask)
+
+    def update(self, tokens, feats, accept_index, accept_len, bonus, seq_lens, rows):
+        """The accepted path's features (root, a1..am) as context at seq_len .. seq_len + accept_len - 1."""
+        B, S1 = accept_index.shape
+        idx = accept_index.clamp(min=0)  # [B, S+1]
+        feat = feats.gather(1, idx[:, :, None].expand(B, S1, feats.shape[-1]))  # [B, S+1, F]
+        pos = seq_lens[:, None].long() + torch.arange(S1, device=tokens.device)  # [B, S+1]
+        pt = self.kv.req_to_page[rows]  # [B, P]
+        slots = torch.where(accept_index >= 0, slots_for(pt, pos, self.kv.page_size), 0)  # [B, S+1]
+        self.head.store_context(feat, pos, slots, self.kv)
+        return {}

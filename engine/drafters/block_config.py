@@ -1,0 +1,14 @@
+"""The block drafter's config (conf/draft/block.yaml) checked before anything loads, torch-free (runner/config.py);
+what reads the head (its kind, the tree's fit to its block) is `BlockDrafter.check_config`'s, in the last layer."""
+
+from __future__ import annotations
+
+from eaglet.engine.drafters.eagle_config import check_head_source
+
+
+def check_values(c) -> None:
+    c.choice("draft.name", ("block",))
+    c.integer("draft.num_layers", lo=1)
+    c.integer("draft.block_size", lo=2)
+    c.integer("draft.dep_rank", lo=1)
+    check_head_source(c, "block")

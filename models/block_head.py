@@ -1,0 +1,191 @@
+"""The block drafter (DFlash-style, with a DSpark-style dependency term): a few decoder layers propose a whole
+block of tokens in one forward.
+
+Alignment: a request with seq_len cached tokens and its root (the last emitted token, not yet cached) at position
+seq_len. The block is [root, mask, ..., mask] at positions seq_len .. seq_len + block_size - 1; block row j >= 1
+predicts the token at seq_len + j. Inside the block attention is non-causal; every layer also attends the
+context: the target's features of the cached positions p < seq_len (the residual streams of `target_layer_ids`,
+concatenated, fused by `fc` and normed by `hidden_norm`), projected by that layer's own k/v weights and kept in
+the head's paged KV pool like a prefix (`store_context`, run by the drafter's prefill and after each accept).
+
+The mask rows take a learned embedding (`mask_embedding`): no spare id of the target's vocabulary is needed.
+The target's embedding and LM head are shared and frozen, as for EAGLE heads (models/eagle.py).
+
+Dependency term: logits of row j = lm_head(norm(h_j)) + dep_out(dep_in(embed(parent))), a rank-`dep_rank` bias
+from the token at the previous block position (the parent in a tree: the root for j = 1). The forward itself sees
+no drafted token, so this term is what makes row j's distribution depend on which candidate it continues: a tree
+(per-depth top-k conditioned on the parent) comes from one forward plus one small GEMM per depth
+(engine/drafters/block.py). `dep_out` starts at zero: an untrained term is no bias.
+
+`forward_dense` is the training forward: the same weights and math, attention computed densely over several
+anchors' blocks at once (training/block_loss.py).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from eaglet.kernels import projection as proj
+from eaglet.kernels.activation import silu_and_mul_ref
+from eaglet.kernels.rmsnorm import rmsnorm_ref
+from eaglet.kernels.rope import rope_store
+from eaglet.models.draft_layers import DraftLayer, draft_linear
+from eaglet.models.eagle import DraftHead
+from eaglet.models.kernel_paths import KernelPath, path_for
+from eaglet.models.kv_cache import ForwardBatch, KVCache
+from eaglet.models.llama import RMSNorm
+from eaglet.models.ttt_attention import rope_dense
+
+ARCH_BLOCK = "EagletBlockDrafter"
+
+
+def default_layer_ids(target_n_layers: int, n: int = 5) -> list[int]:
+    """n target layers (outputs) evenly spread from layer 1 to layer L-3, as DFlash picks its ~5 layers."""
+    L = target_n_layers
+    if n == 1:
+        return [L // 2]
+    return sorted({round(1 + i * (L - 4) / (n - 1)) for i in range(n)})
+
+
+class BlockHead(DraftHead):
+    KIND, ARCHITECTURE, FC_BIAS = "block", ARCH_BLOCK, False
+    DRAFT_ANCESTORS_CACHED = True  # unused: the block has no per-depth draft steps
+
+    def __init__(self, config: dict, target):
+        super().__init__(config, target)
+        a, t = self.args, target.args
+        if a.dim != t.dim:
+            raise ValueError(f"block drafter hidden_size={a.dim} must equal the target's ({t.dim}): it reads the "
+                             f"target's embedding and LM head")
+        ids = list(config.get("target_layer_ids") or default_layer_ids(t.n_layers))
+        if not ids or ids != sorted(set(ids)) or not all(0 <= i < t.n_layers for i in ids):
+            raise ValueError(f"block drafter target_layer_ids={ids}: increasing layer indices in [0, {t.n_layers})")
+        self.config = dict(config, target_layer_ids=ids)
+        self.block_size = int(config.get("block_size", 8))
+        if self.block_size < 2:
+            raise ValueError(f"block drafter block_size={self.block_size}: the root and at least one mask row")
+        self.fc = nn.Linear(len(ids) * t.dim, a.dim, bias=False)
+        self.hidden_norm = RMSNorm(a.dim, a.norm_eps)
+        self.layers = nn.ModuleList(DraftLayer(a, i, input_norm=True) for i in range(a.n_layers))
+        self.norm = RMSNorm(a.dim, a.norm_eps)
+        self.mask_embedding = nn.Parameter(torch.randn(a.dim) * 0.02)  # [H]
+        rank = int(config.get("dep_rank", 64))
+        self.dep_in = nn.Linear(t.dim, rank, bias=False)
+        self.dep_out = nn.Linear(rank, t.vocab_size, bias=False)
+        nn.init.zeros_(self.dep_out.weight)
+
+    # ---- what the engine and the trainer ask ----------------------------------------------------------------
+    @property
+    def feature_widths(self) -> tuple[int, ...]:
+        return (self.fc.in_features,)
+
+    def capture_layers(self, target_n_layers: int) -> tuple[int, ...]:
+        ids = self.config["target_layer_ids"]
+        if max(ids) >= target_n_layers:
+            raise ValueError(f"block drafter captures target layers {ids} but the target has {target_n_layers}")
+        return tuple(ids)
+
+    def target_feature(self, final_hidden, captured):
+        return torch.cat(captured, dim=-1)  # [B, T, n*Ht]
+
+    def fold_norm_weights(self) -> "BlockHead":
+        """Nothing folds: a layer's qkv_proj also projects the context, which its input norm does not scale."""
+        return self
+
+    # ---- inference (paged pool, the head's kernel path) -----------------------------------------------------
+    def store_context(self, feature: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, kv: KVCache) -> None:
+        """feature [B, T, F] (target_feature at positions [B, T]) -> every layer's context K/V at slots [B, T]."""
+        if self._inv_freq.device != positions.device:
+            self._inv_freq = self._inv_freq.to(positions.device)
+        x = draft_linear(self.fc, self.invariant, feature.to(self.dtype)).reshape(-1, self.args.dim)  # [B*T, H]
+        pos, out = positions.reshape(-1), slots.reshape(-1)  # [B*T] each
+        if path_for(self.invariant) is KernelPath.STOCK:
+            x = self.hidden_norm(x)  # [B*T, H]
+        for layer in self.layers:
+            attn = layer.self_attn
+            Hkv, D = attn.n_kv_heads, attn.head_dim
+            k_cache, v_cache = kv.layer(attn.layer_id)  # [pages, page_size, Hkv, D] each
+            rope_args = (pos, self._inv_freq, k_cache.view(-1, Hkv, D), v_cache.view(-1, Hkv, D), out,
+                         attn.n_heads, Hkv, D)
+            if path_for(self.invariant) is KernelPath.STOCK:
+                rope_store(attn.qkv_proj(x), *rope_args)  # its q is not needed
+            else:  # hidden_norm inside the projection, as the invariant layers' input norms
+                proj.proj_rope_store(x, self.hidden_norm.weight, attn.qkv_proj.weight, attn.qkv_proj.bias,
+                                     *rope_args, self.args.norm_eps)
+
+    def forward_block(self, roots: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch,
+                      kv: KVCache) -> torch.Tensor:
+        """roots [B], positions [B, K] (seq_len + j), batch: out_slots [B, K], attn_mask [B, K, K] all True ->
+        the last layer's stream [B, K, H] (block_logits takes it)."""
+        if self._inv_freq.device != positions.device:
+            self._inv_freq = self._inv_freq.to(positions.device)
+        B, K = positions.shape
+        x = torch.cat([self.embed(roots[:, None]), self.mask_embedding.expand(B, K - 1, -1)], dim=1)  # [B, K, H]
+        for layer in self.layers:
+            x = layer(x.contiguous(), positions, self._inv_freq, batch, kv)  # [B, K, H]
+        return x
+
+    def block_logits(self, x: torch.Tensor) -> torch.Tensor:
+        """x [..., H] (forward_block's) -> fp32 logits [..., V] through the final norm and the target's LM head."""
+        if path_for(self.invariant) is KernelPath.INVARIANT:
+            w = self.target.lm_head.weight
+            x2d = x.reshape(-1, x.shape[-1]).to(w.dtype).contiguous()  # [M, H]
+            return proj.linear(x2d, w, norm_weight=self.norm.weight.to(w.dtype), eps=self.args.norm_eps).view(
+                *x.shape[:-1], -1).float()
+        return self.target.logits(self.norm(x).to(self.target.dtype))
+
+    def dep_bias(self, parents: torch.Tensor) -> torch.Tensor:
+        """parents [...] token ids -> the dependency term [..., V] fp32 of the rows that continue them."""
+        z = draft_linear(self.dep_in, self.invariant, self.embed(parents))  # [..., r]
+        return draft_linear(self.dep_out, self.invariant, z).float()  # [..., V]
+
+    # ---- training -----------------------------------------------------------------------------------------
+    def forward_dense(self, tokens: torch.Tensor, feature: torch.Tensor, anchors: torch.Tensor) -> torch.Tensor:
+        """tokens [B, T], feature [B, T, F] (target_feature), anchors [B, A] positions (>= 1; the block of
+        anchor a reads the context p < a, its root is tokens[a]) -> logits [B, A, K-1, V] fp32 of block rows
+        1..K-1 (row j predicts tokens[a + j]), the dependency term taken with the true parent tokens[a + j - 1].
+        Blocks running past T read the last token as their parents (their rows are out of the loss)."""
+        B, T = tokens.shape
+        A, K, H = anchors.shape[1], self.block_size, self.args.dim
+        dev = tokens.device
+        if self._inv_freq.device != dev:
+            self._inv_freq = self._inv_freq.to(dev)
+        j = torch.arange(K, device=dev)  # [K]
+        pos_b = (anchors[:, :, None] + j).reshape(B, A * K)  # [B, A*K]
+        pos_c = torch.arange(T, device=dev).expand(B, T)  # [B, T]
+        roots = tokens.gather(1, anchors)  # [B, A]
+        x = torch.cat([self.embed(roots)[:, :, None], self.mask_embedding.expand(B, A, K - 1, H)], dim=2)
+        x = x.reshape(B, A * K, H)  # [B, A*K, H]
+        c = rmsnorm_ref(self.fc(feature.to(self.dtype)), self.hidden_norm.weight, self.args.norm_eps)  # [B, T, H]
+        # a block row sees the context before its anchor and its own block
+        blk = torch.arange(A, device=dev).repeat_interleave(K)  # [A*K]
+        see_ctx = pos_c[:, None, :] < anchors.repeat_interleave(K, dim=1)[:, :, None]  # [B, A*K, T]
+        see_blk = (blk[:, None] == blk[None, :]).expand(B, A * K, A * K)  # [B, A*K, A*K]
+        mask = torch.cat([see_ctx, see_blk], dim=2)[:, None]  # [B, 1, A*K, T + A*K]
+        for layer in self.layers:
+            x = self._layer_dense(layer, x, c, pos_b, pos_c, mask)  # [B, A*K, H]
+        x = x.view(B, A, K, H)[:, :, 1:]  # [B, A, K-1, H]
+        logits = self.target.logits(rmsnorm_ref(x, self.norm.weight, self.args.norm_eps).to(self.target.dtype))
+        parent_at = (anchors[:, :, None] + j[:-1]).clamp(max=T - 1)  # [B, A, K-1]
+        parents = tokens.gather(1, parent_at.view(B, -1)).view(B, A, K - 1)  # [B, A, K-1]
+        return logits + self.dep_out(self.dep_in(self.embed(parents))).float()  # [B, A, K-1, V]
+
+    def _layer_dense(self, layer: DraftLayer, x, c, pos_b, pos_c, mask) -> torch.Tensor:
+        """One layer over the blocks' rows x [B, Q, H] and the context c [B, T, H] (normed), dense attention."""
+        attn = layer.self_attn
+        Hq, Hkv, D = attn.n_heads, attn.n_kv_heads, attn.head_dim
+        a = rmsnorm_ref(x, layer.input_layernorm.weight, layer.input_layernorm.eps)  # [B, Q, H]
+        q, kb, vb = attn.qkv_proj(a).split([Hq * D, Hkv * D, Hkv * D], dim=-1)
+        w, b = attn.qkv_proj.weight[Hq * D:], None if attn.qkv_proj.bias is None else attn.qkv_proj.bias[Hq * D:]
+        kc, vc = F.linear(c, w, b).split([Hkv * D, Hkv * D], dim=-1)  # [B, T, Hkv*D] each
+        q = rope_dense(q, pos_b, self._inv_freq, Hq)  # [B, Hq, Q, D]
+        k = torch.cat([rope_dense(kc, pos_c, self._inv_freq, Hkv), rope_dense(kb, pos_b, self._inv_freq, Hkv)], 2)
+        v = torch.cat([vc, vb], dim=1).unflatten(-1, (Hkv, D)).transpose(1, 2)  # [B, Hkv, T + Q, D]
+        G = Hq // Hkv
+        o = F.scaled_dot_product_attention(q, k.repeat_interleave(G, 1), v.repeat_interleave(G, 1), attn_mask=mask)
+        h = attn.o_proj(o.transpose(1, 2).flatten(2))  # [B, Q, H]
+        post = layer.post_attention_layernorm
+        h, residual = rmsnorm_ref(h, post.weight, post.eps, residual=x)  # [B, Q, H] each
+        return layer.mlp.down_proj(silu_and_mul_ref(layer.mlp.gate_up_proj(h))) + residual  # [B, Q, H]
