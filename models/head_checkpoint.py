@@ -31,6 +31,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
+from eaglet.models.block_head import BlockHead
 from eaglet.models.checkpoint import (
     SUPPORTED_ARCHITECTURES,
     CheckpointError,
@@ -39,7 +40,6 @@ from eaglet.models.checkpoint import (
     attention_defaults,
     save_hf_checkpoint,
 )
-from eaglet.models.block_head import BlockHead
 from eaglet.models.eagle import HEAD_CLASSES as EAGLE_HEADS
 from eaglet.models.eagle import DraftHead, Eagle3Head
 from eaglet.models.llama import ModelArgs, Transformer
