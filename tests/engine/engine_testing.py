@@ -49,6 +49,18 @@ def oracle_like(kind, target, num_layers=None):
     return head
 
 
+def oracle_block(target, block_size=5):
+    """A block drafter whose dependency term is the target's LM head over the parent's embedding (scaled up to
+    dominate the random forward): it proposes 'the target's next token after the parent', as `oracle_like`."""
+    H = target.args.dim
+    head = new_draft_head("block", target, num_layers=1, block_size=block_size, dep_rank=H, dtype=target.dtype,
+                          device=target.device)
+    with torch.no_grad():
+        head.dep_in.weight.copy_(torch.eye(H))
+        head.dep_out.weight.copy_(4 * target.lm_head.weight)
+    return head
+
+
 def ar_outputs(target, prompts, max_new, use_cuda_graph=None):
     """Plain greedy decoding's output ids, one list per prompt."""
     kv = KVCache.for_model(target.args, max_reqs=len(prompts), max_context=256, page_size=8, dtype=target.dtype,

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from engine_testing import PROMPTS, TREES, ar_outputs, oracle_like
+from engine_testing import PROMPTS, TREES, ar_outputs, oracle_block, oracle_like
 
 from eaglet.engine.drafter import DraftTree, drafter_class
+from eaglet.engine.drafters.block import BlockDrafter
 from eaglet.engine.drafters import drafter_modules
 from eaglet.engine.drafters.eagle import EagleDrafter
 from eaglet.engine.drafters.ngram import NgramDrafter
@@ -17,6 +18,7 @@ from eaglet.engine.speculative import SpeculativeEngine, TreeSpec
 
 # one way to build each drafter module's drafter for the tests; a module missing here fails the test below
 FACTORIES = {
+    "block": lambda target: BlockDrafter(oracle_block(target)),
     "eagle": lambda target: EagleDrafter(oracle_like("eagle1", target)),
     "ngram": lambda target: NgramDrafter(n_max=3, n_min=1),
 }

@@ -1,0 +1,83 @@
+"""The block drafter's tree from one forward (engine/drafters/block.py): `grow_tree` + `build_tree` equal a
+pure-Python construction of the same EAGLE-2 tree; the tree checks name the key to change."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from eaglet.engine.drafters.block import check_block_tree, grow_tree
+from eaglet.kernels.build_tree import build_tree
+
+
+def python_tree(base: list[list[float]], bias: list[list[float]], root: int, K: int, N: int):
+    """base[d][v]: logits of depth d+1; bias[p][v]: the dependency term after token p -> the tree as (tokens,
+    parent node of each node) with the root at node 0: per depth, each kept candidate's K best children by
+    log-prob, the K best of those by cumulative log-prob kept; then the N-1 best candidates (ties: earlier
+    candidate), in candidate order."""
+    def top(logits, k):
+        m = max(logits)
+        lse = m + math.log(sum(math.exp(x - m) for x in logits))
+        lp = [x - lse for x in logits]
+        return sorted(range(len(lp)), key=lambda v: (-lp[v], v))[:k], lp
+
+    cands = []  # (score, token, parent candidate index or -1)
+    ids, lp = top([b + c for b, c in zip(base[0], bias[root])], K)
+    kept = []
+    for t in ids:
+        kept.append(len(cands))
+        cands.append((lp[t], t, -1))
+    for d in range(1, len(base)):
+        step = []
+        for c in kept:
+            ids, lp = top([b + x for b, x in zip(base[d], bias[cands[c][1]])], K)
+            step += [(cands[c][0] + lp[t], t, c) for t in ids]
+        first = len(cands)
+        cands += step
+        kept = [first + i for i in sorted(range(len(step)), key=lambda i: (-step[i][0], i))[:K]]
+    chosen = sorted(sorted(range(len(cands)), key=lambda i: (-cands[i][0], i))[:N - 1])
+    node = {c: n + 1 for n, c in enumerate(chosen)}
+    return [root] + [cands[c][1] for c in chosen], [-1] + [0 if cands[c][2] < 0 else node[cands[c][2]]
+                                                         for c in chosen]
+
+
+@pytest.mark.parametrize("S, K, N", [(1, 1, 2), (4, 1, 5), (4, 3, 8), (5, 4, 16), (3, 4, 21)])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_tree_equals_python_construction(S, K, N, seed):
+    g = torch.Generator().manual_seed(seed)
+    B, V = 2, 40
+    base = 3 * torch.randn(B, S, V, generator=g)  # [B, S, V]
+    bias = 2 * torch.randn(V, V, generator=g)  # [V, V]: the term after each parent token
+    roots = torch.randint(0, V, (B,), generator=g)
+    seq_lens = torch.tensor([7, 30], dtype=torch.int32)
+    scores, tokens, parents = grow_tree(base, lambda p: bias[p], roots, K)
+    tree = build_tree(scores, tokens, parents, roots, seq_lens, N, K, S)
+    for b in range(B):
+        want_tok, want_par = python_tree(base[b].tolist(), bias.tolist(), int(roots[b]), K, N)
+        assert tree.draft_tokens[b].tolist() == want_tok
+        mask = tree.tree_mask[b]  # [N, N] ancestor-or-self
+        depth = mask.sum(-1) - 1
+        got_par = [-1] + [max((j for j in range(i) if mask[i, j] and depth[j] == depth[i] - 1)) for i in range(1, N)]
+        assert got_par == want_par
+        assert tree.positions[b].tolist() == (seq_lens[b] + depth).tolist()
+
+
+def test_dependency_term_conditions_children():
+    """With a zero base the children follow the term of their own parent, not their siblings'."""
+    V, K = 10, 2
+    bias = torch.full((V, V), -9.0)
+    for p in range(V):
+        bias[p, (p + 1) % V], bias[p, (p + 5) % V] = 3.0, 2.0  # after p: p+1, then p+5
+    scores, tokens, parents = grow_tree(torch.zeros(1, 2, V), lambda p: bias[p], torch.tensor([0]), K)
+    assert tokens[0, :K].tolist() == [1, 5]
+    assert tokens[0, K:].tolist() == [2, 6, 6, 0]  # children of 1, then of 5
+
+
+@pytest.mark.parametrize("args, msg", [((8, 1, 9, 8), r"tree.steps=8: a block of 8 rows"),
+                                       ((4, 3, 40, 8), "tree.num_draft_tokens=40"),
+                                       ((2, 50, 3, 8), "tree.topk=50")])
+def test_tree_checks_name_the_key(args, msg):
+    with pytest.raises(ValueError, match=msg):
+        check_block_tree(*args, vocab=40)
