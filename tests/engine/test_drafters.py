@@ -9,8 +9,8 @@ import torch
 from engine_testing import PROMPTS, TREES, ar_outputs, oracle_block, oracle_like
 
 from eaglet.engine.drafter import DraftTree, drafter_class
-from eaglet.engine.drafters.block import BlockDrafter
 from eaglet.engine.drafters import drafter_modules
+from eaglet.engine.drafters.block import BlockDrafter
 from eaglet.engine.drafters.eagle import EagleDrafter
 from eaglet.engine.drafters.ngram import NgramDrafter
 from eaglet.engine.requests import Request
