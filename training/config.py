@@ -25,14 +25,20 @@ from eaglet.runner.config import (
 )
 
 
+TRAIN_KINDS = HEAD_KINDS + ("block",)  # EAGLE heads and block drafters (models.head_checkpoint.KINDS, torch-free)
+
+
 def check_head(c: Checks) -> None:
     """train/head/*.yaml."""
-    kind = c.choice("train.head.kind", HEAD_KINDS)
+    kind = c.choice("train.head.kind", TRAIN_KINDS)
+    c.choice("train.head.export_dtype", DTYPE_NAMES)
+    c.path("train.head.init_from", "dir", null=True, what="a head directory (config.json + model.safetensors)")
+    if kind == "block":
+        check_block_head(c)
+        return
     steps = c.integer("train.head.ttt_length", lo=1)
     c.number("train.head.step_weight", lo=0, lo_open=True)
     c.number("train.head.accept_weight", lo=0)
-    c.choice("train.head.export_dtype", DTYPE_NAMES)
-    c.path("train.head.init_from", "dir", null=True, what="a head directory (config.json + model.safetensors)")
     if kind in ("eagle1", "multi_layer"):
         c.number("train.head.v_weight", lo=0)
         c.number("train.head.p_weight", lo=0)
@@ -53,6 +59,21 @@ def check_head(c: Checks) -> None:
             c.bad("train.head.resize_vocab", True, "resizes a warm-started head's vocabulary: set train.head.init_from")
     elif c.has("train.head.resize_vocab"):
         c.flag("train.head.resize_vocab")
+
+
+def check_block_head(c: Checks) -> None:
+    """train/head/block.yaml."""
+    c.integer("train.head.num_layers", lo=1)
+    c.integer("train.head.block_size", lo=2)
+    c.integer("train.head.dep_rank", lo=1)
+    c.integer("train.head.anchors", lo=1)
+    c.number("train.head.decay", lo=0, lo_open=True)
+    c.number("train.head.ce_weight", lo=0)
+    c.number("train.head.kl_weight", lo=0)
+    ids = c.value("train.head.target_layer_ids")
+    if ids is not None and not (len(ids) and all(isinstance(i, int) and i >= 0 for i in ids)
+                                and list(ids) == sorted(set(ids))):
+        c.bad("train.head.target_layer_ids", ids, "must be null or increasing target layer indices, e.g. [1,8,14,21,27]")
 
 
 def check_optim(c: Checks) -> None:

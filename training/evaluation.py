@@ -12,6 +12,7 @@ from omegaconf import DictConfig
 from eaglet.models.eagle import DraftHead
 from eaglet.models.head_checkpoint import save_draft_head
 from eaglet.models.llama import Transformer
+from eaglet.training.block_loss import block_hits
 from eaglet.training.chain_replay import step_hits
 from eaglet.training.features import OnlineFeatures
 
@@ -54,15 +55,16 @@ def evaluate_tau(target: Transformer, head: DraftHead, tree_cfg, prompts: list[l
     answer depends on the head's accept pattern (the verify's shapes), so two evaluations one optimiser step apart
     could score different texts (an H200 run logged eval/acc_0 0.482 and 0.464 at steps 1,526 and 1,527; how much
     of that was the texts was not measured)."""
-    from eaglet.engine.drafters.eagle import EagleDrafter
+    from eaglet.engine.drafter import drafter_class
     from eaglet.engine.requests import Request
     from eaglet.engine.speculative import SpeculativeEngine, TreeSpec
 
     tree = TreeSpec(tree_cfg.steps, tree_cfg.topk, tree_cfg.num_draft_tokens)
     ctx = min(max(len(p) for p in prompts) + max_new_tokens + 1, target.args.max_seq_len)
     draft = copy_head(head, target.dtype)
-    engine = SpeculativeEngine(target, EagleDrafter(draft), tree, max_batch=min(batch_size, len(prompts)),
-                               max_context=ctx,
+    block = head.KIND == "block"  # a block drafter (engine/drafters/block.py), else an EAGLE head
+    drafter = drafter_class("block" if block else "eagle")(draft)
+    engine = SpeculativeEngine(target, drafter, tree, max_batch=min(batch_size, len(prompts)), max_context=ctx,
                                eos_ids=sorted(eos_ids), use_cuda_graph=False)
     reqs = [Request(list(p), max_new_tokens, rid=i) for i, p in enumerate(prompts)]
     numerics = target.invariant
@@ -72,7 +74,8 @@ def evaluate_tau(target: Transformer, head: DraftHead, tree_cfg, prompts: list[l
     finally:
         target.set_invariant(numerics)  # the teacher-forced pass below: the training's numerics
     feats = OnlineFeatures(target, draft)
-    hits = torch.cat([step_hits(target, draft, feats, r.prompt_ids + r.output_ids, len(r.prompt_ids), tree.steps)
+    hits_of = block_hits if block else step_hits
+    hits = torch.cat([hits_of(target, draft, feats, r.prompt_ids + r.output_ids, len(r.prompt_ids), tree.steps)
                       for r in reqs])  # [rows, steps]
     acc = (hits.float().sum(0) / max(len(hits), 1)).tolist()
     return {"tau": s["tau"], "accept_rate_depth": s["accept_rate_depth"], "acc": acc}

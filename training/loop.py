@@ -22,7 +22,7 @@ status 143 / 130. Multi-GPU: `torchrun --nproc-per-node N train_draft.py ...` (D
 rank 0 logs, evaluates and writes checkpoints.
 
 Here: one optimiser step's gradients, the optimiser, the set-up and the loop (`_Run` holds its state). The
-objective is training/losses.py's, the processes and their collectives training/distributed.py's, checkpoints
+objective is training/losses.py's (EAGLE heads) or training/block_loss.py's (block drafters), the processes and their collectives training/distributed.py's, checkpoints
 and resume training/checkpoints.py's, the evaluations training/evaluation.py's.
 """
 
@@ -45,8 +45,8 @@ from torch import nn
 from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from eaglet.models.eagle import KINDS, DraftHead
-from eaglet.models.head_checkpoint import load_draft_head, new_draft_head, save_draft_head
+from eaglet.models.eagle import DraftHead
+from eaglet.models.head_checkpoint import KINDS, load_draft_head, new_draft_head, save_draft_head
 from eaglet.models.llama import Transformer
 from eaglet.runner.entry import console_logging, rerun_hint
 from eaglet.runner.signals import Interrupts
@@ -67,7 +67,8 @@ from eaglet.training.data import BatchSchedule, Sample, collate, draft_vocab, lo
 from eaglet.training.distributed import Dist, gathered, join, wrap
 from eaglet.training.evaluation import Evaluations, eval_prompt_ids
 from eaglet.training.features import OfflineFeatures, OnlineFeatures, build_offline_cache, cache_bytes
-from eaglet.training.losses import STATS, DraftObjective, step_counts, window_metrics
+from eaglet.training.block_loss import BlockObjective
+from eaglet.training.losses import STATS, DraftObjective, window_metrics
 
 EXPORT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 log = logging.getLogger("eaglet")
@@ -77,18 +78,20 @@ log = logging.getLogger("eaglet")
 # One optimiser step's gradients
 
 
-def accumulate_gradients(model: nn.Module, dd: Dist, batches, features, steps: int, autocast) -> tuple:
+def accumulate_gradients(model: nn.Module, dd: Dist, batches, features, objective, autocast) -> tuple:
     """Forward and backward of one optimiser step's micro-batches [(tokens [B, T], loss mask [B, T], sequence
-    indices)], on the model's device, gradients summed into .grad (DDP all-reduces them at the last one).
+    indices)], on the model's device, gradients summed into .grad (DDP all-reduces them at the last one);
+    `objective` is the model's unwrapped objective (its `prepare` and `counts`).
     -> (the step's loss summed over micro-batches, statistics [steps, len(STATS)] summed; this process's)."""
     device = next(model.parameters()).device
+    steps = objective.steps
+    batches = [(tokens.to(device), objective.prepare(mask.to(device)), idx) for tokens, mask, idx in batches]
     # rows of each unrolled step over the whole step (every micro-batch of every process): dividing each
     # micro-batch's sum by it makes accumulation and DDP's average exact (x world: DDP divides by world)
-    norm = dd.all_sum(sum(step_counts(m, steps) for _, m, _ in batches).to(device)) / dd.world  # [steps]
+    norm = dd.all_sum(sum(objective.counts(m) for _, m, _ in batches).to(device)) / dd.world  # [steps]
     loss_sum = torch.zeros((), device=device)
     stats_sum = torch.zeros(steps, len(STATS), dtype=torch.float64, device=device)
     for j, (tokens, mask, idx) in enumerate(batches):
-        tokens, mask = tokens.to(device), mask.to(device)
         feature, final_hidden = features(tokens, idx)  # [B, T, F], [B, T, H]
         last = j == len(batches) - 1
         ddp = isinstance(model, nn.parallel.DistributedDataParallel)
@@ -159,6 +162,8 @@ def build_head(hc: DictConfig, target: Transformer, samples: list[Sample], devic
             head = head.with_draft_vocab(draft_vocab(samples, target.args.vocab_size, hc.draft_vocab_size).to(device))
         return head.train()
     extra = {}
+    if hc.kind == "block":
+        extra = {"block_size": hc.block_size, "dep_rank": hc.dep_rank, "target_layer_ids": hc.target_layer_ids}
     if hc.kind == "eagle3" and hc.get("aux_layers"):
         extra["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": list(hc.aux_layers)}
     vocab = hc.get("draft_vocab_size") if hc.kind == "eagle3" else None
@@ -302,7 +307,7 @@ def _set_up(cfg: DictConfig, output_dir, target: Transformer | None, tokenizer) 
         raise ValueError("no training sequence has an assistant token; check data.* (limit, max_len)")
     torch.manual_seed(cfg.seed)
     head = build_head(hc, target, samples, device)
-    objective = DraftObjective(head, hc)
+    objective = BlockObjective(head, hc) if hc.kind == "block" else DraftObjective(head, hc)
     if tc.get("compile"):
         # one compiled graph for the unrolled head and its loss, dynamic over batch lengths: eagerly a step issues
         # thousands of ATen ops, and on an H200 it is host-bound on them (benchmarks/NOTES.md). The method, not
@@ -392,7 +397,7 @@ def _optimiser_step(run: _Run, autocast) -> torch.Tensor:
     tc = run.cfg.train
     local = [run.schedule.local_batch(run.position + j) for j in range(tc.grad_accum)]
     batches = [(*collate(run.samples, idx), idx) for idx in local]
-    loss_sum, stats = accumulate_gradients(run.model, run.dd, batches, run.features, run.objective.steps, autocast)
+    loss_sum, stats = accumulate_gradients(run.model, run.dd, batches, run.features, run.objective, autocast)
     grad_norm = torch.nn.utils.clip_grad_norm_(run.head.parameters(), run.cfg.train.optim.grad_clip or math.inf)
     if hasattr(grad_norm, "full_tensor"):  # FSDP: a DTensor over the shards
         grad_norm = grad_norm.full_tensor()
@@ -418,7 +423,7 @@ def _log(run: _Run, grad_norm: torch.Tensor, bar) -> None:
     dt = time.perf_counter() - w.t0 - w.pause
     run.last_log = {"train/loss": loss_avg, "train/lr": run.sched.get_last_lr()[0],
                     "train/grad_norm": float(grad_norm), "train/tokens_per_s": toks / dt,
-                    **window_metrics(stats, bool(run.objective.kw["v_weight"]))}
+                    **window_metrics(stats, run.objective.with_vloss)}
     if dd.main:
         run.tracker.log(run.last_log, step=run.step)
         with open(run.run_dir / "train_log.jsonl", "a") as f:

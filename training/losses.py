@@ -215,6 +215,18 @@ class DraftObjective(nn.Module):
     def steps(self) -> int:
         return self.kw["steps"]
 
+    @property
+    def with_vloss(self) -> bool:
+        return bool(self.kw["v_weight"])
+
+    def prepare(self, loss_mask: torch.Tensor) -> torch.Tensor:
+        """The micro-batch's mask as `forward` and `counts` take it (the loss mask itself)."""
+        return loss_mask
+
+    def counts(self, loss_mask: torch.Tensor) -> torch.Tensor:
+        """Rows of each unrolled step [steps] (`step_counts`)."""
+        return step_counts(loss_mask, self.steps)
+
     def forward(self, tokens, loss_mask, feature, final_hidden, norm):
         return draft_loss(self.head, tokens, loss_mask, feature, final_hidden, norm, **self.kw)
 

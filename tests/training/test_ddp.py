@@ -58,14 +58,15 @@ def _gradients(dd: Dist, batch: int, kind: str = "eagle3") -> tuple[dict[str, to
     hc = OmegaConf.create(HEADS[kind])
     torch.manual_seed(0)
     head = build_head(hc, target, samples, "cpu")
-    model = DraftObjective(head, hc)
+    objective = model = DraftObjective(head, hc)
     if dd.world > 1:
-        model = torch.nn.parallel.DistributedDataParallel(model)
+        model = torch.nn.parallel.DistributedDataParallel(objective)
     online = OnlineFeatures(target, head)
     glob = [list(range(j * 2 * B_LOCAL, (j + 1) * 2 * B_LOCAL)) for j in range(ACCUM)]  # global micro-batches
     local = [g[dd.rank * batch:(dd.rank + 1) * batch] for g in glob]
     batches = [(*collate(samples, idx), idx) for idx in local]
-    loss, _ = accumulate_gradients(model, dd, batches, lambda t, i: online(t), hc.ttt_length, contextlib.nullcontext())
+    loss, _ = accumulate_gradients(model, dd, batches, lambda t, i: online(t), objective,
+                                   contextlib.nullcontext())
     return {n: p.grad.clone() for n, p in head.named_parameters()}, float(dd.all_sum(loss) / dd.world)
 
 

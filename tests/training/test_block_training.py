@@ -1,0 +1,86 @@
+"""Training a block drafter (train/head=block: training/block_loss.py) on CPU: anchors and row counts, the loss
+falls, an interrupted run resumes bitwise, the evaluation decodes with the block drafter and the exported drafter
+loads."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from omegaconf import OmegaConf
+from safetensors.torch import load_file
+
+from eaglet.models.block_head import BlockHead
+from eaglet.models.head_checkpoint import load_draft_head, new_draft_head
+from eaglet.training.block_loss import ANCHOR, ASSISTANT, BlockObjective
+from eaglet.training.features import OnlineFeatures
+from eaglet.training.loop import train
+
+BLOCK = ("train.head.block_size=4", "train.head.anchors=6", "train.head.num_layers=1", "train.head.dep_rank=8")
+
+
+def log_of(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "train_log.jsonl").read_text().splitlines()]
+
+
+def objective(target, anchors=5, block_size=4):
+    torch.manual_seed(0)
+    head = new_draft_head("block", target, num_layers=1, block_size=block_size, dep_rank=8, dtype=torch.float32,
+                          device="cpu")
+    hc = OmegaConf.create({"anchors": anchors, "decay": 2.0, "ce_weight": 1.0, "kl_weight": 1.0})
+    return BlockObjective(head, hc)
+
+
+def test_anchors_are_answer_positions_and_counts_match_the_rows(target):
+    obj = objective(target)
+    g = torch.Generator().manual_seed(1)
+    tokens = torch.randint(0, 256, (3, 30), generator=g)
+    mask = torch.zeros(3, 30, dtype=torch.bool)
+    mask[0, 10:] = True
+    mask[1, 25:28] = True  # fewer answer positions than anchors
+    prepared = obj.prepare(mask)
+    anchor = (prepared & ANCHOR) > 0
+    assert torch.equal((prepared & ASSISTANT) > 0, mask)
+    assert anchor.sum(1).tolist() == [5, 3, 0]
+    a = anchor.nonzero()
+    assert bool(mask[a[:, 0], a[:, 1] + 1].all()) and bool((a[:, 1] >= 1).all())  # the next token is an answer's
+    feature, final = OnlineFeatures(target, obj.head)(tokens)
+    counts = obj.counts(prepared)  # [K-1]
+    loss, stats = obj(tokens, prepared, feature, final, counts)
+    assert stats[:, 0].tolist() == counts.tolist()  # STATS[0] = rows
+    assert counts[0] == 8 and bool(torch.isfinite(loss))
+
+
+def test_a_few_steps_reduce_the_loss(target, tmp_path, small_cfg):
+    cfg = small_cfg("block", *BLOCK, "data.synthetic.num=8", "train.batch_size=8", "train.steps=12",
+                    "train.optim.lr=3e-3", "train.optim.warmup_steps=1")
+    m = train(cfg, tmp_path / "run", target=target)
+    log = log_of(tmp_path / "run")
+    losses = [r["train/loss"] for r in log]
+    assert m["finished"] and m["ttt_length"] == 3  # block rows 1..3
+    assert losses[-1] < 0.8 * losses[0]
+    assert {f"train/{n}_{k}" for n in ("acc", "ploss", "expected_accept") for k in range(3)} <= set(log[-1])
+    assert all(log[-1][f"train/ploss_{k}"] < log[0][f"train/ploss_{k}"] for k in range(3))
+
+
+def test_interrupted_run_resumes_bitwise(target, tmp_path, small_cfg):
+    over = (*BLOCK, "train.steps=5", "train.grad_accum=2", "train.ckpt_every=2", "train.keep_last=0")
+    train(small_cfg("block", *over), tmp_path / "full", target=target)
+    m = train(small_cfg("block", *over, "train.stop_at_step=3"), tmp_path / "split", target=target)
+    assert not m["finished"]
+    train(small_cfg("block", *over), tmp_path / "split", target=target)  # resume=auto
+    a, b = (load_file(p / "checkpoints" / "step_00000005" / "model.safetensors")
+            for p in (tmp_path / "full", tmp_path / "split"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert [r["train/loss"] for r in log_of(tmp_path / "full")] == [r["train/loss"] for r in log_of(tmp_path / "split")]
+
+
+def test_evaluation_decodes_with_the_block_drafter_and_the_export_loads(target, tmp_path, small_cfg):
+    cfg = small_cfg("block", *BLOCK, "train.steps=2", "train.head.export_dtype=float32", "eval.every=1",
+                    "eval.num_prompts=2", "eval.max_new_tokens=6", "eval.prompt_len=8", "tree.steps=3",
+                    "tree.topk=2", "tree.num_draft_tokens=5")
+    m = train(cfg, tmp_path / "run", target=target)
+    assert m["eval/tau"] >= 1.0 and len(m["eval_history"][-1]["acc"]) == 3  # one accuracy per block row
+    head = load_draft_head(m["head_dir"], target)
+    assert isinstance(head, BlockHead) and head.block_size == 4
