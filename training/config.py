@@ -24,7 +24,6 @@ from eaglet.runner.config import (
     target_key,
 )
 
-
 TRAIN_KINDS = HEAD_KINDS + ("block",)  # EAGLE heads and block drafters (models.head_checkpoint.KINDS, torch-free)
 
 
@@ -73,7 +72,8 @@ def check_block_head(c: Checks) -> None:
     ids = c.value("train.head.target_layer_ids")
     if ids is not None and not (len(ids) and all(isinstance(i, int) and i >= 0 for i in ids)
                                 and list(ids) == sorted(set(ids))):
-        c.bad("train.head.target_layer_ids", ids, "must be null or increasing target layer indices, e.g. [1,8,14,21,27]")
+        c.bad("train.head.target_layer_ids", ids, "must be null or increasing target layer indices, e.g. "
+                                                  "[1,8,14,21,27]")
 
 
 def check_optim(c: Checks) -> None:

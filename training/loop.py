@@ -22,8 +22,9 @@ status 143 / 130. Multi-GPU: `torchrun --nproc-per-node N train_draft.py ...` (D
 rank 0 logs, evaluates and writes checkpoints.
 
 Here: one optimiser step's gradients, the optimiser, the set-up and the loop (`_Run` holds its state). The
-objective is training/losses.py's (EAGLE heads) or training/block_loss.py's (block drafters), the processes and their collectives training/distributed.py's, checkpoints
-and resume training/checkpoints.py's, the evaluations training/evaluation.py's.
+objective is training/losses.py's (EAGLE heads) or training/block_loss.py's (block drafters), the processes and
+their collectives training/distributed.py's, checkpoints and resume training/checkpoints.py's, the evaluations
+training/evaluation.py's.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ from eaglet.models.llama import Transformer
 from eaglet.runner.entry import console_logging, rerun_hint
 from eaglet.runner.signals import Interrupts
 from eaglet.runner.tracking import Tracker, environment
+from eaglet.training.block_loss import BlockObjective
 from eaglet.training.checkpoints import (
     check_batch_settings,
     clear_run_dir,
@@ -67,7 +69,6 @@ from eaglet.training.data import BatchSchedule, Sample, collate, draft_vocab, lo
 from eaglet.training.distributed import Dist, gathered, join, wrap
 from eaglet.training.evaluation import Evaluations, eval_prompt_ids
 from eaglet.training.features import OfflineFeatures, OnlineFeatures, build_offline_cache, cache_bytes
-from eaglet.training.block_loss import BlockObjective
 from eaglet.training.losses import STATS, DraftObjective, window_metrics
 
 EXPORT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
