@@ -3,8 +3,8 @@ forward, DFlash-style, and its dependency term turns that one forward into a tre
 
   propose  one forward of the block [root, mask, ...] at seq_len .. seq_len + block_size - 1 over the context in the
            head's pool -> base logits of depths 1..S; then, per depth, the K kept candidates' children: top-K of
-           log_softmax(base[d] + dep_bias(candidate)), EAGLE-2's selection of the K best of K*K by cumulative
-           log-prob (`grow_tree`), and `build_tree` -> the N best candidates as the verify's tree
+           log_softmax(base[d] + dependency term of the candidate), EAGLE-2's selection of the K best of K*K by
+           cumulative log-prob (`grow_tree`), and `build_tree` -> the N best candidates as the verify's tree
   update   the accepted path's target features (root, a1..am at seq_len ..) written into the pool as context
   prefill  the prompt's target features written the same way
 
@@ -25,23 +25,24 @@ from eaglet.kernels.topk import topk_logprobs
 from eaglet.models.kv_cache import ForwardBatch, slots_for
 
 
-def grow_tree(base: torch.Tensor, dep_bias, roots: torch.Tensor, K: int):
-    """base [B, S, V] fp32 logits of depths 1..S, dep_bias(parents [B, n]) -> [B, n, V], roots [B] -> the EAGLE-2
-    candidates in `build_tree`'s layout: scores, tokens, parents [B, C] (C = K + (S-1)*K*K)."""
-    B, S, _ = base.shape
-    dev = base.device
+def grow_tree(children, roots: torch.Tensor, S: int, K: int):
+    """children(d, parents [B, n]) -> fp32 logits [B, n, V] of depth d+1 after those parent tokens (d = 0: the
+    roots [B]) -> the EAGLE-2 candidates of S depths, K kept a depth, in `build_tree`'s layout: scores, tokens,
+    parents [B, C] (C = K + (S-1)*K*K)."""
+    B = roots.shape[0]
+    dev = roots.device
     C = num_candidates(K, S)
     scores = torch.empty(B, C, dtype=torch.float32, device=dev)  # [B, C]
     tokens = torch.empty(B, C, dtype=torch.long, device=dev)  # [B, C]
     parents = torch.empty(B, C, dtype=torch.long, device=dev)  # [B, C]
-    cur_lp, cur_tok = topk_logprobs(base[:, 0] + dep_bias(roots[:, None])[:, 0], K)  # [B, K] each
+    cur_lp, cur_tok = topk_logprobs(children(0, roots[:, None])[:, 0], K)  # [B, K] each
     scores[:, :K], tokens[:, :K], parents[:, :K] = cur_lp, cur_tok, -1
     cur_flat = torch.arange(K, device=dev).expand(B, K)  # [B, K]
     # expand_step also carries a head's hidden state and draft mask: one column each, unused here
     h = torch.zeros(B, K, 1, device=dev)  # [B, K, 1]
     mask = torch.zeros(B, K, 1, dtype=torch.bool, device=dev)  # [B, K, 1]
     for d in range(1, S):
-        lp, tk = topk_logprobs(base[:, d, None] + dep_bias(cur_tok), K)  # [B, K, K] each
+        lp, tk = topk_logprobs(children(d, cur_tok), K)  # [B, K, K] each
         cur_lp, cur_tok, cur_flat, _, _ = expand_step(cur_lp, lp, tk, cur_flat, mask, h, scores, tokens, parents,
                                                        K + (d - 1) * K * K, None, keep_ancestors=False)
     return scores, tokens, parents
@@ -131,6 +132,12 @@ class BlockDrafter(Drafter):
         self.tree, self.max_context = tree, max_context + self.head.block_size
         self.kv = self.head.kv_cache(max_reqs=max_batch, max_context=self.max_context, page_size=page_size,
                                      num_pages=num_pages, dtype=target.dtype, device=device)
+        # the dependency term as two fp32 tables: a depth's children logits are then one gather and one batched
+        # GEMM that adds the base logits (`_children`), instead of an embedding, two projections and an add
+        with torch.no_grad():
+            h = self.head
+            self.dep_in = h.dep_in(h.embed(torch.arange(target.args.vocab_size, device=device))).float()  # [V, r]
+            self.dep_out = h.dep_out.weight.t().float().contiguous()  # [r, V]
 
     def alloc_request(self, row: int) -> None:
         if self.kv.alloc_request() != row:
@@ -164,7 +171,11 @@ class BlockDrafter(Drafter):
         batch = ForwardBatch(pt, seq_lens, slots_for(pt, pos, self.kv.page_size), full, self.max_context)
         x = self.head.forward_block(roots, pos, batch, self.kv)  # [B, Kb, H]
         base = self.head.block_logits(x[:, 1:S + 1])  # [B, S, V]
-        scores, tokens, parents = grow_tree(base, self.head.dep_bias, roots, K)  # [B, C] each
+
+        def children(d, parents):  # [B, n] -> [B, n, V]: depth d+1's base logits plus each parent's term
+            return torch.baddbmm(base[:, d, None], self.dep_in[parents], self.dep_out.expand(B, -1, -1))
+
+        scores, tokens, parents = grow_tree(children, roots, S, K)  # [B, C] each
         tree = build_tree(scores, tokens, parents, roots, seq_lens, N, K, S)
         return DraftTree(tree.draft_tokens, tree.positions, tree.retrieve_next_token, tree.retrieve_next_sibling,
                          tree.tree_mask)

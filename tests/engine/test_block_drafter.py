@@ -52,7 +52,7 @@ def test_tree_equals_python_construction(S, K, N, seed):
     bias = 2 * torch.randn(V, V, generator=g)  # [V, V]: the term after each parent token
     roots = torch.randint(0, V, (B,), generator=g)
     seq_lens = torch.tensor([7, 30], dtype=torch.int32)
-    scores, tokens, parents = grow_tree(base, lambda p: bias[p], roots, K)
+    scores, tokens, parents = grow_tree(lambda d, p: base[:, d, None] + bias[p], roots, S, K)
     tree = build_tree(scores, tokens, parents, roots, seq_lens, N, K, S)
     for b in range(B):
         want_tok, want_par = python_tree(base[b].tolist(), bias.tolist(), int(roots[b]), K, N)
@@ -70,7 +70,7 @@ def test_dependency_term_conditions_children():
     bias = torch.full((V, V), -9.0)
     for p in range(V):
         bias[p, (p + 1) % V], bias[p, (p + 5) % V] = 3.0, 2.0  # after p: p+1, then p+5
-    scores, tokens, parents = grow_tree(torch.zeros(1, 2, V), lambda p: bias[p], torch.tensor([0]), K)
+    scores, tokens, parents = grow_tree(lambda d, p: bias[p], torch.tensor([0]), 2, K)
     assert tokens[0, :K].tolist() == [1, 5]
     assert tokens[0, K:].tolist() == [2, 6, 6, 0]  # children of 1, then of 5
 
@@ -81,3 +81,40 @@ def test_dependency_term_conditions_children():
 def test_tree_checks_name_the_key(args, msg):
     with pytest.raises(ValueError, match=msg):
         check_block_tree(*args, vocab=40)
+
+
+def test_propose_equals_the_python_tree_of_the_heads_logits(target):
+    """The drafter's propose (the block forward over the prefilled context, its dependency tables) equals the
+    pure-Python tree of the head's own block logits and dependency term."""
+    from engine_testing import oracle_block
+
+    from eaglet.engine.drafters.block import BlockDrafter
+    from eaglet.engine.requests import Request
+    from eaglet.engine.speculative import SpeculativeEngine, TreeSpec
+    from eaglet.models.kv_cache import ForwardBatch, slots_for
+
+    head = oracle_block(target, block_size=5)
+    with torch.no_grad():
+        head.dep_out.weight.mul_(0.3)  # the term and the forward both decide
+    spec = TreeSpec(4, 3, 10)
+    drafter = BlockDrafter(head)
+    eng = SpeculativeEngine(target, drafter, spec, max_batch=2, max_context=64, page_size=8)
+    reqs = [Request(p, 8, rid=i) for i, p in enumerate([[5, 17, 33, 2, 9], [100, 3]])]
+    for r in reqs:
+        r.row = eng.kv_t.alloc_request()
+        drafter.alloc_request(r.row)
+        eng.kv_t.reserve(r.row, 40)
+        drafter.reserve([(r.row, 40)])
+    with torch.inference_mode():
+        roots, seq_lens, _ = eng._prefill(reqs)
+        rows = torch.tensor([r.row for r in reqs])
+        tree = drafter.propose(seq_lens, roots, rows)
+        bias = head.dep_bias(torch.arange(target.args.vocab_size))  # [V, V]
+        for b in range(2):
+            pt = drafter.kv.req_to_page[rows[b:b + 1]]
+            pos = seq_lens[b].long() + torch.arange(5)[None]  # [1, K]
+            batch = ForwardBatch(pt, seq_lens[b:b + 1], slots_for(pt, pos, 8), torch.ones(1, 5, 5, dtype=torch.bool),
+                                 drafter.max_context)
+            base = head.block_logits(head.forward_block(roots[b:b + 1], pos, batch, drafter.kv)[:, 1:])[0]  # [4, V]
+            want, _ = python_tree(base.tolist(), bias.tolist(), int(roots[b]), 3, 10)
+            assert tree.tokens[b].tolist() == want

@@ -98,6 +98,28 @@ def test_greedy_is_lossless(target, module, tree, batch):
     assert stats.summary(TREES[tree].steps)["tau"] > 1.0  # the drafter's proposals are taken, not only the bonus
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA/ROCm GPU")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("tree", list(TREES))
+@pytest.mark.parametrize("module", sorted(FACTORIES))
+def test_greedy_is_lossless_gpu_cuda_graphs(target, module, tree, dtype):
+    """Every drafter on the GPU, its draft and update captured as CUDA graphs, B=2: speculative == plain greedy
+    (bf16 with the invariant numerics, as runner/run.py runs it; a drafter with a model runs the target's kernels)."""
+    from eaglet.models.llama import Transformer
+
+    gpu = Transformer.from_state_dict(target.args, target.state_dict(), dtype, "cuda")
+    gpu.set_invariant(dtype == torch.bfloat16)
+    drafter = FACTORIES[module](gpu)
+    if hasattr(drafter, "head"):
+        drafter.head.set_invariant(gpu.invariant)
+    want = ar_outputs(gpu, LOOPY, 40)
+    eng = SpeculativeEngine(gpu, drafter, TREES[tree], max_batch=2, max_context=256, page_size=8, use_cuda_graph=True)
+    reqs = [Request(p, 40, rid=i) for i, p in enumerate(LOOPY)]
+    stats = eng.generate(reqs)
+    assert [r.output_ids for r in reqs] == want
+    assert stats.summary(TREES[tree].steps)["tau"] > 1.0
+
+
 def test_ngram_tree_merges_shared_prefixes():
     """Matches whose continuations share a prefix share its nodes; the rest pad the tree."""
     d = NgramDrafter(n_max=1)

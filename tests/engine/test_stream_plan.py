@@ -111,7 +111,7 @@ def run_plan(plan, sleep=0, sanitizer=False, graphs=True, max_new=24, drafter="e
 
 
 @gpu
-@pytest.mark.parametrize("drafter", ["eagle", "ngram"])  # every drafter under every safe plan, CUDA graphs on
+@pytest.mark.parametrize("drafter", ["eagle", "ngram", "block"])  # every drafter under every safe plan, CUDA graphs on
 @pytest.mark.parametrize("plan", ["serial", "overlap_wait_stream", "overlap_event", "overlap_split"])
 def test_safe_plans_are_identical_to_plain_decoding(plan, drafter):
     out = run_plan(plan, drafter=drafter)
