@@ -32,13 +32,21 @@
 #   drafters   the drafter table: each drafter of DRAFTERS (default eagle3 ngram) on MT-bench first turns, HumanEval and
 #              held-out ShareGPT (DATASETS) at B=1 and 8 (BATCHES), each run with its AR pass, defaults otherwise
 #              (invariant numerics, tree 5/4/8; DRAFTER_ARGS: more overrides), one line per run (summarize_runs.py)
+#   block      the block drafter (train/head=block; BLOCK_ARGS: more overrides) trained on every GPU for what is left of
+#              BUDGET_S minus EVAL_S, on SELFGEN's chunks (a synthesize.py out_dir) or else regenerated ShareGPT, its
+#              cosine schedule BLOCK_STEPS long and resumable: BLOCK_RUN (default $KEEP/block_run) continues in the next
+#              call while the machine is warm (its checkpoints, ~200 MB with AdamW's state, do not travel back); then
+#              the exported drafter on the 80 MT-bench first turns at B=1 (each run with its AR pass) for each tree of
+#              BLOCK_TREES (steps/topk/tokens) beside the EAGLE-3 head's default run; OUT/block.tgz.* parts
+#   block_l8b  random Llama-3.1-8B weights, tree=simulate, B=1: a random block drafter (L8B_LAYERS layers, default 2)
+#              beside the EAGLE-3 head, step and draft times against the weight-read floors
 #   lossless   bf16 greedy speculative vs plain decoding on the 80 MT-bench first turns (invariant numerics):
 #              each head kind of LOSSLESS_HEADS (default eagle3 eagle1 multi_layer) x chain/eagle2 x B 1/8; the
 #              shipped EAGLE-3 head, EAGLE-1 and multi-layer heads trained here for HEAD_S seconds each
 # Results go to OUT (default $OUT, else ./gpu_out); tables are printed last.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-stage=${1:?stage: tests | invariant | e2e | ar | kernels | ablation | regen | synth | train | experiments | trees | scaling | lossless | drafters}
+stage=${1:?stage: tests | invariant | e2e | ar | kernels | ablation | regen | synth | train | experiments | trees | scaling | lossless | drafters | block | block_l8b}
 out=${2:-${OUT:-gpu_out}}
 mkdir -p "$out"
 source scripts/offline_gpu_env.sh
@@ -312,6 +320,38 @@ print(m['num_tokens'] / m['num_sequences'])")
     tar cz -C /tmp --exclude=wandb --exclude=trace.json --exclude=outputs.jsonl exp train/{eagle1,multi_layer}.log \
       train/{eagle1,multi_layer}/{train_log.jsonl,metrics.json} > "$out/runs.tgz"
     cat "$out"/compare_heads/runs.md "$out"/datasets/runs.md ;;
+  block)
+    train_setup
+    run_dir=${BLOCK_RUN:-$KEEP/block_run} ev=${EVAL_S:-150} R=/tmp/block; mkdir -p $R "$run_dir"
+    [[ -n ${SELFGEN:-} ]] && train_args+=(data.source=selfgen data.selfgen.dir="$SELFGEN")
+    # the time limit counts from the trainer's start: loading and the export fit in the 40 s left over
+    launch "$ngpu" "$run_dir" train/head=block train.steps=${BLOCK_STEPS:-4000} eval.every=0 train.ckpt_every=250 \
+      train.keep_last=1 train.time_limit_s=$(($(left) - ev - 40)) ${BLOCK_ARGS:-}
+    export CUDA_VISIBLE_DEVICES=0
+    run1() { local name=$1; shift; timeout ${RUN_S:-120} python run_spec.py hydra.run.dir=$R/$name logger=none \
+               print_answers=0 target.path="$smol" data.max_turns=1 gen.batch_size=1 "$@" > $R/$name.log 2>&1 ||
+               tail -3 $R/$name.log; }
+    run1 eagle3_b1
+    for t in ${BLOCK_TREES:-7/1/8 6/4/16 5/4/8}; do
+      IFS=/ read -r st k n <<< "$t"
+      run1 block_${st}_${k}_${n}_b1 draft=block draft.path="$run_dir/head" tree.steps=$st tree.topk=$k \
+        tree.num_draft_tokens=$n
+    done
+    python scripts/summarize_runs.py $R/* | tee "$out/block.md"
+    # the exported drafter, its logs and the runs (cat block.tgz.* | tar xz)
+    tar cz --exclude=wandb --exclude=.hydra --exclude=checkpoints --exclude=trace.json --exclude=outputs.jsonl \
+      -C "$(dirname "$run_dir")" "$(basename "$run_dir")" -C /tmp block | split -b 15M - "$out/block.tgz." ;;
+  block_l8b)
+    R=/tmp/block_l8b; mkdir -p $R
+    r8=(target=random_llama3_8b data=synthetic data.limit=1 data.prompt_len=1024 gen.max_new_tokens=256 gen.batch_size=1
+        stream=serial tree=simulate logger=none)
+    for d in block eagle3; do
+      extra=(draft=$d draft.random_init=true)
+      [[ $d == block ]] && extra+=(draft.num_layers=${L8B_LAYERS:-2})
+      timeout ${RUN_S:-240} python run_spec.py hydra.run.dir=$R/l8b_${d}_sim "${r8[@]}" "${extra[@]}" \
+        > $R/l8b_$d.log 2>&1 || tail -3 $R/l8b_$d.log
+    done
+    python scripts/summarize_runs.py $R/* | tee "$out/block_l8b.md" ;;
   drafters)
     train_setup >/dev/null 2>&1
     R=/tmp/drafters; mkdir -p $R
