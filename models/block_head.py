@@ -50,8 +50,10 @@ def default_layer_ids(target_n_layers: int, n: int = 5) -> list[int]:
 
 
 class BlockHead(DraftHead):
+    """A DraftHead for what heads share (config.json and checkpoint layout, the target's embedding, the paged pool,
+    the kernel path); its forwards are its own: `forward_block` (inference) and `forward_dense` (training)."""
+
     KIND, ARCHITECTURE, FC_BIAS = "block", ARCH_BLOCK, False
-    DRAFT_ANCESTORS_CACHED = True  # unused: the block has no per-depth draft steps
 
     def __init__(self, config: dict, target):
         super().__init__(config, target)
@@ -62,19 +64,22 @@ class BlockHead(DraftHead):
         ids = list(config.get("target_layer_ids") or default_layer_ids(t.n_layers))
         if not ids or ids != sorted(set(ids)) or not all(0 <= i < t.n_layers for i in ids):
             raise ValueError(f"block drafter target_layer_ids={ids}: increasing layer indices in [0, {t.n_layers})")
-        self.config = dict(config, target_layer_ids=ids)
-        self.block_size = int(config.get("block_size", 8))
+        self.block_size = int(config.get("block_size") or 8)
         if self.block_size < 2:
             raise ValueError(f"block drafter block_size={self.block_size}: the root and at least one mask row")
+        rank = int(config.get("dep_rank") or 64)
+        self.config = dict(config, target_layer_ids=ids, block_size=self.block_size, dep_rank=rank)  # config.json
         self.fc = nn.Linear(len(ids) * t.dim, a.dim, bias=False)
         self.hidden_norm = RMSNorm(a.dim, a.norm_eps)
         self.layers = nn.ModuleList(DraftLayer(a, i, input_norm=True) for i in range(a.n_layers))
         self.norm = RMSNorm(a.dim, a.norm_eps)
         self.mask_embedding = nn.Parameter(torch.randn(a.dim) * 0.02)  # [H]
-        rank = int(config.get("dep_rank", 64))
         self.dep_in = nn.Linear(t.dim, rank, bias=False)
         self.dep_out = nn.Linear(rank, t.vocab_size, bias=False)
         nn.init.zeros_(self.dep_out.weight)
+
+    def forward(self, *args, **kwargs):
+        raise TypeError("a block drafter runs forward_block (inference) or forward_dense (training)")
 
     # ---- what the engine and the trainer ask ----------------------------------------------------------------
     @property
