@@ -138,6 +138,11 @@ RUN_SPEC_BAD = [
     (["draft.path=/no/such/head"], "draft.path"),
     (["draft.path={empty_dir}"], "draft.path"),  # a folder without config.json and weights
     (["draft=ngram", "draft.n_min=5"], "draft.n_min"),  # above n_max
+    (["draft=block"], "draft.path"),  # eaglet ships no block drafter for SmolLM2 (yet)
+    (["draft=block", "draft.path={empty_dir}"], "draft.path"),
+    (["draft=block", "draft.path={shipped_eagle3}"], "draft.path"),  # an EAGLE-3 head
+    (["draft=block", "draft.random_init=true", "draft.block_size=1"], "draft.block_size"),
+    (["draft=block", "draft.random_init=true", "tree.steps=8"], "tree.steps"),  # a block of 8 drafts 7 depths
     (["draft.drafter=medusa"], "draft.drafter"),
     (["draft=eagle1", "draft.path={shipped_eagle3}"], "draft"),
     (["tree.num_draft_tokens=100"], "tree.num_draft_tokens"),
@@ -190,6 +195,9 @@ TRAIN_BAD = [
     (["train.resume=null"], "train.resume"),  # the run dir holds another run's checkpoints
     (["train/head=multi_layer", "train.head.ttt_length=2"], "train.head.ttt_length"),
     (["train.head.accept_weight=-1"], "train.head.accept_weight"),
+    (["train/head=block", "train.head.block_size=1"], "train.head.block_size"),
+    (["train/head=block", "train.head.target_layer_ids=[5,2]"], "train.head.target_layer_ids"),
+    (["train/head=block", "train.head.block_size=4"], "tree.steps"),  # the evaluation's tree: 5 depths
     (["train.fsdp=true"], "train.fsdp"),
     (["train.head.resize_vocab=true"], "train.head.resize_vocab"),
     (["train/head=eagle1", "+train.head.resize_vocab=true", "train.head.init_from={run}"], "train.head.resize_vocab"),
@@ -386,9 +394,11 @@ def test_the_checks_know_the_engines_names():
     from eaglet.engine.drafters.eagle_config import HEAD_KINDS
     from eaglet.engine.stream_plan import PLANS
     from eaglet.models.eagle import KINDS
+    from eaglet.models.head_checkpoint import KINDS as TRAINABLE
     from eaglet.runner.config import STREAM_PLANS
+    from eaglet.training.config import TRAIN_KINDS
 
-    assert HEAD_KINDS == KINDS and STREAM_PLANS == PLANS
+    assert HEAD_KINDS == KINDS and STREAM_PLANS == PLANS and TRAIN_KINDS == TRAINABLE
 
 
 def test_run_task_turns_interrupts_and_config_errors_into_exit_statuses(tmp_path, capsys, caplog):

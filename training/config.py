@@ -63,12 +63,16 @@ def check_head(c: Checks) -> None:
 def check_block_head(c: Checks) -> None:
     """train/head/block.yaml."""
     c.integer("train.head.num_layers", lo=1)
-    c.integer("train.head.block_size", lo=2)
+    block = c.integer("train.head.block_size", lo=2)
     c.integer("train.head.dep_rank", lo=1)
     c.integer("train.head.anchors", lo=1)
     c.number("train.head.decay", lo=0, lo_open=True)
     c.number("train.head.ce_weight", lo=0)
     c.number("train.head.kl_weight", lo=0)
+    steps = c.value("tree.steps")
+    if block is not None and isinstance(steps, int) and c.value("eval.every") and steps > block - 1:
+        c.bad("tree.steps", steps, f"the evaluation's tree drafts at most train.head.block_size - 1 = {block - 1} "
+                                   f"depths; lower tree.steps or raise train.head.block_size")
     ids = c.value("train.head.target_layer_ids")
     if ids is not None and not (len(ids) and all(isinstance(i, int) and i >= 0 for i in ids)
                                 and list(ids) == sorted(set(ids))):
