@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 
 from eaglet.engine.drafter import Drafter, DraftTree, PrefillBatch, register
+from eaglet.engine.drafters.eagle import check_eagle_tree
 from eaglet.engine.drafters.eagle_config import head_dir, no_head
 from eaglet.kernels.build_tree import build_tree, num_candidates
 from eaglet.kernels.draft_expand import expand_step
@@ -49,15 +50,10 @@ def grow_tree(children, roots: torch.Tensor, S: int, K: int):
 
 
 def check_block_tree(steps: int, topk: int, num_draft_tokens: int, block_size: int, vocab: int) -> None:
-    """A tree of `steps` depths from one block of `block_size` rows (the root and block_size - 1 mask rows)."""
+    """An EAGLE-2 tree of `steps` depths from one block of `block_size` rows (the root and block_size - 1 mask rows)."""
     if steps > block_size - 1:
         raise ValueError(f"tree.steps={steps}: a block of {block_size} rows drafts at most {block_size - 1} depths")
-    if topk > vocab:
-        raise ValueError(f"tree.topk={topk} exceeds the vocabulary ({vocab} tokens)")
-    cap = num_candidates(topk, steps) + 1
-    if num_draft_tokens > cap:
-        raise ValueError(f"tree.num_draft_tokens={num_draft_tokens} is more than a tree of steps={steps}, "
-                         f"topk={topk} can hold ({cap} with the root); lower it or raise tree.steps/topk")
+    check_eagle_tree(steps, topk, num_draft_tokens, vocab)
 
 
 @register("block")

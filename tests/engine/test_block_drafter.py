@@ -77,7 +77,7 @@ def test_dependency_term_conditions_children():
 
 @pytest.mark.parametrize("args, msg", [((8, 1, 9, 8), r"tree.steps=8: a block of 8 rows"),
                                        ((4, 3, 40, 8), "tree.num_draft_tokens=40"),
-                                       ((2, 50, 3, 8), "tree.topk=50")])
+                                       ((2, 50, 3, 8), "tree.topk=50 exceeds the draft vocabulary")])
 def test_tree_checks_name_the_key(args, msg):
     with pytest.raises(ValueError, match=msg):
         check_block_tree(*args, vocab=40)
