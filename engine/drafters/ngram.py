@@ -10,6 +10,8 @@ against the earlier history (kernels/ngram_match.py) and proposes what followed 
   update   the accepted path and the bonus written into the history
   prefill  the prompt and the first token written into the history
 
+`NgramBranches` adds the same n-gram proposals as branches of another drafter's tree (`draft.ngram_branches`).
+
 Everything is on the device and of fixed shape (no host sync), so the draft and the update are CUDA graphs. The
 history row of a request is its KV row; its valid length is seq_len + 1 (the cached tokens and the root).
 """
@@ -27,7 +29,7 @@ from eaglet.kernels.ngram_match import MAX_M, MAX_N, ngram_match
 class NgramDrafter(Drafter):
     name = "ngram"
 
-    def __init__(self, n_max: int, n_min: int = 1):
+    def __init__(self, n_max: int = 4, n_min: int = 1):  # conf/draft/ngram.yaml's defaults
         if not 1 <= n_min <= n_max <= MAX_N:
             raise ValueError(f"draft.n_min={n_min}, draft.n_max={n_max}: need 1 <= n_min <= n_max <= {MAX_N}")
         self.n_max, self.n_min = n_max, n_min
@@ -100,3 +102,58 @@ def check_ngram_tree(steps: int, topk: int, num_draft_tokens: int) -> None:
     if num_draft_tokens > cap:
         raise ValueError(f"tree.num_draft_tokens={num_draft_tokens} is more than {topk} matches of {steps} tokens "
                          f"can fill ({cap} with the root); lower it or raise tree.steps/topk")
+
+
+class NgramBranches(Drafter):
+    """Another drafter's tree plus n-gram branches (`draft.ngram_branches=K` on the EAGLE configs): what followed the
+    K most recent matches of the history's suffix, up to S = tree.steps tokens each, grafted onto the drafter's tree
+    as a trie (engine/drafters/_trie.py), so a loop the drafter misses is still proposed. The verify sees
+    `num_nodes(tree)` = the drafter's N + K*S nodes, the branch slots left over as padding. The history is the n-gram
+    drafter's own (its prefill and update); everything else is the drafter's."""
+
+    def __init__(self, base: Drafter, branches: int, ngram: NgramDrafter | None = None):
+        if not 1 <= branches <= MAX_M:
+            raise ValueError(f"draft.ngram_branches={branches}: need 1..{MAX_M} (0: no branches)")
+        self.base, self.branches, self.ngram = base, branches, ngram or NgramDrafter()
+        self.name, self.feature_size = f"{base.name}+ngram", base.feature_size
+
+    def capture_layers(self, n_layers: int) -> tuple[int, ...]:
+        return self.base.capture_layers(n_layers)
+
+    def target_feature(self, hidden, captured):
+        return self.base.target_feature(hidden, captured)
+
+    def check_tree(self, steps: int, topk: int, num_draft_tokens: int) -> None:
+        self.base.check_tree(steps, topk, num_draft_tokens)
+
+    def num_nodes(self, tree) -> int:
+        return self.base.num_nodes(tree) + self.branches * tree.steps
+
+    def setup(self, **kw) -> None:
+        self.base.setup(**kw)
+        self.ngram.setup(**kw)
+
+    def alloc_request(self, row: int) -> None:
+        self.base.alloc_request(row)
+
+    def free_request(self, row: int) -> None:
+        self.base.free_request(row)
+
+    def reserve(self, bounds: list[tuple[int, int]]) -> None:
+        self.base.reserve(bounds)
+
+    def state_spec(self, device):
+        return self.base.state_spec(device)
+
+    def prefill(self, batch: PrefillBatch) -> dict[str, torch.Tensor]:
+        self.ngram.prefill(batch)
+        return self.base.prefill(batch)
+
+    def propose(self, seq_lens, roots, rows, **state) -> DraftTree:
+        tree = self.base.propose(seq_lens, roots, rows, **state)  # [B, N] ...
+        paths = self.ngram.continuations(seq_lens, rows, self.branches)  # [B, K, S]
+        return graft(tree, paths, self.branches * paths.shape[2])  # [B, N + K*S] ...
+
+    def update(self, tokens, feats, accept_index, accept_len, bonus, seq_lens, rows, **state):
+        self.ngram.update(tokens, feats, accept_index, accept_len, bonus, seq_lens, rows)
+        return self.base.update(tokens, feats, accept_index, accept_len, bonus, seq_lens, rows, **state)
