@@ -138,6 +138,8 @@ RUN_SPEC_BAD = [
     (["draft.path=/no/such/head"], "draft.path"),
     (["draft.path={empty_dir}"], "draft.path"),  # a folder without config.json and weights
     (["draft=ngram", "draft.n_min=5"], "draft.n_min"),  # above n_max
+    (["draft.ngram_branches=-1"], "draft.ngram_branches"),
+    (["draft.ngram_branches=17"], "draft.ngram_branches"),  # more matches than the n-gram kernel follows
     (["draft.drafter=medusa"], "draft.drafter"),
     (["draft=eagle1", "draft.path={shipped_eagle3}"], "draft"),
     (["tree.num_draft_tokens=100"], "tree.num_draft_tokens"),

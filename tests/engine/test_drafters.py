@@ -273,7 +273,8 @@ def test_sampling_runs_every_drafter(target, module):
 
 
 def test_ngram_config_names_the_kernels_limit():
+    from eaglet.engine.drafters.eagle_config import MAX_M
     from eaglet.engine.drafters.ngram_config import MAX_N
     from eaglet.kernels import ngram_match
 
-    assert MAX_N == ngram_match.MAX_N
+    assert MAX_N == ngram_match.MAX_N and MAX_M == ngram_match.MAX_M
