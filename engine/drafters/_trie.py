@@ -51,7 +51,7 @@ def graft(tree: DraftTree, paths: torch.Tensor, extra: int) -> DraftTree:
     for d in range(S):
         hit = (real & (j > 0))[:, None, :] & (parent[:, None, :] == cur[:, :, None]) & (
             tree.tokens[:, None, :] == paths[:, :, d, None])  # [B, P, N]
-        on = on & hit.any(-1)
+        on = on & hit.any(-1)  # [B, P] still on the tree
         cur = torch.where(on, hit.int().argmax(-1), cur)  # [B, P]
         node[:, :, d] = torch.where(on, cur, -1)
     # past the tree: node (p, d) is shared with the first path p2 whose tokens 0..d equal p's
