@@ -10,7 +10,9 @@ commit, the stream plans, CUDA graphs, batching, sampling and metrics, and meets
   `free_request` / `reserve` (per request row, the same row index as the target's KV), `state_spec` (per-request
   tensors the engine carries from step to step, batched by row), `prefill` (their first values);
 - `propose(seq_lens, roots, rows, **state)` -> the tree the verify takes (`DraftTree`), device tensors only,
-  captured in a CUDA graph by the engine;
+  captured in a CUDA graph by the engine; `num_nodes(tree)`: the nodes of that tree, by which the engine sizes the
+  verify (default tree.num_draft_tokens; a drafter that adds nodes to the tree spec's, as n-gram branches do, says
+  how many);
 - `update(tokens, feats, accept_index, accept_len, bonus, seq_lens, rows, **state)` -> the next state, after
   accept (EAGLE's draft-extend, an n-gram drafter's history), also captured.
 
@@ -86,6 +88,10 @@ class Drafter:
 
     def check_tree(self, steps: int, topk: int, num_draft_tokens: int) -> None:
         """Raise ValueError (naming the `tree.*` key) when this drafter cannot fill such a tree."""
+
+    def num_nodes(self, tree) -> int:
+        """N, the nodes of each tree `propose` returns for the TreeSpec `tree` (the verify's width)."""
+        return tree.num_draft_tokens
 
     def setup(self, *, target, tree, max_batch: int, max_context: int, page_size: int, num_pages: int | None,
               device: torch.device) -> None:

@@ -149,7 +149,8 @@ class SpeculativeEngine:
         self.target, self.drafter, self.tree = target, drafter, tree
         self.sampling, self.eos_ids = sampling, set(eos_ids)
         self.max_batch, self.device = max_batch, target.device
-        S, K, N = tree.steps, tree.topk, tree.num_draft_tokens
+        S, K, N = tree.steps, tree.topk, drafter.num_nodes(tree)
+        self.num_nodes = N  # the verify's width: the drafter's trees can hold more nodes than tree.num_draft_tokens
         # room past the longest sequence for the speculative tokens of one step (a drafter may write up to
         # (S-1)*K draft positions past it, as EAGLE-2's draft steps do)
         self.lookahead = max(N, (S - 1) * K, S + 1)
@@ -199,7 +200,7 @@ class SpeculativeEngine:
 
     def _plan(self, seq_lens: torch.Tensor, rows: torch.Tensor):
         """Verify metadata: tree node j of request b is written at position seq_len + j."""
-        N = self.tree.num_draft_tokens
+        N = self.num_nodes
         page_table = self.kv_t.req_to_page[rows]  # [B, P]
         positions = seq_lens[:, None].long() + torch.arange(N, device=self.device)  # [B, N]
         slots = slots_for(page_table, positions, self.kv_t.page_size)

@@ -29,9 +29,11 @@
 #              on the 80 MT-bench first turns at B=1 and 8, each with its AR pass (the issue-level run of a tree);
 #              TREES="5/4/8 6/8/16" (steps/topk/tokens): those trees so, without the sweep
 #   scaling    training tokens/s on one GPU and on all (DDP), the throughput probes of `train` alone
-#   drafters   the drafter table: each drafter of DRAFTERS (default eagle3 ngram) on MT-bench first turns, HumanEval and
-#              held-out ShareGPT (DATASETS) at B=1 and 8 (BATCHES), each run with its AR pass, defaults otherwise
-#              (invariant numerics, tree 5/4/8; DRAFTER_ARGS: more overrides), one line per run (summarize_runs.py)
+#   drafters   the drafter table: each drafter of DRAFTERS (default "eagle3 ngram eagle3+ng2") on MT-bench first turns,
+#              HumanEval and held-out ShareGPT (DATASETS) at B=1 and 8 (BATCHES), each run with its AR pass, defaults
+#              otherwise (invariant numerics, tree 5/4/8; DRAFTER_ARGS: more overrides), one line per run
+#              (summarize_runs.py); an entry <draft>+ng<K> is draft=<draft> draft.ngram_branches=K (K n-gram branches
+#              added to the head's tree)
 #   block      the block drafter (train/head=block; BLOCK_ARGS: more overrides) trained on every GPU for what is left of
 #              BUDGET_S minus EVAL_S, on SELFGEN's chunks (a synthesize.py out_dir) or else regenerated ShareGPT, its
 #              cosine schedule BLOCK_STEPS long and resumable: BLOCK_RUN (default $KEEP/block_run) continues in the next
@@ -355,13 +357,16 @@ print(m['num_tokens'] / m['num_sequences'])")
   drafters)
     train_setup >/dev/null 2>&1
     R=/tmp/drafters; mkdir -p $R
-    for d in ${DRAFTERS:-eagle3 ngram}; do
+    for d in ${DRAFTERS:-eagle3 ngram eagle3+ng2}; do
+      draft=(draft=${d%+ng*})
+      [[ $d == *+ng* ]] && draft+=(draft.ngram_branches=${d##*+ng})
       for data in ${DATASETS:-mt_bench humaneval sharegpt}; do
         for b in ${BATCHES:-1 8}; do
           name=${d}_${data}_b$b path=()
           [[ $data == sharegpt ]] && path=(data.path="$SHAREGPT")  # its held-out split, from the carried subset
           timeout ${RUN_S:-240} python run_spec.py hydra.run.dir=$R/$name logger=none print_answers=0 \
-            target.path="$smol" draft=$d data=$data data.max_turns=1 gen.batch_size=$b "${path[@]}" ${DRAFTER_ARGS:-} \
+            target.path="$smol" "${draft[@]}" data=$data data.max_turns=1 gen.batch_size=$b "${path[@]}" \
+            ${DRAFTER_ARGS:-} \
             > $R/$name.log 2>&1 || tail -3 $R/$name.log
         done
       done

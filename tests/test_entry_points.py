@@ -143,6 +143,8 @@ RUN_SPEC_BAD = [
     (["draft=block", "draft.path={shipped_eagle3}"], "draft.path"),  # an EAGLE-3 head
     (["draft=block", "draft.random_init=true", "draft.block_size=1"], "draft.block_size"),
     (["draft=block", "draft.random_init=true", "tree.steps=8"], "tree.steps"),  # a block of 8 drafts 7 depths
+    (["draft.ngram_branches=-1"], "draft.ngram_branches"),
+    (["draft.ngram_branches=17"], "draft.ngram_branches"),  # more matches than the n-gram kernel follows
     (["draft.drafter=medusa"], "draft.drafter"),
     (["draft=eagle1", "draft.path={shipped_eagle3}"], "draft"),
     (["tree.num_draft_tokens=100"], "tree.num_draft_tokens"),

@@ -43,8 +43,9 @@ class EagleDrafter(Drafter):
         self.feature_size = head.feature_size
 
     @classmethod
-    def from_config(cls, draft, target_cfg, target, *, invariant: bool, fold_norms: bool) -> "EagleDrafter":
-        """draft.path's head; else a random one (draft.random_init); else the head eaglet ships for the target."""
+    def from_config(cls, draft, target_cfg, target, *, invariant: bool, fold_norms: bool) -> Drafter:
+        """draft.path's head; else a random one (draft.random_init); else the head eaglet ships for the target. With
+        draft.ngram_branches=K > 0, its trees get K n-gram branches (engine/drafters/ngram.py's NgramBranches)."""
         from eaglet.models.head_checkpoint import load_draft_head, new_draft_head
 
         path = head_dir(draft, target_cfg)
@@ -62,7 +63,12 @@ class EagleDrafter(Drafter):
         if fold_norms:
             head.fold_norm_weights()
         head.set_invariant(invariant)  # the target's kernels (models/kernel_paths.py)
-        return cls(head)
+        branches = draft.get("ngram_branches", 0)
+        if not branches:
+            return cls(head)
+        from eaglet.engine.drafters.ngram import NgramBranches
+
+        return NgramBranches(cls(head), branches)
 
     @classmethod
     def check_config(cls, c, cfg, target) -> None:

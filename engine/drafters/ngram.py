@@ -10,6 +10,8 @@ against the earlier history (kernels/ngram_match.py) and proposes what followed 
   update   the accepted path and the bonus written into the history
   prefill  the prompt and the first token written into the history
 
+`NgramBranches` adds the same n-gram proposals as branches of another drafter's tree (`draft.ngram_branches`).
+
 Everything is on the device and of fixed shape (no host sync), so the draft and the update are CUDA graphs. The
 history row of a request is its KV row; its valid length is seq_len + 1 (the cached tokens and the root).
 """
@@ -19,6 +21,7 @@ from __future__ import annotations
 import torch
 
 from eaglet.engine.drafter import Drafter, DraftTree, PrefillBatch, register
+from eaglet.engine.drafters._trie import graft, root_tree
 from eaglet.kernels.ngram_match import MAX_M, MAX_N, ngram_match
 
 
@@ -26,7 +29,7 @@ from eaglet.kernels.ngram_match import MAX_M, MAX_N, ngram_match
 class NgramDrafter(Drafter):
     name = "ngram"
 
-    def __init__(self, n_max: int, n_min: int = 1):
+    def __init__(self, n_max: int = 4, n_min: int = 1):  # conf/draft/ngram.yaml's defaults
         if not 1 <= n_min <= n_max <= MAX_N:
             raise ValueError(f"draft.n_min={n_min}, draft.n_max={n_max}: need 1 <= n_min <= n_max <= {MAX_N}")
         self.n_max, self.n_min = n_max, n_min
@@ -61,53 +64,20 @@ class NgramDrafter(Drafter):
         return {}
 
     def propose(self, seq_lens, roots, rows) -> DraftTree:
-        S, K, N = self.tree.steps, self.tree.topk, self.tree.num_draft_tokens
-        B = seq_lens.shape[0]
-        dev = seq_lens.device
+        paths = self.continuations(seq_lens, rows, self.tree.topk)  # [B, K, S]
+        return graft(root_tree(roots, seq_lens), paths, self.tree.num_draft_tokens - 1)
+
+    def continuations(self, seq_lens, rows, num: int) -> torch.Tensor:
+        """What followed the `num` most recent matches of each request's history suffix -> [B, num, S] int64, up to
+        S = tree.steps tokens each, -1 past the history's end and for matches not found."""
+        S = self.tree.steps
         length = seq_lens + 1  # [B] int32: the cached tokens and the root
         starts, _ = ngram_match(self.history, rows, length, n_max=self.n_max, n_min=self.n_min,
-                                num_matches=K)  # [B, K]
-        d = torch.arange(S, device=dev)  # [S]
-        at = starts.long()[:, :, None] + d  # [B, K, S] history positions of each match's continuation
-        ok = (starts[:, :, None] >= 0) & (at < length[:, None, None])  # [B, K, S]
+                                num_matches=num)  # [B, num]
+        at = starts.long()[:, :, None] + torch.arange(S, device=seq_lens.device)  # [B, num, S] history positions
+        ok = (starts[:, :, None] >= 0) & (at < length[:, None, None])  # [B, num, S]
         at = at.clamp(0, self.history.shape[1] - 1)
-        cont = torch.where(ok, self.history[rows[:, None, None], at], -1)  # [B, K, S]
-        # trie: node (m, d) is the first match m2 <= m whose continuation equals m's up to depth d
-        same = (cont[:, :, None, :] == cont[:, None, :, :]) & ok[:, :, None, :] & ok[:, None, :, :]  # [B, K, K, S]
-        same = same.int().cumprod(dim=-1).bool()  # [B, m, m2, d]: prefixes 0..d equal
-        rep = same.int().argmax(dim=2)  # [B, K, S] the first such m2 (m itself where ok)
-        new = ok & (rep == torch.arange(K, device=dev)[:, None])  # [B, K, S] nodes of their own
-        order = new.reshape(B, K * S).long().cumsum(dim=1)  # [B, K*S] 1-based node index of each new node
-        keep = new.reshape(B, K * S) & (order <= N - 1)  # [B, K*S]
-        index = order.view(B, K, S).gather(1, rep)  # [B, K, S] node index of (rep(m, d), d)
-        parent = torch.cat([torch.zeros(B, K, 1, dtype=torch.long, device=dev), index[:, :, :-1]], dim=2)
-        parent = torch.where(d == 0, 0, parent)  # [B, K, S]; depth-0 nodes hang under the root
-        # scatter the kept nodes into tree slots 1..N-1; slot 0 is the root, unused slots stay padding
-        slot = torch.where(keep, order, N)  # [B, K*S]; N: a dump column, cut below
-        tokens = torch.zeros(B, N + 1, dtype=torch.long, device=dev)  # [B, N+1]
-        parents = torch.zeros(B, N + 1, dtype=torch.long, device=dev)  # [B, N+1]
-        depth = torch.ones(B, N + 1, dtype=torch.long, device=dev)  # [B, N+1]
-        real = torch.zeros(B, N + 1, dtype=torch.bool, device=dev)  # [B, N+1]
-        tokens.scatter_(1, slot, cont.reshape(B, K * S))
-        parents.scatter_(1, slot, parent.reshape(B, K * S))
-        depth.scatter_(1, slot, (d + 1).expand(B, K, S).reshape(B, K * S))
-        real.scatter_(1, slot, keep)
-        tokens, parents, depth, real = tokens[:, :N], parents[:, :N], depth[:, :N], real[:, :N]  # [B, N] each
-        tokens[:, 0], parents[:, 0], depth[:, 0], real[:, 0] = roots, 0, 0, True
-        # ancestor-or-self: each pass adds one more generation (depth <= S)
-        eye = torch.eye(N, dtype=torch.bool, device=dev).expand(B, N, N)  # [B, N, N]
-        mask = eye
-        for _ in range(S):
-            mask = eye | mask.gather(1, parents[:, :, None].expand(B, N, N))  # [B, N, N]
-        j = torch.arange(N, device=dev)  # [N]
-        # first child / next sibling among the real nodes (slots ascend in match order, parents first)
-        child = real[:, None, :] & (parents[:, None, :] == j[None, :, None]) & (j > 0)  # [B, i, j]
-        sib = (real[:, None, :] & (parents[:, None, :] == parents[:, :, None]) & (j[None, None, :] > j[:, None])
-               & real[:, :, None] & (j > 0)[None, :, None])  # [B, i, j]
-        next_token = torch.where(child.any(-1), child.int().argmax(-1), -1)  # [B, N]
-        next_sibling = torch.where(sib.any(-1), sib.int().argmax(-1), -1)  # [B, N]
-        positions = seq_lens[:, None].long() + depth  # [B, N]
-        return DraftTree(tokens, positions, next_token.long(), next_sibling.long(), mask)
+        return torch.where(ok, self.history[rows[:, None, None], at], -1)  # [B, num, S]
 
     def update(self, tokens, feats, accept_index, accept_len, bonus, seq_lens, rows):
         """Write the accepted path (root, a1..am) and the bonus at seq_len .. seq_len + accept_len."""
@@ -132,3 +102,58 @@ def check_ngram_tree(steps: int, topk: int, num_draft_tokens: int) -> None:
     if num_draft_tokens > cap:
         raise ValueError(f"tree.num_draft_tokens={num_draft_tokens} is more than {topk} matches of {steps} tokens "
                          f"can fill ({cap} with the root); lower it or raise tree.steps/topk")
+
+
+class NgramBranches(Drafter):
+    """Another drafter's tree plus n-gram branches (`draft.ngram_branches=K` on the EAGLE configs): what followed the
+    K most recent matches of the history's suffix, up to S = tree.steps tokens each, grafted onto the drafter's tree
+    as a trie (engine/drafters/_trie.py), so a loop the drafter misses is still proposed. The verify sees
+    `num_nodes(tree)` = the drafter's N + K*S nodes, the branch slots left over as padding. The history is the n-gram
+    drafter's own (its prefill and update); everything else is the drafter's."""
+
+    def __init__(self, base: Drafter, branches: int, ngram: NgramDrafter | None = None):
+        if not 1 <= branches <= MAX_M:
+            raise ValueError(f"draft.ngram_branches={branches}: need 1..{MAX_M} (0: no branches)")
+        self.base, self.branches, self.ngram = base, branches, ngram or NgramDrafter()
+        self.name, self.feature_size = f"{base.name}+ngram", base.feature_size
+
+    def capture_layers(self, n_layers: int) -> tuple[int, ...]:
+        return self.base.capture_layers(n_layers)
+
+    def target_feature(self, hidden, captured):
+        return self.base.target_feature(hidden, captured)
+
+    def check_tree(self, steps: int, topk: int, num_draft_tokens: int) -> None:
+        self.base.check_tree(steps, topk, num_draft_tokens)
+
+    def num_nodes(self, tree) -> int:
+        return self.base.num_nodes(tree) + self.branches * tree.steps
+
+    def setup(self, **kw) -> None:
+        self.base.setup(**kw)
+        self.ngram.setup(**kw)
+
+    def alloc_request(self, row: int) -> None:
+        self.base.alloc_request(row)
+
+    def free_request(self, row: int) -> None:
+        self.base.free_request(row)
+
+    def reserve(self, bounds: list[tuple[int, int]]) -> None:
+        self.base.reserve(bounds)
+
+    def state_spec(self, device):
+        return self.base.state_spec(device)
+
+    def prefill(self, batch: PrefillBatch) -> dict[str, torch.Tensor]:
+        self.ngram.prefill(batch)
+        return self.base.prefill(batch)
+
+    def propose(self, seq_lens, roots, rows, **state) -> DraftTree:
+        tree = self.base.propose(seq_lens, roots, rows, **state)  # [B, N] ...
+        paths = self.ngram.continuations(seq_lens, rows, self.branches)  # [B, K, S]
+        return graft(tree, paths, self.branches * paths.shape[2])  # [B, N + K*S] ...
+
+    def update(self, tokens, feats, accept_index, accept_len, bonus, seq_lens, rows, **state):
+        self.ngram.update(tokens, feats, accept_index, accept_len, bonus, seq_lens, rows)
+        return self.base.update(tokens, feats, accept_index, accept_len, bonus, seq_lens, rows, **state)

@@ -1,6 +1,7 @@
-"""Every registered drafter (engine/drafters/) behind the one interface: its proposals are valid trees of the declared
-shape, deterministic, and greedy speculative decoding with it equals plain decoding, chain and tree, B=1 and 2, on
-CPU (the GPU's CUDA-graph runs are tests/engine/test_speculative.py's and `scripts/gpu_session.sh tests`)."""
+"""Every registered drafter (engine/drafters/), and n-gram branches on the EAGLE drafter, behind the one interface: its
+proposals are valid trees of the declared shape, deterministic, and greedy speculative decoding with it equals plain
+decoding, chain and tree, B=1 and 2, on CPU (the GPU's CUDA-graph runs are tests/engine/test_speculative.py's and
+`scripts/gpu_session.sh tests`). The trie merge the n-gram trees use (`graft`) against a plain-Python reference."""
 
 from __future__ import annotations
 
@@ -10,24 +11,27 @@ from engine_testing import PROMPTS, TREES, ar_outputs, oracle_block, oracle_like
 
 from eaglet.engine.drafter import DraftTree, drafter_class
 from eaglet.engine.drafters import drafter_modules
+from eaglet.engine.drafters._trie import graft, root_tree
 from eaglet.engine.drafters.block import BlockDrafter
 from eaglet.engine.drafters.eagle import EagleDrafter
-from eaglet.engine.drafters.ngram import NgramDrafter
+from eaglet.engine.drafters.ngram import NgramBranches, NgramDrafter
 from eaglet.engine.requests import Request
 from eaglet.engine.speculative import SpeculativeEngine, TreeSpec
 
-# one way to build each drafter module's drafter for the tests; a module missing here fails the test below
+# one way to build each drafter module's drafter for the tests (a module missing here fails the test below), and the
+# compositions ("<module>+...")
 FACTORIES = {
     "block": lambda target: BlockDrafter(oracle_block(target)),
     "eagle": lambda target: EagleDrafter(oracle_like("eagle1", target)),
     "ngram": lambda target: NgramDrafter(n_max=3, n_min=1),
+    "eagle+ngram": lambda target: NgramBranches(EagleDrafter(oracle_like("eagle1", target)), 2),
 }
 # prompts whose greedy continuations the random target repeats, so the n-gram drafter finds matches
 LOOPY = PROMPTS + [[9, 8, 7, 9, 8, 7, 9, 8, 7, 9, 8], [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 3, 1, 4, 1, 5]]
 
 
 def test_every_drafter_module_is_registered_and_tested():
-    assert drafter_modules() == sorted(FACTORIES)
+    assert drafter_modules() == sorted(k for k in FACTORIES if "+" not in k)
     for module in drafter_modules():
         assert drafter_class(module).name == module
 
@@ -81,7 +85,7 @@ def test_conformance(target, module, tree):
     with torch.inference_mode():
         a = drafter.propose(seq_lens, roots, rows, **state)
         b = drafter.propose(seq_lens, roots, rows, **state)
-    check_tree(a, seq_lens, roots.tolist(), spec.num_draft_tokens, spec.steps)
+    check_tree(a, seq_lens, roots.tolist(), drafter.num_nodes(spec), spec.steps)
     assert all(torch.equal(x, y) for x, y in zip(a, b))
 
 
@@ -110,8 +114,9 @@ def test_greedy_is_lossless_gpu_cuda_graphs(target, module, tree, dtype):
     gpu = Transformer.from_state_dict(target.args, target.state_dict(), dtype, "cuda")
     gpu.set_invariant(dtype == torch.bfloat16)
     drafter = FACTORIES[module](gpu)
-    if hasattr(drafter, "head"):
-        drafter.head.set_invariant(gpu.invariant)
+    model = getattr(getattr(drafter, "base", drafter), "head", None)  # a composition's model is its base's
+    if model is not None:
+        model.set_invariant(gpu.invariant)
     want = ar_outputs(gpu, LOOPY, 40)
     eng = SpeculativeEngine(gpu, drafter, TREES[tree], max_batch=2, max_context=256, page_size=8, use_cuda_graph=True)
     reqs = [Request(p, 40, rid=i) for i, p in enumerate(LOOPY)]
@@ -143,6 +148,140 @@ def test_ngram_tree_merges_shared_prefixes():
     assert t.next_sibling[0].tolist() == [-1, 3, -1, -1, -1, 6, -1, -1]
 
 
+def tree_of(tokens, parents, seq_len=10, real=None):
+    """A hand-built one-request tree: node tokens and parents (the root's: -1), the first `real` nodes linked (the
+    rest padding) -> DraftTree, links in ascending node order."""
+    N = len(tokens)
+    real = N if real is None else real
+    depth = [0] * N
+    mask = torch.eye(N, dtype=torch.bool)
+    for i in range(1, N):
+        depth[i] = depth[parents[i]] + 1
+        mask[i] |= mask[parents[i]]
+    nt = [next((j for j in range(1, real) if parents[j] == i), -1) for i in range(N)]
+    ns = [next((j for j in range(i + 1, real) if i and parents[j] == parents[i]), -1) for i in range(N)]
+    t = lambda x: torch.tensor([x])  # noqa: E731
+    return DraftTree(t(tokens), t([seq_len + d for d in depth]), t(nt), t(ns), mask[None])
+
+
+def graft_ref(tree: DraftTree, paths: list[list[int]], extra: int) -> DraftTree:
+    """Plain-Python `graft` of one request: the paths inserted one by one into the trie of the tree's linked nodes,
+    at most `extra` nodes created, the rest of the N + extra slots padding (token 0 under the root)."""
+    tok = tree.tokens[0].tolist()
+    N = len(tok)
+    depth = (tree.mask[0].sum(-1) - 1).tolist()
+    par = [-1] + [next(j for j in range(i) if tree.mask[0, i, j] and depth[j] == depth[i] - 1) for i in range(1, N)]
+    kids, stack = {i: [] for i in range(N)}, [0]
+    while stack:  # the linked nodes
+        i = stack.pop()
+        c = tree.next_token[0, i].item()
+        while c != -1:
+            kids[i].append(c)
+            stack.append(c)
+            c = tree.next_sibling[0, c].item()
+    for path in paths:
+        cur = 0
+        for t in path:
+            hit = [k for k in kids[cur] if tok[k] == t]
+            if t < 0 or not hit and len(tok) == N + extra:
+                break
+            if not hit:
+                tok.append(t)
+                par.append(cur)
+                kids[cur].append(len(tok) - 1)
+                kids[len(tok) - 1] = []
+                hit = [len(tok) - 1]
+            cur = hit[0]
+    real = len(tok)
+    pad = N + extra - real
+    return tree_of(tok + [0] * pad, par + [0] * pad, tree.positions[0, 0].item(), real)
+
+
+def check_graft(tree: DraftTree, paths: list[list[int]], extra: int) -> DraftTree:
+    """graft equals graft_ref, is a valid tree and keeps the tree's nodes where they were."""
+    got = graft(tree, torch.tensor([paths]), extra)
+    want = graft_ref(tree, paths, extra)
+    N, S = tree.tokens.shape[1], len(paths[0])
+    check_tree(got, tree.positions[:, 0], tree.tokens[:, 0].tolist(), N + extra, S)
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+    assert torch.equal(got.tokens[:, :N], tree.tokens) and torch.equal(got.mask[:, :N, :N], tree.mask)
+    return got
+
+
+def test_graft_golden():
+    """A hand-built EAGLE tree and n-gram continuations -> the exact merged tree: a shared prefix is walked, not
+    copied; where a path departs it grows new nodes; two paths with a common new prefix share it; the unused slots
+    are padding."""
+    #        root 5
+    #       /      \
+    #     1(1)     7(2)
+    #     /  \       \
+    #   2(3) 3(4)    8(5)
+    eagle = tree_of([5, 1, 7, 2, 3, 8], [-1, 0, 0, 1, 1, 2])
+    paths = [[1, 2, 9], [7, 8, 6], [1, 2, 9], [4, 4, 4], [-1, -1, -1]]  # K=5 matches, S=3
+    t = graft(eagle, torch.tensor([paths]), 5 * 3)
+    # new: 9 under 2(3) -> 6; 6 under 8(5) -> 7; the repeat of 1 2 9 adds nothing; 4 4 4 -> 8, 9, 10; 11..20 pad
+    assert t.tokens[0].tolist() == [5, 1, 7, 2, 3, 8, 9, 6, 4, 4, 4] + [0] * 10
+    assert t.positions[0].tolist() == [10, 11, 11, 12, 12, 12, 13, 13, 11, 12, 13] + [11] * 10
+    assert t.next_token[0].tolist() == [1, 3, 5, 6, -1, 7, -1, -1, 9, 10, -1] + [-1] * 10
+    assert t.next_sibling[0].tolist() == [-1, 2, 8, 4, -1, -1, -1, -1, -1, -1, -1] + [-1] * 10
+    assert t.mask[0, 7].nonzero()[:, 0].tolist() == [0, 2, 5, 7]  # 6 under 8 under 7
+    assert t.mask[0, 20].nonzero()[:, 0].tolist() == [0, 20]  # padding: a leaf under the root
+    check_tree(t, torch.tensor([10]), [5], 21, 3)
+    check_graft(eagle, paths, 15)
+    check_graft(eagle, paths, 3)  # a budget cuts the last path: 9, 6, then only the first 4
+    # no paths: the tree itself, then padding
+    none = graft(eagle, torch.full((1, 2, 3), -1), 6)
+    assert all(torch.equal(a[:, :6], b) for a, b in zip(none[:4], eagle[:4]))
+
+
+def test_graft_keeps_siblings_distinct_on_random_trees():
+    """Random EAGLE-2 trees (kernels/build_tree.py) over a 5-token vocabulary and paths that follow them and
+    depart: graft equals its reference (also onto the bare root), and no parent ever gets two children of one
+    token."""
+    from eaglet.kernels.build_tree import build_tree, random_candidates
+
+    g = torch.Generator().manual_seed(0)
+    K, S, N = 3, 4, 10
+    for _ in range(20):
+        scores, tokens, parents = random_candidates(1, K, S, vocab=5, generator=g)
+        bt = build_tree(scores, tokens, parents, torch.tensor([4]), torch.tensor([7], dtype=torch.int32), N, K, S)
+        tree = DraftTree(bt.draft_tokens, bt.positions, bt.retrieve_next_token, bt.retrieve_next_sibling,
+                         bt.tree_mask)
+        paths = []
+        for _ in range(4):  # down a random node's path, then random tokens, cut at a random length
+            i = int(torch.randint(N, (1,), generator=g))
+            anc = tree.mask[0, i].nonzero()[:, 0].tolist()[1:]
+            p = [tree.tokens[0, a].item() for a in anc] + torch.randint(5, (S,), generator=g).tolist()
+            cut = int(torch.randint(S + 1, (1,), generator=g))
+            paths.append(p[:cut] + [-1] * (S - cut))
+        check_graft(root_tree(torch.tensor([4]), torch.tensor([7])), paths, N - 1)  # the n-gram drafter's trie
+        for extra in (K * S, 3):
+            t = check_graft(tree, paths, extra)
+            for i in range(N + extra):
+                kids, c = [], t.next_token[0, i].item()
+                while c != -1:
+                    kids.append(t.tokens[0, c].item())
+                    c = t.next_sibling[0, c].item()
+                assert len(kids) == len(set(kids)), f"duplicate siblings under node {i}: {kids}"
+
+
+def test_ngram_branches_propose_a_loop_the_head_misses(target):
+    """A random EAGLE head accepts almost nothing; with n-gram branches the loops of LOOPY are accepted."""
+    from eaglet.models.head_checkpoint import new_draft_head
+
+    taus = []
+    for branches in (0, 2):
+        torch.manual_seed(1)
+        head = new_draft_head("eagle1", target, dtype=target.dtype, device=target.device)
+        d = EagleDrafter(head) if branches == 0 else NgramBranches(EagleDrafter(head), branches)
+        eng = SpeculativeEngine(target, d, TREES["eagle2"], max_batch=2, max_context=256, page_size=8)
+        reqs = [Request(p, 30, rid=i) for i, p in enumerate(LOOPY[-2:])]
+        taus.append(eng.generate(reqs).summary(4)["tau"])
+        assert [r.output_ids for r in reqs] == ar_outputs(target, LOOPY[-2:], 30)
+    assert taus[1] > taus[0] + 0.3, taus  # 1.0 and 1.90 here
+
+
 @pytest.mark.parametrize("module", sorted(FACTORIES))
 def test_sampling_runs_every_drafter(target, module):
     """Tree speculative sampling over each drafter's trees (whose siblings carry distinct tokens): every request
@@ -159,7 +298,8 @@ def test_sampling_runs_every_drafter(target, module):
 
 
 def test_ngram_config_names_the_kernels_limit():
+    from eaglet.engine.drafters.eagle_config import MAX_M
     from eaglet.engine.drafters.ngram_config import MAX_N
     from eaglet.kernels import ngram_match
 
-    assert MAX_N == ngram_match.MAX_N
+    assert MAX_N == ngram_match.MAX_N and MAX_M == ngram_match.MAX_M
