@@ -33,7 +33,7 @@
 #              HumanEval and held-out ShareGPT (DATASETS) at B=1 and 8 (BATCHES), each run with its AR pass, defaults
 #              otherwise (invariant numerics, tree 5/4/8; DRAFTER_ARGS: more overrides), one line per run
 #              (summarize_runs.py); an entry <draft>+ng<K> is draft=<draft> draft.ngram_branches=K (K n-gram branches
-#              added to the head's tree)
+#              added to the head's tree); `block`: the drafter the `block` stage trained, at BLOCK_TREE (default 7/1/8)
 #   block      the block drafter (train/head=block; BLOCK_ARGS: more overrides) trained on every GPU for what is left of
 #              BUDGET_S minus EVAL_S, on SELFGEN's chunks (a synthesize.py out_dir) or else regenerated ShareGPT, its
 #              cosine schedule BLOCK_STEPS long and resumable: BLOCK_RUN (default $KEEP/block_run) continues in the next
@@ -360,6 +360,11 @@ print(m['num_tokens'] / m['num_sequences'])")
     for d in ${DRAFTERS:-eagle3 ngram eagle3+ng2}; do
       draft=(draft=${d%+ng*})
       [[ $d == *+ng* ]] && draft+=(draft.ngram_branches=${d##*+ng})
+      # the block drafter `block` trained (BLOCK_RUN's export), at BLOCK_TREE (steps/topk/tokens, default 7/1/8)
+      if [[ $d == block ]]; then
+        IFS=/ read -r st k n <<< "${BLOCK_TREE:-7/1/8}"
+        draft+=(draft.path="${BLOCK_RUN:-$KEEP/block_run}/head" tree.steps=$st tree.topk=$k tree.num_draft_tokens=$n)
+      fi
       for data in ${DATASETS:-mt_bench humaneval sharegpt}; do
         for b in ${BATCHES:-1 8}; do
           name=${d}_${data}_b$b path=()
