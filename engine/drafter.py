@@ -128,6 +128,28 @@ class Drafter:
         raise NotImplementedError
 
 
+class ModelDrafter(Drafter):
+    """A drafter with a model (`head`: an EAGLE head, a block drafter) that reads the target's features and keeps
+    its own paged KV pool `kv` (made in `setup`) on the target's request rows."""
+
+    def __init__(self, head):
+        self.head = head
+        self.feature_size = head.feature_size
+
+    def capture_layers(self, n_layers: int) -> tuple[int, ...]:
+        return tuple(self.head.capture_layers(n_layers))
+
+    def target_feature(self, hidden, captured):
+        return self.head.target_feature(hidden, captured)  # [B, T, F]
+
+    def alloc_request(self, row: int) -> None:
+        if self.kv.alloc_request() != row:
+            raise RuntimeError("target and draft KV rows diverged")
+
+    def free_request(self, row: int) -> None:
+        self.kv.free_request(row)
+
+
 _REGISTRY: dict[str, type[Drafter]] = {}
 
 

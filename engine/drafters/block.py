@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from eaglet.engine.drafter import Drafter, DraftTree, PrefillBatch, register
+from eaglet.engine.drafter import DraftTree, ModelDrafter, PrefillBatch, register
 from eaglet.engine.drafters.eagle import check_eagle_tree
 from eaglet.engine.drafters.eagle_config import head_dir, no_head
 from eaglet.kernels.build_tree import build_tree, num_candidates
@@ -57,12 +57,8 @@ def check_block_tree(steps: int, topk: int, num_draft_tokens: int, block_size: i
 
 
 @register("block")
-class BlockDrafter(Drafter):
+class BlockDrafter(ModelDrafter):
     name = "block"
-
-    def __init__(self, head):
-        self.head = head
-        self.feature_size = head.feature_size
 
     @classmethod
     def from_config(cls, draft, target_cfg, target, *, invariant: bool, fold_norms: bool) -> "BlockDrafter":
@@ -114,12 +110,6 @@ class BlockDrafter(Drafter):
         return draft.num_layers
 
     # ---- what the engine asks -------------------------------------------------------------------------------
-    def capture_layers(self, n_layers: int) -> tuple[int, ...]:
-        return self.head.capture_layers(n_layers)
-
-    def target_feature(self, hidden, captured):
-        return self.head.target_feature(hidden, captured)  # [B, T, F]
-
     def check_tree(self, steps: int, topk: int, num_draft_tokens: int) -> None:
         check_block_tree(steps, topk, num_draft_tokens, self.head.block_size, self.head.target.args.vocab_size)
 
@@ -134,13 +124,6 @@ class BlockDrafter(Drafter):
             h = self.head
             self.dep_in = h.dep_in(h.embed(torch.arange(target.args.vocab_size, device=device))).float()  # [V, r]
             self.dep_out = h.dep_out.weight.t().float().contiguous()  # [r, V]
-
-    def alloc_request(self, row: int) -> None:
-        if self.kv.alloc_request() != row:
-            raise RuntimeError("target and draft KV rows diverged")
-
-    def free_request(self, row: int) -> None:
-        self.kv.free_request(row)
 
     def reserve(self, bounds: list[tuple[int, int]]) -> None:
         self.kv.reserve_many([(row, min(n + self.head.block_size, self.max_context)) for row, n in bounds])

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from eaglet.engine.drafter import Drafter, DraftTree, PrefillBatch, register
+from eaglet.engine.drafter import Drafter, DraftTree, ModelDrafter, PrefillBatch, register
 from eaglet.engine.drafters.eagle_config import head_dir, no_head
 from eaglet.kernels.build_tree import build_tree, num_candidates
 from eaglet.kernels.draft_expand import expand_step
@@ -35,12 +35,8 @@ def check_eagle_tree(steps: int, topk: int, num_draft_tokens: int, vocab: int) -
 
 
 @register("eagle")
-class EagleDrafter(Drafter):
+class EagleDrafter(ModelDrafter):
     name = "eagle"
-
-    def __init__(self, head):
-        self.head = head
-        self.feature_size = head.feature_size
 
     @classmethod
     def from_config(cls, draft, target_cfg, target, *, invariant: bool, fold_norms: bool) -> Drafter:
@@ -100,12 +96,6 @@ class EagleDrafter(Drafter):
         return draft.num_layers if draft.name == "multi_layer" else 1
 
     # ---- what the engine asks -------------------------------------------------------------------------------
-    def capture_layers(self, n_layers: int) -> tuple[int, ...]:
-        return tuple(self.head.capture_layers(n_layers))
-
-    def target_feature(self, hidden, captured):
-        return self.head.target_feature(hidden, captured)  # [B, T, F]
-
     def check_tree(self, steps: int, topk: int, num_draft_tokens: int) -> None:
         check_eagle_tree(steps, topk, num_draft_tokens, self.head.draft_vocab_size)
 
@@ -113,13 +103,6 @@ class EagleDrafter(Drafter):
         self.tree, self.max_context = tree, max_context
         self.kv = self.head.kv_cache(max_reqs=max_batch, max_context=max_context, page_size=page_size,
                                      num_pages=num_pages, dtype=target.dtype, device=device)
-
-    def alloc_request(self, row: int) -> None:
-        if self.kv.alloc_request() != row:
-            raise RuntimeError("target and draft KV rows diverged")
-
-    def free_request(self, row: int) -> None:
-        self.kv.free_request(row)
 
     def reserve(self, bounds: list[tuple[int, int]]) -> None:
         self.kv.reserve_many(bounds)
