@@ -119,7 +119,7 @@ class BlockDrafter(ModelDrafter):
         self.kv = self.head.kv_cache(max_reqs=max_batch, max_context=self.max_context, page_size=page_size,
                                      num_pages=num_pages, dtype=target.dtype, device=device)
         # the dependency term as two fp32 tables: a depth's children logits are then one gather and one batched
-        # GEMM that adds the base logits (`_children`), instead of an embedding, two projections and an add
+        # GEMM that adds the base logits (`children` in propose), instead of an embedding, two projections and an add
         with torch.no_grad():
             h = self.head
             self.dep_in = h.dep_in(h.embed(torch.arange(target.args.vocab_size, device=device))).float()  # [V, r]
