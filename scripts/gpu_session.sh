@@ -40,8 +40,9 @@
 #              call while the machine is warm (its checkpoints, ~200 MB with AdamW's state, do not travel back); then
 #              the exported drafter on the 80 MT-bench first turns at B=1 (each run with its AR pass) for each tree of
 #              BLOCK_TREES (steps/topk/tokens) beside the EAGLE-3 head's default run; OUT/block.tgz.* parts
-#   block_l8b  random Llama-3.1-8B weights, tree=simulate, B=1: a random block drafter (L8B_LAYERS layers, default 2)
-#              beside the EAGLE-3 head, step and draft times against the weight-read floors
+#   block_l8b  benchmarks/bench_draft.py (the draft phase of EAGLE-3 and block drafters at SmolLM2's and Llama-3.1-8B's
+#              shapes, B 1 and 8), then random Llama-3.1-8B weights, tree=simulate, B=1: a random block drafter
+#              (L8B_LAYERS layers, default 2) beside the EAGLE-3 head, step and draft times against the weight floors
 #   lossless   bf16 greedy speculative vs plain decoding on the 80 MT-bench first turns (invariant numerics):
 #              each head kind of LOSSLESS_HEADS (default eagle3 eagle1 multi_layer) x chain/eagle2 x B 1/8; the
 #              shipped EAGLE-3 head, EAGLE-1 and multi-layer heads trained here for HEAD_S seconds each
@@ -345,6 +346,8 @@ print(m['num_tokens'] / m['num_sequences'])")
       -C "$(dirname "$run_dir")" "$(basename "$run_dir")" -C /tmp block | split -b 15M - "$out/block.tgz." ;;
   block_l8b)
     R=/tmp/block_l8b; mkdir -p $R
+    # the draft phase alone, each half a CUDA graph: EAGLE-3 against block drafters of 2 and 3 layers
+    timeout $(($(left) / 2)) python -m benchmarks.bench_draft --md "$out/draft.md" 2>&1 | grep -E "^\||Error" | tail -30
     r8=(target=random_llama3_8b data=synthetic data.limit=1 data.prompt_len=1024 gen.max_new_tokens=256 gen.batch_size=1
         stream=serial tree=simulate logger=none)
     for d in block eagle3; do

@@ -118,3 +118,17 @@ def test_propose_equals_the_python_tree_of_the_heads_logits(target):
             base = head.block_logits(head.forward_block(roots[b:b + 1], pos, batch, drafter.kv)[:, 1:])[0]  # [4, V]
             want, _ = python_tree(base.tolist(), bias.tolist(), int(roots[b]), 3, 10)
             assert tree.tokens[b].tolist() == want
+
+
+def test_the_draft_benchmark_runs():
+    """benchmarks/bench_draft.py (a GPU benchmark) in its CPU smoke mode: its drafters build, prefill, propose and
+    update as the engine would have them."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    out = subprocess.run([sys.executable, "-m", "benchmarks.bench_draft", "--smoke", "--batches", "1,2", "--trees",
+                          "5/4/8", "--block-layers", "2"], cwd=repo, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split("Smoke run")[1].count("| tiny (smoke) |") == 4  # the final table: 2 drafters x B 1, 2
