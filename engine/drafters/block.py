@@ -39,9 +39,9 @@ def grow_tree(children, roots: torch.Tensor, S: int, K: int):
     cur_lp, cur_tok = topk_logprobs(children(0, roots[:, None])[:, 0], K)  # [B, K] each
     scores[:, :K], tokens[:, :K], parents[:, :K] = cur_lp, cur_tok, -1
     cur_flat = torch.arange(K, device=dev).expand(B, K)  # [B, K]
-    # expand_step also carries a head's hidden state and draft mask: one column each, unused here
-    h = torch.zeros(B, K, 1, device=dev)  # [B, K, 1]
-    mask = torch.zeros(B, K, 1, dtype=torch.bool, device=dev)  # [B, K, 1]
+    # expand_step also carries a head's hidden state and draft mask: none here (zero columns)
+    h = torch.zeros(B, K, 0, device=dev)  # [B, K, 0]
+    mask = torch.zeros(B, K, 0, dtype=torch.bool, device=dev)  # [B, K, 0]
     for d in range(1, S):
         lp, tk = topk_logprobs(children(d, cur_tok), K)  # [B, K, K] each
         cur_lp, cur_tok, cur_flat, _, _ = expand_step(cur_lp, lp, tk, cur_flat, mask, h, scores, tokens, parents,

@@ -58,10 +58,14 @@ def run_both(args, d2t, base, C, keep=True):
         pytest.param(1, 1, 7, 5, 32, True, True, id="chain"),
         pytest.param(2, 10, 6, 3, 48, False, True, id="top10"),
         pytest.param(2, 4, 5, 2, 64, True, False, id="multi-layer-no-ancestors"),
+        pytest.param(2, 4, 7, 4, 0, False, False, id="block-no-hidden-no-mask"),
+        pytest.param(1, 1, 7, 6, 0, False, False, id="block-chain"),
     ],
 )
 def test_matches_reference(B, K, S, i, H, d2t, keep):
     args, d2t_t, base, C = make(B, K, S, i, H, d2t=d2t)
+    if H == 0:  # the block drafter's tree (engine/drafters/block.py): no hidden state and no draft mask
+        args["mask"] = args["mask"][:, :, :0]
     (_, _, flat, _, mask_next), cand = run_both(args, d2t_t, base, C, keep)
     assert ((flat >= base) & (flat < base + K * K)).all()
     assert (cand["scores"][:, base + K * K:] == 7.0).all() and (cand["tokens"][:, :base] == -5).all()  # untouched
