@@ -19,6 +19,7 @@ import torch
 import torch.multiprocessing as mp
 from safetensors.torch import load_file
 
+from eaglet.training.block_loss import BlockObjective
 from eaglet.training.data import collate, synthetic_samples
 from eaglet.training.distributed import Dist
 from eaglet.training.features import OnlineFeatures
@@ -46,7 +47,10 @@ def _cfg(run_cache: Path, batch: int, *extra: str):
 # every layer reached by the unroll, as DDP without find_unused_parameters needs)
 HEADS = {"eagle3": {"kind": "eagle3", "draft_vocab_size": 64, "ttt_length": 3, "step_weight": 0.8},
          "multi_layer": {"kind": "multi_layer", "num_layers": 2, "ttt_length": 2, "step_weight": 0.8,
-                         "p_weight": 0.1, "v_weight": 1.0}}
+                         "p_weight": 0.1, "v_weight": 1.0},
+         # more anchors than positions: every answer position anchors a block, whichever process draws them
+         "block": {"kind": "block", "num_layers": 1, "block_size": 4, "dep_rank": 8, "target_layer_ids": None,
+                   "anchors": 64, "decay": 2.0, "ce_weight": 1.0, "kl_weight": 1.0}}
 
 
 def _gradients(dd: Dist, batch: int, kind: str = "eagle3") -> tuple[dict[str, torch.Tensor], float]:
@@ -58,7 +62,7 @@ def _gradients(dd: Dist, batch: int, kind: str = "eagle3") -> tuple[dict[str, to
     hc = OmegaConf.create(HEADS[kind])
     torch.manual_seed(0)
     head = build_head(hc, target, samples, "cpu")
-    objective = model = DraftObjective(head, hc)
+    objective = model = (BlockObjective if kind == "block" else DraftObjective)(head, hc)
     if dd.world > 1:
         model = torch.nn.parallel.DistributedDataParallel(objective)
     online = OnlineFeatures(target, head)
