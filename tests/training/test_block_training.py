@@ -85,6 +85,15 @@ def test_evaluation_decodes_with_the_block_drafter_and_the_export_loads(target, 
     assert m["eval/tau"] >= 1.0 and len(m["eval_history"][-1]["acc"]) == 3  # one accuracy per block row
     head = load_draft_head(m["head_dir"], target)
     assert isinstance(head, BlockHead) and head.block_size == 4
+    # the per-row accuracy plot of TRAINING.md reads this run
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[2]
+    out = subprocess.run([sys.executable, "scripts/plot_block_accuracy.py", str(tmp_path / "run"), "--out",
+                          str(tmp_path / "rows.png")], cwd=repo, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert (tmp_path / "rows.png").stat().st_size > 0
 
 
 def test_compiled_objective_trains_as_eager(target, tmp_path, small_cfg):
