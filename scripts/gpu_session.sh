@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Stages of a GPU session, each sized to fit one 10-minute call on an offline GPU machine (the H200 box):
 #   bash scripts/gpu_session.sh STAGE [OUT]
-#   tests      GPU tests: kernels (bf16, graphs), CUDA-graph decode, EAGLE losslessness, stream plans (CSAN, stress)
+#   tests      GPU tests: kernels (bf16, graphs), CUDA-graph decode, every drafter's losslessness, stream plans (CSAN,
+#              stress); TEST_PATHS (default "tests/kernels tests/engine"): a part, to split them over two calls
 #   invariant  the invariant kernels' GPU tests, then the benchmarks of PARTS (default "proj step attn": projections,
 #              whole forwards, tree attention invariant against split-KV; SWEEP=1 adds the tuning sweeps "sweep
 #              attn_sweep"); PROJ_ARGS / STEP_ARGS / ATTN_ARGS / SWEEP_ARGS: more, e.g. STEP_ARGS="--trace /tmp/trace"
@@ -117,7 +118,8 @@ case $stage in
   tests)
     # one line per test as it ends, so a call cut short still says what passed; default kernel configs
     # (EAGLET_AUTOTUNE=0): tuning every test shape costs minutes of compilation
-    EAGLET_AUTOTUNE=0 python -m pytest -v -rf -p no:cacheprovider tests/kernels tests/engine 2>&1 | tee "$out/tests.log" \
+    EAGLET_AUTOTUNE=0 python -m pytest -v -rf -p no:cacheprovider ${TEST_PATHS:-tests/kernels tests/engine} 2>&1 \
+      | tee "$out/tests.log" \
       | grep -E "PASSED|FAILED|ERROR|passed|failed|^E " | tail -60 ;;
   invariant)
     # the invariant kernels' GPU tests (bf16 bit-identity across M, graphs), then one benchmark per part, each within
