@@ -1,7 +1,7 @@
 """Every registered drafter (engine/drafters/), and n-gram branches on the EAGLE drafter, behind the one interface: its
 proposals are valid trees of the declared shape, deterministic, and greedy speculative decoding with it equals plain
-decoding, chain and tree, B=1 and 2, on CPU (the GPU's CUDA-graph runs are tests/engine/test_speculative.py's and
-`scripts/gpu_session.sh tests`). The trie merge the n-gram trees use (`graft`) against a plain-Python reference."""
+decoding, chain and tree, B=1 and 2, on CPU; on a GPU, every drafter under CUDA graphs in bf16 too
+(`scripts/gpu_session.sh tests`). The trie merge the n-gram trees use (`graft`) against a plain-Python reference."""
 
 from __future__ import annotations
 
