@@ -136,6 +136,26 @@ class ModelDrafter(Drafter):
         self.head = head
         self.feature_size = head.feature_size
 
+    @staticmethod
+    def head_config(c, draft, path) -> dict | None:
+        """config.json of the head directory `path` the run will load for `draft` (its conf/draft group), when it
+        holds a head of kind draft.name; else the problem is reported through `c` (runner/checks.py) and None."""
+        import json
+
+        from eaglet.models.head_checkpoint import head_class
+
+        key = "draft.path" if draft.get("path") else f"target.heads.{draft.name}"
+        try:
+            raw = json.loads((path / "config.json").read_text())
+            kind = head_class(raw, path).KIND
+        except (OSError, ValueError) as e:  # a bad config.json, an unknown architecture (CheckpointError)
+            c.bad(key, str(path), str(e).splitlines()[0])
+            return None
+        if kind != draft.name:
+            c.bad("draft", draft.name, f"{path} holds a {kind} head; use draft={kind}")
+            return None
+        return raw
+
     def capture_layers(self, n_layers: int) -> tuple[int, ...]:
         return tuple(self.head.capture_layers(n_layers))
 

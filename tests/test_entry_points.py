@@ -140,7 +140,7 @@ RUN_SPEC_BAD = [
     (["draft=ngram", "draft.n_min=5"], "draft.n_min"),  # above n_max
     (["draft=block"], "draft.path"),  # eaglet ships no block drafter for SmolLM2 (yet)
     (["draft=block", "draft.path={empty_dir}"], "draft.path"),
-    (["draft=block", "draft.path={shipped_eagle3}"], "draft.path"),  # an EAGLE-3 head
+    (["draft=block", "draft.path={shipped_eagle3}"], "draft"),  # an EAGLE-3 head
     (["draft=block", "draft.random_init=true", "draft.block_size=1"], "draft.block_size"),
     (["draft=block", "draft.random_init=true", "tree.steps=8"], "tree.steps"),  # a block of 8 drafts 7 depths
     (["draft.ngram_branches=-1"], "draft.ngram_branches"),

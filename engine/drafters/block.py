@@ -79,23 +79,14 @@ class BlockDrafter(ModelDrafter):
 
     @classmethod
     def check_config(cls, c, cfg, target) -> None:
-        import json
-
-        from eaglet.models.head_checkpoint import head_class, new_draft_head
+        from eaglet.models.head_checkpoint import new_draft_head
 
         d, t = cfg.draft, cfg.tree  # the values: block_config.check_values, in layer 1
         path = head_dir(d, cfg.target)
         block = d.block_size
         if path is not None:
-            key = "draft.path" if d.get("path") else f"target.heads.{d.name}"
-            try:
-                raw = json.loads((path / "config.json").read_text())
-                kind = head_class(raw, path).KIND
-            except (OSError, ValueError) as e:
-                c.bad(key, str(path), str(e).splitlines()[0])
-                return
-            if kind != "block":
-                c.bad(key, str(path), f"holds a {kind} head; use draft={kind}")
+            raw = cls.head_config(c, d, path)
+            if raw is None:
                 return
             block = raw.get("block_size", block)
         else:

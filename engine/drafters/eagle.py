@@ -68,22 +68,14 @@ class EagleDrafter(ModelDrafter):
 
     @classmethod
     def check_config(cls, c, cfg, target) -> None:
-        import json
-
-        from eaglet.models.head_checkpoint import head_class, new_draft_head
+        from eaglet.models.head_checkpoint import new_draft_head
 
         d, t = cfg.draft, cfg.tree  # the values: eagle_config.check_values, in layer 1
         name, layers, vocab = d.name, d.num_layers, d.get("draft_vocab_size")
         head = head_dir(d, cfg.target)
         if head is not None:
-            key = "draft.path" if d.get("path") else f"target.heads.{name}"
-            try:
-                kind = head_class(json.loads((head / "config.json").read_text()), head).KIND
-            except (OSError, ValueError) as e:  # a bad config.json, an unknown architecture (CheckpointError)
-                c.bad(key, str(head), str(e).splitlines()[0])
+            if cls.head_config(c, d, head) is None:
                 return
-            if kind != name:
-                c.bad("draft", name, f"{head} holds a {kind} head; use draft={kind}")
         else:  # a random head: built on meta, its checks run now
             with c.catching("draft", name):
                 new_draft_head(name, target, num_layers=layers if name == "multi_layer" else None,
