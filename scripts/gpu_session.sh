@@ -118,7 +118,7 @@ case $stage in
   tests)
     # one line per test as it ends, so a call cut short still says what passed; default kernel configs
     # (EAGLET_AUTOTUNE=0): tuning every test shape costs minutes of compilation
-    EAGLET_AUTOTUNE=0 python -m pytest -v -rf -p no:cacheprovider ${TEST_PATHS:-tests/kernels tests/engine} 2>&1 \
+    EAGLET_AUTOTUNE=0 python -m pytest -v -rf -p no:cacheprovider --durations=25 ${TEST_PATHS:-tests/kernels tests/engine} 2>&1 \
       | tee "$out/tests.log" \
       | grep -E "PASSED|FAILED|ERROR|passed|failed|^E " | tail -60 ;;
   invariant)
