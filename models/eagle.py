@@ -14,6 +14,8 @@ is indexed exactly like the target's.
   residual, a final norm and its own lm_head over a reduced draft vocabulary (`d2t`: target = i + d2t[i]).
 - `MultiLayerHead` (eaglet's): S EAGLE-1 layers, each with its own fc and KV layer; draft step i runs
   layer min(i, S-1); the extend runs every layer on the accepted (feature, token) pairs.
+- `DraftVocab`: a reduced draft vocabulary (d2t / t2d, `set_draft_vocab`, `with_draft_vocab`), mixed into
+  `Eagle3Head` and the block drafter (models/block_head.py).
 
 The embedding (and for EAGLE-1 / multi-layer the lm_head) is the target's, shared and frozen: the head
 keeps a plain reference to the target, so `head.parameters()`, `head.state_dict()` and `head.to()` only
