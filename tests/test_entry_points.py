@@ -202,6 +202,8 @@ TRAIN_BAD = [
     (["train/head=block", "train.head.block_size=1"], "train.head.block_size"),
     (["train/head=block", "train.head.target_layer_ids=[5,2]"], "train.head.target_layer_ids"),
     (["train/head=block", "train.head.block_size=4"], "tree.steps"),  # the evaluation's tree: 5 depths
+    (["train/head=block", "train.head.draft_vocab_size=0"], "train.head.draft_vocab_size"),
+    (["train/head=block", "train.head.resize_vocab=true"], "train.head.resize_vocab"),  # needs init_from
     (["train.fsdp=true"], "train.fsdp"),
     (["train.head.resize_vocab=true"], "train.head.resize_vocab"),
     (["train/head=eagle1", "+train.head.resize_vocab=true", "train.head.init_from={run}"], "train.head.resize_vocab"),
