@@ -158,7 +158,8 @@ class BlockHead(DraftVocab, DraftHead):
             return w
         key = (w.data_ptr(), w.dtype, w.device)
         if self._rows is None or self._rows[0] != key:
-            with torch.no_grad():
+            # a normal tensor even when first asked under inference_mode: training may use it after an evaluation
+            with torch.inference_mode(False), torch.no_grad():
                 ids = self.to_target_ids(torch.arange(self.draft_vocab_size, device=self.d2t.device))  # [Vd]
                 self._rows = key, w.detach()[ids.to(w.device)].contiguous()  # [Vd, H]
         return self._rows[1]
