@@ -8,9 +8,11 @@ the read of the drafter's weights once.
 
 Drafters: the EAGLE-3 head (engine/drafters/eagle.py: S-1 head forwards, then the extend over the accepted path) and a
 block drafter per --block-layers count (engine/drafters/block.py: one forward and the per-depth tree, then the
-context store). The update is timed with the whole path accepted (S+1 tokens), its longest. Floor: the drafter's
-own weights, the target LM head rows its logits read and its dependency tables, read once at the measured copy
-bandwidth; the EAGLE head re-reads its layer at every step, so its floor is a lower bound of a lower bound.
+context store), both over the draft vocabulary of `MODELS` (Llama-3.1-8B: 32,000 of 128,256 tokens, the public
+EAGLE-3 heads'); the block drafter keeps SmolLM2's whole vocabulary (49,152: its LM head is 57 MB). The update is
+timed with the whole path accepted (S+1 tokens), its longest. Floor: the drafter's own weights, the target LM head rows
+its logits read and its dependency tables, read once at the measured copy bandwidth; the EAGLE head re-reads its layer
+at every step, so its floor is a lower bound of a lower bound.
 """
 
 from __future__ import annotations
@@ -28,30 +30,34 @@ from eaglet.engine.speculative import TreeSpec
 from eaglet.models.head_checkpoint import new_draft_head
 from eaglet.models.llama import ModelArgs, Transformer
 
-MODELS = {"SmolLM2-135M": ("smollm2_135m", 8192), "Llama-3.1-8B": ("llama3_8b", 32000)}  # EAGLE-3 draft vocab
+# registry name, EAGLE-3 draft vocabulary, block drafter draft vocabulary (None: the target's)
+MODELS = {"SmolLM2-135M": ("smollm2_135m", 8192, None), "Llama-3.1-8B": ("llama3_8b", 32000, 32000)}
 PREFIX, CONTEXT, PAGE = 1024, 2048, 16
 SMOKE = ModelArgs(family="llama", vocab_size=512, dim=128, n_layers=8, n_heads=2, n_kv_heads=1, head_dim=64,
                   intermediate_size=256, max_seq_len=512)
 
 
-def drafters(target: Transformer, draft_vocab: int, block_layers: list[int]):
-    """(label, drafter) of each kind, random weights in the target's dtype, on the invariant path."""
+def drafters(target: Transformer, draft_vocab: int, block_vocab: int | None, block_layers: list[int]):
+    """(label, drafter) of each kind, random weights in the target's dtype, on the invariant path. A random map is
+    the first Vd target ids: the same bytes as a trained one's."""
     yield "EAGLE-3", EagleDrafter(new_draft_head("eagle3", target, draft_vocab_size=min(draft_vocab,
                                                                                           target.args.vocab_size)))
     for n in block_layers:
-        head = new_draft_head("block", target, num_layers=n, block_size=8, dep_rank=64)
+        head = new_draft_head("block", target, num_layers=n, block_size=8, dep_rank=64, draft_vocab_size=block_vocab)
         with torch.no_grad():
             head.dep_out.weight.normal_(0, 0.02)
-        yield f"block, {n} layers", BlockDrafter(head)
+        vd = "" if block_vocab is None else f", Vd {block_vocab}"
+        yield f"block, {n} layers{vd}", BlockDrafter(head)
 
 
 def weight_bytes(target: Transformer, drafter) -> int:
-    """What one propose + update reads at least once: the drafter's weights, the target LM head rows its logits use,
-    the block drafter's dependency tables (fp32)."""
+    """What one propose + update reads at least once: the drafter's weights, the target LM head rows its logits use
+    (the block drafter's: those of its draft vocabulary, [Vd, H]), the block drafter's dependency tables (fp32 dep_in
+    [V, r] and dep_out [r, Vd], counted whole: a propose gathers only its candidates' rows of dep_in)."""
     own = sum(p.numel() * p.element_size() for p in drafter.head.parameters())  # EAGLE-3's LM head among them
     if not isinstance(drafter, BlockDrafter):
         return own
-    lm = target.lm_head.weight.numel() * BYTES
+    lm = drafter.head.lm_head_rows().numel() * BYTES  # [Vd, H]
     tables = (drafter.dep_in.numel() + drafter.dep_out.numel()) * 4  # fp32, made by setup
     return own + lm + tables
 
@@ -142,10 +148,11 @@ def main() -> None:
     for model in ["tiny (smoke)"] if a.smoke else a.models.split(","):
         if a.smoke:
             torch.manual_seed(0)
-            target, vocab = Transformer(SMOKE).eval(), 64
+            target, vocab, block_vocab = Transformer(SMOKE).eval(), 64, 64
         else:
-            target, vocab = random_model(MODELS[model][0])[1], MODELS[model][1]
-        for label, drafter in drafters(target, vocab, layers):
+            name, vocab, block_vocab = MODELS[model]
+            target = random_model(name)[1]
+        for label, drafter in drafters(target, vocab, block_vocab, layers):
             for B in map(int, a.batches.split(",")):
                 for tree in trees:
                     p, u = measure(target, drafter, tree, B, a.smoke)

@@ -11,11 +11,16 @@ the head's paged KV pool like a prefix (`store_context`, run by the drafter's pr
 The mask rows take a learned embedding (`mask_embedding`): no spare id of the target's vocabulary is needed.
 The target's embedding and LM head are shared and frozen, as for EAGLE heads (models/eagle.py).
 
+Draft vocabulary (`draft_vocab_size`, EAGLE-3's mechanism: models/eagle.py's `DraftVocab`, d2t / t2d): the logits
+cover Vd <= V tokens, through the target LM head's rows of those tokens, and dep_out is r -> Vd. Why: at
+Llama-3.1-8B's shape the full LM head is 128,256 x 4,096 bf16 = 1.05 GB read per propose (~0.3 ms at 3.3 TB/s of
+a 0.6 ms draft budget), its 32,000 rows 0.26 GB. None (default) = the whole vocabulary, no map.
+
 Dependency term: logits of row j = lm_head(norm(h_j)) + dep_out(dep_in(embed(parent))), a rank-`dep_rank` bias
-from the token at the previous block position (the parent in a tree: the root for j = 1). The forward itself sees
-no drafted token, so this term is what makes row j's distribution depend on which candidate it continues: a tree
-(per-depth top-k conditioned on the parent) comes from one forward plus one small GEMM per depth
-(engine/drafters/block.py). `dep_out` starts at zero: an untrained term is no bias.
+from the token at the previous block position (a target id, any of the V; the parent in a tree: the root for
+j = 1). The forward itself sees no drafted token, so this term is what makes row j's distribution depend on which
+candidate it continues: a tree (per-depth top-k conditioned on the parent) comes from one forward plus one small GEMM
+per depth (engine/drafters/block.py). `dep_out` starts at zero: an untrained term is no bias.
 
 `forward_dense` is the training forward: the same weights and math, attention computed densely over several
 anchors' blocks at once (training/block_loss.py).
@@ -32,7 +37,7 @@ from eaglet.kernels.activation import silu_and_mul_ref
 from eaglet.kernels.rmsnorm import rmsnorm_ref
 from eaglet.kernels.rope import rope_store
 from eaglet.models.draft_layers import DraftLayer, draft_linear
-from eaglet.models.eagle import DraftHead
+from eaglet.models.eagle import DraftHead, DraftVocab
 from eaglet.models.kernel_paths import KernelPath, path_for
 from eaglet.models.kv_cache import ForwardBatch, KVCache
 from eaglet.models.llama import RMSNorm
@@ -49,11 +54,13 @@ def default_layer_ids(target_n_layers: int, n: int = 5) -> list[int]:
     return sorted({round(1 + i * (L - 4) / (n - 1)) for i in range(n)})
 
 
-class BlockHead(DraftHead):
+class BlockHead(DraftVocab, DraftHead):
     """A DraftHead for what heads share (config.json and checkpoint layout, the target's embedding, the paged pool,
-    the kernel path); its forwards are its own: `forward_block` (inference) and `forward_dense` (training)."""
+    the kernel path) and EAGLE-3's draft vocabulary; its forwards are its own: `forward_block` (inference) and
+    `forward_dense` (training)."""
 
     KIND, ARCHITECTURE, FC_BIAS = "block", ARCH_BLOCK, False
+    VOCAB_WEIGHTS, MAP_AT_FULL_VOCAB = ("dep_out.weight",), False
 
     def __init__(self, config: dict, target):
         super().__init__(config, target)
@@ -68,14 +75,19 @@ class BlockHead(DraftHead):
         if self.block_size < 2:
             raise ValueError(f"block drafter block_size={self.block_size}: the root and at least one mask row")
         rank = int(config.get("dep_rank") or 64)
-        self.config = dict(config, target_layer_ids=ids, block_size=self.block_size, dep_rank=rank)  # config.json
+        Vd = self._init_draft_vocab(config)
+        self.config = dict(config, target_layer_ids=ids, block_size=self.block_size, dep_rank=rank,
+                           draft_vocab_size=Vd)  # config.json
+        # The target LM head's rows of the draft vocabulary [Vd, H], derived (not a weight, not saved): made on first
+        # use and kept, as a plain attribute (head.to() must not cast the target's rows); see `lm_head_rows`.
+        self._rows: tuple[tuple, torch.Tensor] | None = None
         self.fc = nn.Linear(len(ids) * t.dim, a.dim, bias=False)
         self.hidden_norm = RMSNorm(a.dim, a.norm_eps)
         self.layers = nn.ModuleList(DraftLayer(a, i, input_norm=True) for i in range(a.n_layers))
         self.norm = RMSNorm(a.dim, a.norm_eps)
         self.mask_embedding = nn.Parameter(torch.randn(a.dim) * 0.02)  # [H]
         self.dep_in = nn.Linear(t.dim, rank, bias=False)
-        self.dep_out = nn.Linear(rank, t.vocab_size, bias=False)
+        self.dep_out = nn.Linear(rank, Vd, bias=False)  # draft ids
         nn.init.zeros_(self.dep_out.weight)
 
     def forward(self, *args, **kwargs):
@@ -132,24 +144,54 @@ class BlockHead(DraftHead):
             x = layer(x.contiguous(), positions, self._inv_freq, batch, kv)  # [B, K, H]
         return x
 
+    # ---- the draft vocabulary -------------------------------------------------------------------------------
+    def lm_head_rows(self) -> torch.Tensor:
+        """The target LM head's rows of the draft vocabulary [Vd, H] (its whole weight without a map), frozen.
+
+        Gathered once and kept, for training and inference alike: per call, the gather would write and re-read Vd x H
+        on every propose (at Llama-3.1-8B's shape 0.26 GB, as much again as the rows' own read) and could not sit in a
+        CUDA graph captured before a map change; BlockDrafter.setup makes it before capture. Rebuilt when the map
+        changes (set_draft_vocab, a loaded state dict: `_draft_vocab_changed`) or the target's weight moves (its
+        storage is part of the key)."""
+        w = self.target.lm_head.weight
+        if self.d2t is None:
+            return w
+        key = (w.data_ptr(), w.dtype, w.device)
+        if self._rows is None or self._rows[0] != key:
+            # a normal tensor even when first asked under inference_mode: training may use it after an evaluation
+            with torch.inference_mode(False), torch.no_grad():
+                ids = self.to_target_ids(torch.arange(self.draft_vocab_size, device=self.d2t.device))  # [Vd]
+                self._rows = key, w.detach()[ids.to(w.device)].contiguous()  # [Vd, H]
+        return self._rows[1]
+
+    def _draft_vocab_changed(self) -> None:
+        self._rows = None
+
+    def vocab_logits(self, x: torch.Tensor) -> torch.Tensor:
+        """x [..., H] final-normed -> fp32 logits [..., Vd] over the draft vocabulary (the training path)."""
+        if self.d2t is None:
+            return self.target.logits(x.to(self.target.dtype))  # [..., V]
+        return F.linear(x.to(self.target.dtype), self.lm_head_rows()).float()  # [..., Vd]
+
     def block_logits(self, x: torch.Tensor) -> torch.Tensor:
-        """x [..., H] (forward_block's) -> fp32 logits [..., V] through the final norm and the target's LM head."""
+        """x [..., H] (forward_block's) -> fp32 logits [..., Vd] through the final norm and the target LM head's rows of
+        the draft vocabulary."""
         if path_for(self.invariant) is KernelPath.INVARIANT:
-            w = self.target.lm_head.weight
+            w = self.lm_head_rows()  # [Vd, H]
             x2d = x.reshape(-1, x.shape[-1]).to(w.dtype).contiguous()  # [M, H]
             return proj.linear(x2d, w, norm_weight=self.norm.weight.to(w.dtype), eps=self.args.norm_eps).view(
-                *x.shape[:-1], -1).float()
-        return self.target.logits(self.norm(x).to(self.target.dtype))
+                *x.shape[:-1], -1).float()  # [..., Vd]
+        return self.vocab_logits(self.norm(x))  # [..., Vd]
 
     def dep_bias(self, parents: torch.Tensor) -> torch.Tensor:
-        """parents [...] token ids -> the dependency term [..., V] fp32 of the rows that continue them."""
+        """parents [...] target ids -> the dependency term [..., Vd] fp32 of the rows that continue them."""
         z = draft_linear(self.dep_in, self.invariant, self.embed(parents))  # [..., r]
-        return draft_linear(self.dep_out, self.invariant, z).float()  # [..., V]
+        return draft_linear(self.dep_out, self.invariant, z).float()  # [..., Vd]
 
     # ---- training -----------------------------------------------------------------------------------------
     def forward_dense(self, tokens: torch.Tensor, feature: torch.Tensor, anchors: torch.Tensor) -> torch.Tensor:
         """tokens [B, T], feature [B, T, F] (target_feature), anchors [B, A] positions (>= 1; the block of
-        anchor a reads the context p < a, its root is tokens[a]) -> logits [B, A, K-1, V] fp32 of block rows
+        anchor a reads the context p < a, its root is tokens[a]) -> logits [B, A, K-1, Vd] fp32 of block rows
         1..K-1 (row j predicts tokens[a + j]), the dependency term taken with the true parent tokens[a + j - 1].
         Blocks running past T read the last token as their parents (their rows are out of the loss)."""
         B, T = tokens.shape
@@ -172,10 +214,10 @@ class BlockHead(DraftHead):
         for layer in self.layers:
             x = self._layer_dense(layer, x, c, pos_b, pos_c, mask)  # [B, A*K, H]
         x = x.view(B, A, K, H)[:, :, 1:]  # [B, A, K-1, H]
-        logits = self.target.logits(rmsnorm_ref(x, self.norm.weight, self.args.norm_eps).to(self.target.dtype))
+        logits = self.vocab_logits(rmsnorm_ref(x, self.norm.weight, self.args.norm_eps))  # [B, A, K-1, Vd]
         parent_at = (anchors[:, :, None] + j[:-1]).clamp(max=T - 1)  # [B, A, K-1]
-        parents = tokens.gather(1, parent_at.view(B, -1)).view(B, A, K - 1)  # [B, A, K-1]
-        return logits + self.dep_out(self.dep_in(self.embed(parents))).float()  # [B, A, K-1, V]
+        parents = tokens.gather(1, parent_at.view(B, -1)).view(B, A, K - 1)  # [B, A, K-1] target ids
+        return logits + self.dep_out(self.dep_in(self.embed(parents))).float()  # [B, A, K-1, Vd]
 
     def _layer_dense(self, layer: DraftLayer, x, c, pos_b, pos_c, mask) -> torch.Tensor:
         """One layer over the blocks' rows x [B, Q, H] and the context c [B, T, H] (normed), dense attention."""

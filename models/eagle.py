@@ -14,6 +14,8 @@ is indexed exactly like the target's.
   residual, a final norm and its own lm_head over a reduced draft vocabulary (`d2t`: target = i + d2t[i]).
 - `MultiLayerHead` (eaglet's): S EAGLE-1 layers, each with its own fc and KV layer; draft step i runs
   layer min(i, S-1); the extend runs every layer on the accepted (feature, token) pairs.
+- `DraftVocab`: a reduced draft vocabulary (d2t / t2d, `set_draft_vocab`, `with_draft_vocab`), mixed into
+  `Eagle3Head` and the block drafter (models/block_head.py).
 
 The embedding (and for EAGLE-1 / multi-layer the lm_head) is the target's, shared and frozen: the head
 keeps a plain reference to the target, so `head.parameters()`, `head.state_dict()` and `head.to()` only
@@ -303,10 +305,99 @@ class MultiLayerHead(DraftHead):
         return outs[0], self.target_logits(outs[0])
 
 
-class Eagle3Head(DraftHead):
+def _draft_vocab_loaded(module, incompatible_keys) -> None:
+    """load_state_dict's post-hook of DraftVocab heads (a module-level function: heads stay picklable)."""
+    module._draft_vocab_changed()
+
+
+class DraftVocab:
+    """A draft vocabulary for a DraftHead (mixed in before it): the head's logits cover Vd <= V target tokens, draft
+    id i being target id i + d2t[i] (EAGLE-3's design, which the block drafter shares). Buffers `d2t` [Vd] int64 and
+    `t2d` [V] bool (target id is in the draft vocabulary), checkpointed under the public EAGLE-3 names; a new head's
+    map is the first Vd target ids until `set_draft_vocab`.
+
+    `VOCAB_WEIGHTS`: the head's weights with one row per draft id (`with_draft_vocab` carries them over by token).
+    `MAP_AT_FULL_VOCAB`: whether a head over the whole vocabulary still has d2t / t2d (EAGLE-3's layout always has
+    them, EAGLE deletes them only on load) or none (the block drafter: no map, today's full-vocabulary head)."""
+
+    VOCAB_WEIGHTS: tuple[str, ...]
+    MAP_AT_FULL_VOCAB: bool
+
+    def _init_draft_vocab(self, config: dict) -> int:
+        """Validate config["draft_vocab_size"] (None: the target's vocabulary), register the map -> Vd."""
+        V = self.target.args.vocab_size
+        Vd = config.get("draft_vocab_size") or V
+        if not 0 < Vd <= V:
+            raise ValueError(f"{self.KIND} draft_vocab_size={Vd} must be in [1, {V}] (the target's vocabulary)")
+        if Vd < V or self.MAP_AT_FULL_VOCAB:
+            self.register_buffer("d2t", torch.zeros(Vd, dtype=torch.int64))  # target id = draft id + d2t[draft id]
+            self.register_buffer("t2d", torch.arange(V) < Vd)  # [V] target id is in the draft vocabulary
+        else:  # None buffers: not in the state dict, so a full-vocabulary head's checkpoint has no map
+            self.register_buffer("d2t", None)
+            self.register_buffer("t2d", None)
+        # a map loaded into the buffers (load_state_dict copies in place) changes what is derived from it
+        self.register_load_state_dict_post_hook(_draft_vocab_loaded)
+        return Vd
+
+    @property
+    def has_draft_map(self) -> bool:
+        return self.d2t is not None
+
+    @property
+    def draft_vocab_size(self) -> int:
+        return self.d2t.numel() if self.d2t is not None else self.target.args.vocab_size
+
+    @property
+    def d2t_offsets(self) -> torch.Tensor | None:
+        return self.d2t
+
+    def _draft_vocab_changed(self) -> None:
+        """Hook: the map changed (set_draft_vocab, a loaded state dict); heads that derive tensors from it drop them."""
+
+    def set_draft_vocab(self, target_ids: torch.Tensor) -> None:
+        """Make the draft vocabulary the given distinct target ids [draft_vocab] (sorted here, as EAGLE-3's
+        and SpecForge's frequency-based maps are), e.g. the most frequent tokens of the training data."""
+        if self.d2t is None:
+            raise ValueError(f"this {self.KIND} head covers the target's whole vocabulary and has no map: build it "
+                             f"with draft_vocab_size < {self.target.args.vocab_size}")
+        ids = torch.unique(target_ids.long())  # [Vd] sorted
+        if ids.numel() != self.draft_vocab_size or int(ids[0]) < 0 or int(ids[-1]) >= self.t2d.numel():
+            raise ValueError(f"need {self.draft_vocab_size} distinct target ids in [0, {self.t2d.numel()}), got "
+                             f"{ids.numel()} distinct in [{int(ids[0])}, {int(ids[-1])}]")
+        self.d2t.copy_(ids - torch.arange(ids.numel(), device=ids.device))
+        self.t2d.zero_()
+        self.t2d[ids.to(self.t2d.device)] = True
+        self._draft_vocab_changed()
+
+    def with_draft_vocab(self, target_ids: torch.Tensor):
+        """A copy of this head over another draft vocabulary (the given distinct target ids), e.g. a trained
+        8,192-token head grown to 32,768 tokens: every weight is copied except `VOCAB_WEIGHTS`, whose rows carry
+        over for the tokens in both vocabularies; the rows of tokens new to it keep a fresh head's init."""
+        ids = torch.unique(target_ids.long())  # [Vd'] sorted
+        with torch.device(self.device):
+            twin = type(self)({**self.config, "draft_vocab_size": ids.numel()}, self.target)
+        twin.to(self.get_parameter(self.VOCAB_WEIGHTS[0]).dtype)
+        own = set(self.VOCAB_WEIGHTS) | ({"d2t", "t2d"} if twin.has_draft_map else set())
+        res = twin.load_state_dict({k: v for k, v in self.state_dict().items() if k not in own}, strict=False)
+        assert set(res.missing_keys) == own and not res.unexpected_keys, res  # every other weight copied
+        if twin.has_draft_map:
+            twin.set_draft_vocab(ids)
+        n, dev = self.draft_vocab_size, self.device
+        old_draft = torch.full((self.target.args.vocab_size,), -1, dtype=torch.long, device=dev)  # [V] -> old draft id
+        old_draft[self.to_target_ids(torch.arange(n, device=dev))] = torch.arange(n, device=dev)
+        src = old_draft[ids.to(dev)]  # [Vd'] this head's draft id of each new draft id, or -1
+        keep = src >= 0
+        with torch.no_grad():
+            for name in self.VOCAB_WEIGHTS:
+                twin.get_parameter(name)[keep] = self.get_parameter(name)[src[keep]]
+        return twin.train(self.training)
+
+
+class Eagle3Head(DraftVocab, DraftHead):
     """EAGLE-3: fc over three target features, a midlayer over [embed, hidden], own norm + reduced-vocab lm_head."""
 
     KIND, ARCHITECTURE, FC_BIAS = "eagle3", ARCH_EAGLE3, False
+    VOCAB_WEIGHTS, MAP_AT_FULL_VOCAB = ("lm_head.weight",), True
 
     def __init__(self, config: dict, target: Transformer):
         super().__init__(config, target)
@@ -319,9 +410,7 @@ class Eagle3Head(DraftHead):
             raise ValueError(f"EAGLE-3 head expects target features of width 3 x {Ht} (target_hidden_size, else "
                              f"hidden_size) but the target's hidden size is {t.dim}: the head was trained for "
                              f"another target; load the matching target or train a head for this one")
-        Vd = config.get("draft_vocab_size") or t.vocab_size
-        if not 0 < Vd <= t.vocab_size:
-            raise ValueError(f"EAGLE-3 draft_vocab_size={Vd} must be in [1, {t.vocab_size}] (the target's vocabulary)")
+        Vd = self._init_draft_vocab(config)
         aux = (config.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
         self.aux_layer_ids = tuple(aux) if aux else None
         self.capture_layers(t.n_layers)  # validates the choice against this target now, not at the first forward
@@ -331,12 +420,6 @@ class Eagle3Head(DraftHead):
         self.lm_head = nn.Linear(H, Vd, bias=False)
         if H != Ht:  # the target's embedding has the wrong width: the head brings its own (as SGLang does)
             self.embed_tokens = nn.Embedding(t.vocab_size, H)
-        self.register_buffer("d2t", torch.zeros(Vd, dtype=torch.int64))  # target id = draft id + d2t[draft id]
-        self.register_buffer("t2d", torch.arange(t.vocab_size) < Vd)  # [V] target id is in the draft vocabulary
-
-    @property
-    def draft_vocab_size(self) -> int:
-        return self.lm_head.out_features
 
     @property
     def feature_widths(self) -> tuple[int, ...]:
@@ -360,42 +443,6 @@ class Eagle3Head(DraftHead):
             raise ValueError(f"EAGLE-3 needs the 3 captured target layers (capture_layers="
                              f"head.capture_layers(L)), got {len(captured)}")
         return torch.cat(captured, dim=-1)  # [B, T, 3*Ht] low, mid, high
-
-    @property
-    def d2t_offsets(self) -> torch.Tensor:
-        return self.d2t
-
-    def set_draft_vocab(self, target_ids: torch.Tensor) -> None:
-        """Make the draft vocabulary the given distinct target ids [draft_vocab] (sorted here, as EAGLE-3's
-        and SpecForge's frequency-based maps are), e.g. the most frequent tokens of the training data."""
-        ids = torch.unique(target_ids.long())  # [Vd] sorted
-        if ids.numel() != self.draft_vocab_size or int(ids[0]) < 0 or int(ids[-1]) >= self.t2d.numel():
-            raise ValueError(f"need {self.draft_vocab_size} distinct target ids in [0, {self.t2d.numel()}), got "
-                             f"{ids.numel()} distinct in [{int(ids[0])}, {int(ids[-1])}]")
-        self.d2t.copy_(ids - torch.arange(ids.numel(), device=ids.device))
-        self.t2d.zero_()
-        self.t2d[ids.to(self.t2d.device)] = True
-
-    def with_draft_vocab(self, target_ids: torch.Tensor) -> "Eagle3Head":
-        """A copy of this head over another draft vocabulary (the given distinct target ids), e.g. a trained
-        8,192-token head grown to 32,768 tokens: every weight is copied except the LM head, whose rows carry
-        over for the tokens in both vocabularies; the rows of tokens new to it keep a fresh head's init."""
-        ids = torch.unique(target_ids.long())  # [Vd'] sorted
-        with torch.device(self.device):
-            twin = type(self)({**self.config, "draft_vocab_size": ids.numel()}, self.target)
-        twin.to(self.lm_head.weight.dtype)
-        own = {"lm_head.weight", "d2t", "t2d"}
-        res = twin.load_state_dict({k: v for k, v in self.state_dict().items() if k not in own}, strict=False)
-        assert set(res.missing_keys) == own and not res.unexpected_keys, res  # every other weight copied
-        twin.set_draft_vocab(ids)
-        old_draft = torch.full_like(self.t2d, -1, dtype=torch.long)  # [V] target id -> this head's draft id
-        old_draft[self.to_target_ids(torch.arange(self.draft_vocab_size, device=self.d2t.device))] = torch.arange(
-            self.draft_vocab_size, device=self.d2t.device)
-        src = old_draft[ids.to(old_draft.device)]  # [Vd'] this head's draft id of each new draft id, or -1
-        keep = src >= 0
-        with torch.no_grad():
-            twin.lm_head.weight[keep] = self.lm_head.weight[src[keep]]
-        return twin.train(self.training)
 
     def _forward(self, tokens, hidden, positions, batch, kv, step):
         if hidden.shape[-1] == self.fc.in_features:  # target features: project; own output: already H-wide

@@ -14,6 +14,11 @@ load here. Tensor names are the public ones with q/k/v and gate/up split (eaglet
                  lm_head.weight, d2t [draft_vocab] int64, t2d [vocab] bool (+ embed_tokens.weight)
     multi-layer  layers.{i}.fc.{weight,bias}, layers.{i}.self_attn..., layers.{i}.mlp...,
                  layers.{i}.post_attention_layernorm.weight
+    block        fc.weight, hidden_norm.weight, layers.{i}..., norm.weight, mask_embedding, dep_in.weight,
+                 dep_out.weight [draft_vocab, r], and d2t / t2d as EAGLE-3's when draft_vocab < vocab (eaglet's own)
+
+Heads with a draft vocabulary (models/eagle.py's `DraftVocab`: EAGLE-3, block) write `draft_vocab_size` in config.json
+and their map as d2t / t2d; a block config.json without the key (written before it) is a full-vocabulary drafter.
 
 Loading reads config.json plus safetensors or `pytorch_model.bin` (public EAGLE files; only ever through
 `torch.load(..., weights_only=True)`) and checks the config and every tensor against the target before a
@@ -41,7 +46,7 @@ from eaglet.models.checkpoint import (
     save_hf_checkpoint,
 )
 from eaglet.models.eagle import HEAD_CLASSES as EAGLE_HEADS
-from eaglet.models.eagle import DraftHead, Eagle3Head
+from eaglet.models.eagle import DraftHead, DraftVocab, Eagle3Head
 from eaglet.models.llama import ModelArgs, Transformer
 
 HEAD_CLASSES: dict[str, type[DraftHead]] = {**EAGLE_HEADS, BlockHead.KIND: BlockHead}
@@ -127,23 +132,23 @@ def new_draft_head(kind: str, target: Transformer, num_layers: int | None = None
                    **config) -> DraftHead:
     """A randomly initialised head sized from the target's ModelArgs (hidden size, heads, head_dim,
     intermediate size, RoPE). num_layers: EAGLE-1 1 (public), EAGLE-3 1, multi-layer S (required).
-    draft_vocab_size: EAGLE-3 only (default: the full vocabulary; set the map with `set_draft_vocab`).
+    draft_vocab_size: EAGLE-3 and block heads (default: the full vocabulary; set the map with `set_draft_vocab`).
     `config` overrides config.json keys, e.g. intermediate_size=..., bias=False."""
     if kind not in HEAD_CLASSES:
         raise ValueError(f"unknown draft head kind {kind!r}; choose one of {KINDS}")
     if kind == "multi_layer" and num_layers is None:
         raise ValueError("a multi_layer head needs num_layers (one layer per draft step, e.g. the tree's steps)")
-    if kind != "eagle3" and draft_vocab_size not in (None, target.args.vocab_size):
-        raise ValueError(f"draft_vocab_size={draft_vocab_size}: only EAGLE-3 heads have a reduced vocabulary "
-                         f"({kind} heads use the target's lm_head over all {target.args.vocab_size} tokens)")
     cls, t = HEAD_CLASSES[kind], target.args
+    if not issubclass(cls, DraftVocab) and draft_vocab_size not in (None, t.vocab_size):
+        raise ValueError(f"draft_vocab_size={draft_vocab_size}: only EAGLE-3 and block heads have a reduced "
+                         f"vocabulary ({kind} heads use the target's lm_head over all {t.vocab_size} tokens)")
     raw = dict(
         architectures=[cls.ARCHITECTURE], model_type="llama", hidden_size=t.dim, intermediate_size=t.intermediate_size,
         num_hidden_layers=num_layers or 1, num_attention_heads=t.n_heads, num_key_value_heads=t.n_kv_heads,
         head_dim=t.head_dim, rms_norm_eps=t.norm_eps, rope_theta=t.rope_theta, rope_scaling=t.rope_scaling,
         max_position_embeddings=t.max_seq_len, vocab_size=t.vocab_size, bias=cls.FC_BIAS,
     )
-    if kind == "eagle3":
+    if issubclass(cls, DraftVocab):
         raw["draft_vocab_size"] = draft_vocab_size or t.vocab_size
     raw.update(config)
     cfg = _normalise_head_config(raw, "new_draft_head")
@@ -170,8 +175,9 @@ def head_config(head: DraftHead, dtype: torch.dtype | None = None) -> dict:
         # tied heads would make save_hf_checkpoint drop lm_head.weight; no head ties its own
         tie_word_embeddings=False, torch_dtype=str(dtype or head.dtype).removeprefix("torch."),
     )
-    if isinstance(head, Eagle3Head):
+    if isinstance(head, DraftVocab):
         cfg["draft_vocab_size"] = head.draft_vocab_size
+    if isinstance(head, Eagle3Head):
         if head.fc.in_features != 3 * a.dim:
             cfg["target_hidden_size"] = head.fc.in_features // 3
     return cfg
@@ -261,13 +267,13 @@ def _config_from(cls: type[DraftHead], raw: dict, sd: dict, source) -> dict:
 
 
 def _optional_tensors(head: DraftHead) -> set[str]:
-    # A full-vocabulary EAGLE-3 head needs no map (EAGLE deletes d2t/t2d then).
-    full = isinstance(head, Eagle3Head) and head.draft_vocab_size == head.target.args.vocab_size
+    # A full-vocabulary EAGLE-3 head needs no map (EAGLE deletes d2t/t2d then); a full block head has none.
+    full = isinstance(head, DraftVocab) and head.has_draft_map and head.draft_vocab_size == head.target.args.vocab_size
     return {"d2t", "t2d"} if full else set()
 
 
-def _check_vocab_map(head: Eagle3Head, sd: dict, source) -> None:
-    """An EAGLE-3 checkpoint's d2t / t2d against the target's vocabulary and the head's draft vocabulary."""
+def _check_vocab_map(head: DraftVocab, sd: dict, source) -> None:
+    """A checkpoint's d2t / t2d (EAGLE-3, block) against the target's vocabulary and the head's draft vocabulary."""
     V, Vd = head.target.args.vocab_size, head.draft_vocab_size
     t2d, d2t = sd.get("t2d"), sd.get("d2t")
     if t2d is not None and tuple(t2d.shape) != (V,):
@@ -316,7 +322,7 @@ def _from_state_dict(cls: type[DraftHead], raw, sd, target, dtype, device, sourc
     expected = {k: tuple(v.shape) for k, v in public_state_dict(head).items()}
     if "embed_tokens.weight" in sd and "embed_tokens.weight" not in expected:
         _check_embedding(head, sd.pop("embed_tokens.weight"), source)
-    if isinstance(head, Eagle3Head):
+    if isinstance(head, DraftVocab) and head.has_draft_map:
         _check_vocab_map(head, sd, source)
     optional = _optional_tensors(head)
     missing = [k for k in expected if k not in sd and k not in optional]
@@ -338,7 +344,7 @@ def _from_state_dict(cls: type[DraftHead], raw, sd, target, dtype, device, sourc
     unloaded = set(result.missing_keys) - optional
     if unloaded:  # the name mapping and the checks above disagree: a bug here, not in the file
         raise RuntimeError(f"{source}: internal error, {sorted(unloaded)[:4]} were not loaded")
-    if isinstance(head, Eagle3Head) and optional - sd.keys():  # a full-vocabulary head without its map
+    if isinstance(head, DraftVocab) and optional - sd.keys():  # a full-vocabulary EAGLE-3 head without its map
         head.d2t.zero_()
         head.t2d.fill_(True)
     return head.eval()

@@ -43,7 +43,8 @@
 #              BLOCK_TREES (steps/topk/tokens) beside the EAGLE-3 head's default run; OUT/block.tgz.* parts
 #   block_l8b  benchmarks/bench_draft.py (the draft phase of EAGLE-3 and block drafters at SmolLM2's and Llama-3.1-8B's
 #              shapes, B 1 and 8), then random Llama-3.1-8B weights, tree=simulate, B=1: a random block drafter
-#              (L8B_LAYERS layers, default 2) beside the EAGLE-3 head, step and draft times against the weight floors
+#              (L8B_LAYERS layers, default 2) beside the EAGLE-3 head, both over a draft vocabulary of 32,000 tokens
+#              (the public 8B EAGLE-3 heads'), step and draft times against the weight floors
 #   lossless   bf16 greedy speculative vs plain decoding on the 80 MT-bench first turns (invariant numerics):
 #              each head kind of LOSSLESS_HEADS (default eagle3 eagle1 multi_layer) x chain/eagle2 x B 1/8; the
 #              shipped EAGLE-3 head, EAGLE-1 and multi-layer heads trained here for HEAD_S seconds each
@@ -353,7 +354,8 @@ print(m['num_tokens'] / m['num_sequences'])")
     r8=(target=random_llama3_8b data=synthetic data.limit=1 data.prompt_len=1024 gen.max_new_tokens=256 gen.batch_size=1
         stream=serial tree=simulate logger=none)
     for d in block eagle3; do
-      extra=(draft=$d draft.random_init=true)
+      # 32,000 LM-head rows (0.26 GB) per draft, not all 128,256 (1.05 GB, ~0.3 ms of the 0.6 ms draft budget)
+      extra=(draft=$d draft.random_init=true draft.draft_vocab_size=32000)
       [[ $d == block ]] && extra+=(draft.num_layers=${L8B_LAYERS:-2})
       timeout ${RUN_S:-240} python run_spec.py hydra.run.dir=$R/l8b_${d}_sim "${r8[@]}" "${extra[@]}" \
         > $R/l8b_$d.log 2>&1 || tail -3 $R/l8b_$d.log

@@ -143,6 +143,8 @@ RUN_SPEC_BAD = [
     (["draft=block", "draft.path={shipped_eagle3}"], "draft"),  # an EAGLE-3 head
     (["draft=block", "draft.random_init=true", "draft.block_size=1"], "draft.block_size"),
     (["draft=block", "draft.random_init=true", "tree.steps=8"], "tree.steps"),  # a block of 8 drafts 7 depths
+    (["draft=block", "draft.random_init=true", "draft.draft_vocab_size=0"], "draft.draft_vocab_size"),
+    (["draft=block", "draft.random_init=true", "draft.draft_vocab_size=50000"], "draft.draft_vocab_size"),  # > 49,152
     (["draft.ngram_branches=-1"], "draft.ngram_branches"),
     (["draft.ngram_branches=17"], "draft.ngram_branches"),  # more matches than the n-gram kernel follows
     (["draft.drafter=medusa"], "draft.drafter"),
@@ -200,6 +202,8 @@ TRAIN_BAD = [
     (["train/head=block", "train.head.block_size=1"], "train.head.block_size"),
     (["train/head=block", "train.head.target_layer_ids=[5,2]"], "train.head.target_layer_ids"),
     (["train/head=block", "train.head.block_size=4"], "tree.steps"),  # the evaluation's tree: 5 depths
+    (["train/head=block", "train.head.draft_vocab_size=0"], "train.head.draft_vocab_size"),
+    (["train/head=block", "train.head.resize_vocab=true"], "train.head.resize_vocab"),  # needs init_from
     (["train.fsdp=true"], "train.fsdp"),
     (["train.head.resize_vocab=true"], "train.head.resize_vocab"),
     (["train/head=eagle1", "+train.head.resize_vocab=true", "train.head.init_from={run}"], "train.head.resize_vocab"),

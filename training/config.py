@@ -25,6 +25,7 @@ from eaglet.runner.config import (
 )
 
 TRAIN_KINDS = HEAD_KINDS + ("block",)  # EAGLE heads and block drafters (models.head_checkpoint.KINDS, torch-free)
+VOCAB_KINDS = ("eagle3", "block")  # the kinds with a draft vocabulary (models/eagle.py's DraftVocab), torch-free
 
 
 def check_head(c: Checks) -> None:
@@ -34,6 +35,7 @@ def check_head(c: Checks) -> None:
     c.path("train.head.init_from", "dir", null=True, what="a head directory (config.json + model.safetensors)")
     if kind == "block":
         check_block_head(c)
+        check_resize_vocab(c, kind)
         return
     steps = c.integer("train.head.ttt_length", lo=1)
     c.number("train.head.step_weight", lo=0, lo_open=True)
@@ -51,9 +53,14 @@ def check_head(c: Checks) -> None:
         if kind == "multi_layer" and layers is not None and steps is not None and steps < layers:
             c.bad("train.head.ttt_length", steps, f"must be >= train.head.num_layers={layers}: unrolled step i trains "
                                                    f"layer i, so unroll at least as many steps as layers")
+    check_resize_vocab(c, kind)
+
+
+def check_resize_vocab(c: Checks, kind: str | None) -> None:
+    """train.head.resize_vocab: a warm start's new draft vocabulary, for the kinds that have one."""
     if c.value("train.head.resize_vocab"):
-        if kind != "eagle3":
-            c.bad("train.head.resize_vocab", True, f"{kind} heads have no draft vocabulary (EAGLE-3 only)")
+        if kind not in VOCAB_KINDS:
+            c.bad("train.head.resize_vocab", True, f"{kind} heads have no draft vocabulary (EAGLE-3 and block)")
         elif c.value("train.head.init_from") is None:
             c.bad("train.head.resize_vocab", True, "resizes a warm-started head's vocabulary: set train.head.init_from")
     elif c.has("train.head.resize_vocab"):
@@ -65,6 +72,8 @@ def check_block_head(c: Checks) -> None:
     c.integer("train.head.num_layers", lo=1)
     block = c.integer("train.head.block_size", lo=2)
     c.integer("train.head.dep_rank", lo=1)
+    if c.has("train.head.draft_vocab_size"):  # absent: configs written before the key (the full vocabulary)
+        c.integer("train.head.draft_vocab_size", lo=1, null=True)
     c.integer("train.head.anchors", lo=1)
     c.number("train.head.decay", lo=0, lo_open=True)
     c.number("train.head.ce_weight", lo=0)

@@ -86,7 +86,7 @@ def wrap(objective: nn.Module, device: torch.device, dd: Dist, fsdp: bool) -> nn
     if fsdp:
         return shard(objective, device)
     if dd.world > 1:
-        # the buffers (EAGLE-3's d2t/t2d) are equal on every process (same data, same vocabulary)
+        # the buffers (a draft vocabulary's d2t/t2d) are equal on every process (same data, same vocabulary)
         return nn.parallel.DistributedDataParallel(objective, device_ids=[device.index] if device.type == "cuda"
                                                    else None)
     return objective

@@ -46,8 +46,8 @@ from torch import nn
 from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from eaglet.models.eagle import DraftHead
-from eaglet.models.head_checkpoint import KINDS, load_draft_head, new_draft_head, save_draft_head
+from eaglet.models.eagle import DraftHead, DraftVocab
+from eaglet.models.head_checkpoint import HEAD_CLASSES, KINDS, load_draft_head, new_draft_head, save_draft_head
 from eaglet.models.llama import Transformer
 from eaglet.runner.entry import console_logging, rerun_hint
 from eaglet.runner.signals import Interrupts
@@ -153,8 +153,8 @@ def build_head(hc: DictConfig, target: Transformer, samples: list[Sample], devic
     """A fp32 head (the optimiser's master weights; bf16 only inside autocast) for `target`."""
     if hc.kind not in KINDS:
         raise ValueError(f"train.head.kind={hc.kind!r}; eaglet trains {', '.join(KINDS)} heads")
-    if hc.get("resize_vocab") and hc.kind != "eagle3":
-        raise ValueError(f"train.head.resize_vocab: {hc.kind} heads have no draft vocabulary (EAGLE-3 only)")
+    if hc.get("resize_vocab") and not issubclass(HEAD_CLASSES[hc.kind], DraftVocab):
+        raise ValueError(f"train.head.resize_vocab: {hc.kind} heads have no draft vocabulary (EAGLE-3 and block)")
     if hc.get("init_from"):
         head = load_draft_head(Path(hc.init_from).expanduser(), target, dtype=torch.float32, device=device)
         if head.KIND != hc.kind:
@@ -167,10 +167,10 @@ def build_head(hc: DictConfig, target: Transformer, samples: list[Sample], devic
         extra = {"block_size": hc.block_size, "dep_rank": hc.dep_rank, "target_layer_ids": hc.target_layer_ids}
     if hc.kind == "eagle3" and hc.get("aux_layers"):
         extra["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": list(hc.aux_layers)}
-    vocab = hc.get("draft_vocab_size") if hc.kind == "eagle3" else None
-    head = new_draft_head(hc.kind, target, num_layers=hc.get("num_layers"), draft_vocab_size=vocab,
+    head = new_draft_head(hc.kind, target, num_layers=hc.get("num_layers"), draft_vocab_size=hc.get("draft_vocab_size"),
                           dtype=torch.float32, device=device, **extra)
-    if hc.kind == "eagle3" and head.draft_vocab_size < target.args.vocab_size:
+    # a head with a draft vocabulary smaller than the target's (EAGLE-3, block): its tokens from this data
+    if head.draft_vocab_size < target.args.vocab_size:
         head.set_draft_vocab(draft_vocab(samples, target.args.vocab_size, head.draft_vocab_size).to(device))
     return head.train()
 

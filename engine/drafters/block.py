@@ -4,7 +4,9 @@ forward, DFlash-style, and its dependency term turns that one forward into a tre
   propose  one forward of the block [root, mask, ...] at seq_len .. seq_len + block_size - 1 over the context in the
            head's pool -> base logits of depths 1..S; then, per depth, the K kept candidates' children: top-K of
            log_softmax(base[d] + dependency term of the candidate), EAGLE-2's selection of the K best of K*K by
-           cumulative log-prob (`grow_tree`), and `build_tree` -> the N best candidates as the verify's tree
+           cumulative log-prob (`grow_tree`), and `build_tree` -> the N best candidates as the verify's tree.
+           With a draft vocabulary (Vd < V, the head's d2t map) the logits and top-k are over draft ids; candidates
+           are target ids from the first depth on (dep_in, build_tree and the verify take target ids)
   update   the accepted path's target features (root, a1..am at seq_len ..) written into the pool as context
   prefill  the prompt's target features written the same way
 
@@ -26,17 +28,20 @@ from eaglet.kernels.topk import topk_logprobs
 from eaglet.models.kv_cache import ForwardBatch, slots_for
 
 
-def grow_tree(children, roots: torch.Tensor, S: int, K: int):
-    """children(d, parents [B, n]) -> fp32 logits [B, n, V] of depth d+1 after those parent tokens (d = 0: the
-    roots [B]) -> the EAGLE-2 candidates of S depths, K kept a depth, in `build_tree`'s layout: scores, tokens,
-    parents [B, C] (C = K + (S-1)*K*K)."""
+def grow_tree(children, roots: torch.Tensor, S: int, K: int, d2t: torch.Tensor | None = None):
+    """children(d, parents [B, n]) -> fp32 logits [B, n, Vd] of depth d+1 after those parent tokens (target ids;
+    d = 0: the roots [B]) -> the EAGLE-2 candidates of S depths, K kept a depth, in `build_tree`'s layout: scores,
+    tokens (target ids), parents [B, C] (C = K + (S-1)*K*K). d2t [Vd] int64: target id = draft id + d2t[draft id]
+    (the head's `d2t_offsets`); None: the logits are over target ids."""
     B = roots.shape[0]
     dev = roots.device
     C = num_candidates(K, S)
     scores = torch.empty(B, C, dtype=torch.float32, device=dev)  # [B, C]
     tokens = torch.empty(B, C, dtype=torch.long, device=dev)  # [B, C]
     parents = torch.empty(B, C, dtype=torch.long, device=dev)  # [B, C]
-    cur_lp, cur_tok = topk_logprobs(children(0, roots[:, None])[:, 0], K)  # [B, K] each
+    cur_lp, cur_tok = topk_logprobs(children(0, roots[:, None])[:, 0], K)  # [B, K] each, draft ids
+    if d2t is not None:  # depth 1 to target ids; later depths map in expand_step, as EAGLE's draft steps do
+        cur_tok = cur_tok + d2t[cur_tok]  # [B, K]
     scores[:, :K], tokens[:, :K], parents[:, :K] = cur_lp, cur_tok, -1
     cur_flat = torch.arange(K, device=dev).expand(B, K)  # [B, K]
     # expand_step also carries a head's hidden state and draft mask: none here (zero columns)
@@ -45,7 +50,7 @@ def grow_tree(children, roots: torch.Tensor, S: int, K: int):
     for d in range(1, S):
         lp, tk = topk_logprobs(children(d, cur_tok), K)  # [B, K, K] each
         cur_lp, cur_tok, cur_flat, _, _ = expand_step(cur_lp, lp, tk, cur_flat, mask, h, scores, tokens, parents,
-                                                       K + (d - 1) * K * K, None, keep_ancestors=False)
+                                                       K + (d - 1) * K * K, d2t, keep_ancestors=False)
     return scores, tokens, parents
 
 
@@ -73,7 +78,8 @@ class BlockDrafter(ModelDrafter):
             raise ValueError(no_head(draft.name, target_cfg.name))
         else:
             head = new_draft_head("block", target, num_layers=draft.num_layers, block_size=draft.block_size,
-                                  dep_rank=draft.dep_rank, dtype=target.dtype, device=target.device)
+                                  dep_rank=draft.dep_rank, draft_vocab_size=draft.get("draft_vocab_size"),
+                                  dtype=target.dtype, device=target.device)
         head.set_invariant(invariant)
         return cls(head)
 
@@ -83,18 +89,22 @@ class BlockDrafter(ModelDrafter):
 
         d, t = cfg.draft, cfg.tree  # the values: block_config.check_values, in layer 1
         path = head_dir(d, cfg.target)
-        block = d.block_size
+        block, vocab = d.block_size, d.get("draft_vocab_size")
         if path is not None:
             raw = cls.head_config(c, d, path)
             if raw is None:
                 return
-            block = raw.get("block_size", block)
+            block, vocab = raw.get("block_size", block), raw.get("draft_vocab_size")  # a loaded head's own
         else:
+            if vocab is not None and vocab > target.args.vocab_size:  # >= 1: block_config.check_values
+                c.bad("draft.draft_vocab_size", vocab, f"must be at most the target's vocabulary "
+                                                       f"({target.args.vocab_size} tokens), or null (all of it)")
+                return
             with c.catching("draft", d.name):
                 new_draft_head("block", target, num_layers=d.num_layers, block_size=d.block_size,
-                               dep_rank=d.dep_rank, device="meta")
+                               dep_rank=d.dep_rank, draft_vocab_size=vocab, device="meta")
         with c.catching():
-            check_block_tree(t.steps, t.topk, t.num_draft_tokens, block, target.args.vocab_size)
+            check_block_tree(t.steps, t.topk, t.num_draft_tokens, block, vocab or target.args.vocab_size)
 
     @classmethod
     def kv_layers(cls, draft) -> int:
@@ -102,7 +112,7 @@ class BlockDrafter(ModelDrafter):
 
     # ---- what the engine asks -------------------------------------------------------------------------------
     def check_tree(self, steps: int, topk: int, num_draft_tokens: int) -> None:
-        check_block_tree(steps, topk, num_draft_tokens, self.head.block_size, self.head.target.args.vocab_size)
+        check_block_tree(steps, topk, num_draft_tokens, self.head.block_size, self.head.draft_vocab_size)
 
     def setup(self, *, target, tree, max_batch, max_context, page_size, num_pages, device) -> None:
         # the whole block is written past the context, however few of its depths the tree uses
@@ -110,11 +120,13 @@ class BlockDrafter(ModelDrafter):
         self.kv = self.head.kv_cache(max_reqs=max_batch, max_context=self.max_context, page_size=page_size,
                                      num_pages=num_pages, dtype=target.dtype, device=device)
         # the dependency term as two fp32 tables: a depth's children logits are then one gather and one batched
-        # GEMM that adds the base logits (`children` in propose), instead of an embedding, two projections and an add
+        # GEMM that adds the base logits (`children` in propose), instead of an embedding, two projections and an add.
+        # dep_in is indexed by the parent's target id (any of the V), dep_out's columns are draft ids.
         with torch.no_grad():
             h = self.head
             self.dep_in = h.dep_in(h.embed(torch.arange(target.args.vocab_size, device=device))).float()  # [V, r]
-            self.dep_out = h.dep_out.weight.t().float().contiguous()  # [r, V]
+            self.dep_out = h.dep_out.weight.t().float().contiguous()  # [r, Vd]
+            h.lm_head_rows()  # the draft vocabulary's LM-head rows, made now: not inside a captured graph
 
     def reserve(self, bounds: list[tuple[int, int]]) -> None:
         self.kv.reserve_many([(row, min(n + self.head.block_size, self.max_context)) for row, n in bounds])
@@ -140,12 +152,12 @@ class BlockDrafter(ModelDrafter):
         full = torch.ones(B, Kb, Kb, dtype=torch.bool, device=dev)  # [B, Kb, Kb] non-causal inside the block
         batch = ForwardBatch(pt, seq_lens, slots_for(pt, pos, self.kv.page_size), full, self.max_context)
         x = self.head.forward_block(roots, pos, batch, self.kv)  # [B, Kb, H]
-        base = self.head.block_logits(x[:, 1:S + 1])  # [B, S, V]
+        base = self.head.block_logits(x[:, 1:S + 1])  # [B, S, Vd]
 
-        def children(d, parents):  # [B, n] -> [B, n, V]: depth d+1's base logits plus each parent's term
+        def children(d, parents):  # [B, n] target ids -> [B, n, Vd]: depth d+1's base logits plus each parent's term
             return torch.baddbmm(base[:, d, None], self.dep_in[parents], self.dep_out.expand(B, -1, -1))
 
-        scores, tokens, parents = grow_tree(children, roots, S, K)  # [B, C] each
+        scores, tokens, parents = grow_tree(children, roots, S, K, self.head.d2t_offsets)  # [B, C] each, target ids
         tree = build_tree(scores, tokens, parents, roots, seq_lens, N, K, S)
         return DraftTree(tree.draft_tokens, tree.positions, tree.retrieve_next_token, tree.retrieve_next_sibling,
                          tree.tree_mask)

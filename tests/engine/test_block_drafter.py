@@ -1,5 +1,7 @@
 """The block drafter's tree from one forward (engine/drafters/block.py): `grow_tree` + `build_tree` equal a
-pure-Python construction of the same EAGLE-2 tree; the tree checks name the key to change."""
+pure-Python construction of the same EAGLE-2 tree, over the target's vocabulary and over a draft vocabulary (d2t:
+candidates are target ids); greedy speculative decoding with a draft-vocabulary drafter equals plain decoding; the
+tree checks name the key to change."""
 
 from __future__ import annotations
 
@@ -12,11 +14,13 @@ from eaglet.engine.drafters.block import check_block_tree, grow_tree
 from eaglet.kernels.build_tree import build_tree
 
 
-def python_tree(base: list[list[float]], bias: list[list[float]], root: int, K: int, N: int):
-    """base[d][v]: logits of depth d+1; bias[p][v]: the dependency term after token p -> the tree as (tokens,
-    parent node of each node) with the root at node 0: per depth, each kept candidate's K best children by
-    log-prob, the K best of those by cumulative log-prob kept; then the N-1 best candidates (ties: earlier
-    candidate), in candidate order."""
+def python_tree(base: list[list[float]], bias: list[list[float]], root: int, K: int, N: int,
+                to_target: list[int] | None = None):
+    """base[d][v]: logits of depth d+1 over draft ids v; bias[p][v]: the dependency term after target token p;
+    to_target[v]: the target id of draft id v (None: the same) -> the tree as (target tokens, parent node of each
+    node) with the root at node 0: per depth, each kept candidate's K best children by log-prob, the K best of those
+    by cumulative log-prob kept; then the N-1 best candidates (ties: earlier candidate), in candidate order."""
+    tt = (lambda v: v) if to_target is None else to_target.__getitem__
     def top(logits, k):
         m = max(logits)
         lse = m + math.log(sum(math.exp(x - m) for x in logits))
@@ -28,12 +32,12 @@ def python_tree(base: list[list[float]], bias: list[list[float]], root: int, K: 
     kept = []
     for t in ids:
         kept.append(len(cands))
-        cands.append((lp[t], t, -1))
+        cands.append((lp[t], tt(t), -1))
     for d in range(1, len(base)):
         step = []
         for c in kept:
             ids, lp = top([b + x for b, x in zip(base[d], bias[cands[c][1]])], K)
-            step += [(cands[c][0] + lp[t], t, c) for t in ids]
+            step += [(cands[c][0] + lp[t], tt(t), c) for t in ids]
         first = len(cands)
         cands += step
         kept = [first + i for i in sorted(range(len(step)), key=lambda i: (-step[i][0], i))[:K]]
@@ -45,17 +49,21 @@ def python_tree(base: list[list[float]], bias: list[list[float]], root: int, K: 
 
 @pytest.mark.parametrize("S, K, N", [(1, 1, 2), (4, 1, 5), (4, 3, 8), (5, 4, 16), (3, 4, 21)])
 @pytest.mark.parametrize("seed", [0, 1])
-def test_tree_equals_python_construction(S, K, N, seed):
+@pytest.mark.parametrize("Vd", [None, 24])
+def test_tree_equals_python_construction(S, K, N, seed, Vd):
     g = torch.Generator().manual_seed(seed)
     B, V = 2, 40
-    base = 3 * torch.randn(B, S, V, generator=g)  # [B, S, V]
-    bias = 2 * torch.randn(V, V, generator=g)  # [V, V]: the term after each parent token
+    ids = None if Vd is None else torch.randperm(V, generator=g)[:Vd].sort().values  # [Vd] target id of each draft id
+    d2t = None if ids is None else ids - torch.arange(Vd)  # [Vd]
+    base = 3 * torch.randn(B, S, Vd or V, generator=g)  # [B, S, Vd]
+    bias = 2 * torch.randn(V, Vd or V, generator=g)  # [V, Vd]: the term after each parent token (a target id)
     roots = torch.randint(0, V, (B,), generator=g)
     seq_lens = torch.tensor([7, 30], dtype=torch.int32)
-    scores, tokens, parents = grow_tree(lambda d, p: base[:, d, None] + bias[p], roots, S, K)
+    scores, tokens, parents = grow_tree(lambda d, p: base[:, d, None] + bias[p], roots, S, K, d2t)
     tree = build_tree(scores, tokens, parents, roots, seq_lens, N, K, S)
     for b in range(B):
-        want_tok, want_par = python_tree(base[b].tolist(), bias.tolist(), int(roots[b]), K, N)
+        want_tok, want_par = python_tree(base[b].tolist(), bias.tolist(), int(roots[b]), K, N,
+                                         None if ids is None else ids.tolist())
         assert tree.draft_tokens[b].tolist() == want_tok
         mask = tree.tree_mask[b]  # [N, N] ancestor-or-self
         depth = mask.sum(-1) - 1
@@ -83,9 +91,41 @@ def test_tree_checks_name_the_key(args, msg):
         check_block_tree(*args, vocab=40)
 
 
-def test_propose_equals_the_python_tree_of_the_heads_logits(target):
+def oracle_block_vocab(target, ids: list[int], block_size=5):
+    """engine_testing.oracle_block over the draft vocabulary `ids` (target ids): its dependency term is the target LM
+    head's rows of those tokens over the parent's embedding, so it proposes the target's next token when that is one
+    of them."""
+    from eaglet.models.head_checkpoint import new_draft_head
+
+    H = target.args.dim
+    head = new_draft_head("block", target, num_layers=1, block_size=block_size, dep_rank=H, dtype=target.dtype,
+                          device=target.device, draft_vocab_size=len(ids))
+    head.set_draft_vocab(torch.tensor(ids))
+    with torch.no_grad():
+        head.dep_in.weight.copy_(torch.eye(H))
+        head.dep_out.weight.copy_(4 * target.lm_head.weight[head.to_target_ids(torch.arange(len(ids)))])
+    return head
+
+
+@pytest.fixture(scope="module")
+def plain(target):
+    """(plain decoding's answers to engine_testing.PROMPTS, 30 tokens each; a draft vocabulary of 160 target ids:
+    every token of the prompts and answers, then others, a random spread)."""
+    from engine_testing import PROMPTS, ar_outputs
+
+    answers = ar_outputs(target, PROMPTS, 30)
+    used = {t for seq in PROMPTS + answers for t in seq}
+    rest = [t for t in torch.randperm(target.args.vocab_size, generator=torch.Generator().manual_seed(0)).tolist()
+            if t not in used]
+    assert len(used) < 160
+    return answers, sorted(used) + rest[:160 - len(used)]
+
+
+@pytest.mark.parametrize("vocab", [False, True])
+def test_propose_equals_the_python_tree_of_the_heads_logits(target, vocab):
     """The drafter's propose (the block forward over the prefilled context, its dependency tables) equals the
-    pure-Python tree of the head's own block logits and dependency term."""
+    pure-Python tree of the head's own block logits and dependency term; with a draft vocabulary (half the target's,
+    unsorted ids) the tree's tokens are the target ids of the drafted ids."""
     from engine_testing import oracle_block
 
     from eaglet.engine.drafters.block import BlockDrafter
@@ -93,7 +133,10 @@ def test_propose_equals_the_python_tree_of_the_heads_logits(target):
     from eaglet.engine.speculative import SpeculativeEngine, TreeSpec
     from eaglet.models.kv_cache import ForwardBatch, slots_for
 
-    head = oracle_block(target, block_size=5)
+    V = target.args.vocab_size
+    ids = torch.randperm(V, generator=torch.Generator().manual_seed(3))[:V // 2].tolist() if vocab else None
+    head = oracle_block(target, block_size=5) if ids is None else oracle_block_vocab(target, ids)
+    to_target = None if ids is None else head.to_target_ids(torch.arange(len(ids))).tolist()  # sorted ids
     with torch.no_grad():
         head.dep_out.weight.mul_(0.3)  # the term and the forward both decide
     spec = TreeSpec(4, 3, 10)
@@ -109,15 +152,37 @@ def test_propose_equals_the_python_tree_of_the_heads_logits(target):
         roots, seq_lens, _ = eng._prefill(reqs)
         rows = torch.tensor([r.row for r in reqs])
         tree = drafter.propose(seq_lens, roots, rows)
-        bias = head.dep_bias(torch.arange(target.args.vocab_size))  # [V, V]
+        bias = head.dep_bias(torch.arange(V))  # [V, Vd]
         for b in range(2):
             pt = drafter.kv.req_to_page[rows[b:b + 1]]
             pos = seq_lens[b].long() + torch.arange(5)[None]  # [1, K]
             batch = ForwardBatch(pt, seq_lens[b:b + 1], slots_for(pt, pos, 8), torch.ones(1, 5, 5, dtype=torch.bool),
                                  drafter.max_context)
-            base = head.block_logits(head.forward_block(roots[b:b + 1], pos, batch, drafter.kv)[:, 1:])[0]  # [4, V]
-            want, _ = python_tree(base.tolist(), bias.tolist(), int(roots[b]), 3, 10)
+            base = head.block_logits(head.forward_block(roots[b:b + 1], pos, batch, drafter.kv)[:, 1:])[0]  # [4, Vd]
+            want, _ = python_tree(base.tolist(), bias.tolist(), int(roots[b]), 3, 10, to_target)
             assert tree.tokens[b].tolist() == want
+            if ids is not None:
+                assert set(want[1:]) <= set(ids)
+
+
+@pytest.mark.parametrize("tree, batch", [("chain", 1), ("eagle2", 2)])
+def test_greedy_is_lossless_with_a_draft_vocabulary(target, plain, tree, batch):
+    """tests/engine/test_drafters.py's lossless check for a block drafter over 160 of the 256 tokens: speculative
+    greedy == plain greedy, and its proposals are taken (chain at B=1 and a tree at B=2: ~1 min each on 2 CPUs)."""
+    from engine_testing import PROMPTS, TREES
+
+    from eaglet.engine.drafters.block import BlockDrafter
+    from eaglet.engine.requests import Request
+    from eaglet.engine.speculative import SpeculativeEngine
+
+    want, ids = plain
+    drafter = BlockDrafter(oracle_block_vocab(target, ids))
+    assert drafter.head.draft_vocab_size == 160
+    eng = SpeculativeEngine(target, drafter, TREES[tree], max_batch=batch, max_context=256, page_size=8)
+    reqs = [Request(p, 30, rid=i) for i, p in enumerate(PROMPTS)]
+    stats = eng.generate(reqs)
+    assert [r.output_ids for r in reqs] == want
+    assert stats.summary(TREES[tree].steps)["tau"] > 1.0
 
 
 def test_the_draft_benchmark_runs():

@@ -313,12 +313,16 @@ def test_multi_layer_extend_runs_every_layer_and_step_runs_one(target):
 
 
 @pytest.mark.parametrize("kind,dtype", [("eagle1", torch.float32), ("eagle3", torch.float32),
-                                        ("multi_layer", torch.float32), ("eagle3", torch.bfloat16)])
+                                        ("multi_layer", torch.float32), ("eagle3", torch.bfloat16),
+                                        ("block", torch.float32), ("block", torch.bfloat16)])
 def test_save_load_roundtrip_bitwise(target, tmp_path, kind, dtype):
+    """Every kind; EAGLE-3 and block heads (models/eagle.py's DraftVocab) with a draft vocabulary: d2t / t2d too."""
+    vocab = kind in ("eagle3", "block")
     head = make_head(kind, target, num_layers=2 if kind == "multi_layer" else None,
-                     draft_vocab_size=64 if kind == "eagle3" else None).to(dtype)
-    if kind == "eagle3":
+                     draft_vocab_size=64 if vocab else None).to(dtype)
+    if vocab:
         head.set_draft_vocab(torch.randperm(V, generator=torch.Generator().manual_seed(6))[:64])
+        assert {"d2t", "t2d"} <= head.state_dict().keys()
     save_draft_head(head, tmp_path)
     loaded = load_draft_head(tmp_path, target, dtype=dtype)
     assert type(loaded) is type(head)

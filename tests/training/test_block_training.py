@@ -1,6 +1,7 @@
 """Training a block drafter (train/head=block: training/block_loss.py) on CPU: anchors and row counts, the loss
 falls, an interrupted run resumes bitwise, the evaluation decodes with the block drafter and the exported drafter
-loads."""
+loads; the same with a draft vocabulary (train.head.draft_vocab_size: the data's most frequent tokens, EAGLE-3's
+map), whose terms leave out the rows whose token it lacks."""
 
 from __future__ import annotations
 
@@ -19,17 +20,20 @@ from eaglet.training.features import OnlineFeatures
 from eaglet.training.loop import train
 
 BLOCK = ("train.head.block_size=4", "train.head.anchors=6", "train.head.num_layers=1", "train.head.dep_rank=8")
+VOCAB = {None: (), 64: ("train.head.draft_vocab_size=64",)}  # a draft vocabulary of 64 of the 256 tokens
 
 
 def log_of(run: Path) -> list[dict]:
     return [json.loads(line) for line in (run / "train_log.jsonl").read_text().splitlines()]
 
 
-def objective(target, anchors=5, block_size=4):
+def objective(target, anchors=5, block_size=4, vocab=None, ce_weight=1.0, kl_weight=1.0):
     torch.manual_seed(0)
     head = new_draft_head("block", target, num_layers=1, block_size=block_size, dep_rank=8, dtype=torch.float32,
-                          device="cpu")
-    hc = OmegaConf.create({"anchors": anchors, "decay": 2.0, "ce_weight": 1.0, "kl_weight": 1.0})
+                          device="cpu", draft_vocab_size=vocab)
+    if vocab is not None:
+        head.set_draft_vocab(torch.arange(0, 2 * vocab, 2))  # the even tokens
+    hc = OmegaConf.create({"anchors": anchors, "decay": 2.0, "ce_weight": ce_weight, "kl_weight": kl_weight})
     return BlockObjective(head, hc)
 
 
@@ -53,20 +57,50 @@ def test_anchors_are_answer_positions_and_counts_match_the_rows(target):
     assert counts[0] == 8 and bool(torch.isfinite(loss))
 
 
-def test_a_few_steps_reduce_the_loss(target, tmp_path, small_cfg):
-    cfg = small_cfg("block", *BLOCK, "data.synthetic.num=8", "train.batch_size=8", "train.steps=12",
+def test_draft_vocabulary_terms(target):
+    """With a draft vocabulary (the even tokens): logits over it, a row whose answer token is odd has no
+    cross-entropy (all odd: the CE-only loss is exactly 0, no gradient), accuracy compares target ids."""
+    g = torch.Generator().manual_seed(1)
+    mask = torch.zeros(2, 30, dtype=torch.bool)
+    mask[:, 8:] = True
+    obj = objective(target, vocab=64, kl_weight=0.0)
+    odd = 2 * torch.randint(0, 128, (2, 30), generator=g) + 1  # [2, 30] no answer token is a draft token
+    prepared = obj.prepare(mask)
+    feature, final = OnlineFeatures(target, obj.head)(odd)
+    counts = obj.counts(prepared)
+    loss, stats = obj(odd, prepared, feature, final, counts)
+    assert loss.item() == 0.0 and stats[:, 0].tolist() == counts.tolist()  # the rows still count
+    loss.backward()
+    assert all(p.grad is None or not p.grad.any() for p in obj.head.parameters())
+    even = odd - 1  # every answer token is one: a finite, positive CE
+    loss, stats = obj(even, prepared, *OnlineFeatures(target, obj.head)(even), counts)
+    assert loss.item() > 0 and bool(torch.isfinite(loss))
+    # train/acc_k counts a row right when the drafted token's TARGET id is the target's greedy token
+    with torch.no_grad():
+        anchors = ((prepared & ANCHOR) > 0).float().topk(int(((prepared & ANCHOR) > 0).sum(1).max()), 1)
+        logits = obj.head.forward_dense(even, feature, anchors.indices.clamp(min=1))  # [2, A, 3, 64]
+    assert logits.shape[-1] == 64
+    pred = obj.head.to_target_ids(logits.argmax(-1))
+    assert bool((pred % 2 == 0).all())
+
+
+@pytest.mark.parametrize("vocab", list(VOCAB))
+def test_a_few_steps_reduce_the_loss(target, tmp_path, small_cfg, vocab):
+    cfg = small_cfg("block", *BLOCK, *VOCAB[vocab], "data.synthetic.num=8", "train.batch_size=8", "train.steps=12",
                     "train.optim.lr=3e-3", "train.optim.warmup_steps=1")
     m = train(cfg, tmp_path / "run", target=target)
     log = log_of(tmp_path / "run")
     losses = [r["train/loss"] for r in log]
     assert m["finished"] and m["ttt_length"] == 3  # block rows 1..3
+    assert m["draft_vocab_size"] == (vocab or 256)
     assert losses[-1] < 0.8 * losses[0]
     assert {f"train/{n}_{k}" for n in ("acc", "ploss", "expected_accept") for k in range(3)} <= set(log[-1])
     assert all(log[-1][f"train/ploss_{k}"] < log[0][f"train/ploss_{k}"] for k in range(3))
 
 
-def test_interrupted_run_resumes_bitwise(target, tmp_path, small_cfg):
-    over = (*BLOCK, "train.steps=5", "train.grad_accum=2", "train.ckpt_every=2", "train.keep_last=0")
+@pytest.mark.parametrize("vocab", list(VOCAB))
+def test_interrupted_run_resumes_bitwise(target, tmp_path, small_cfg, vocab):
+    over = (*BLOCK, *VOCAB[vocab], "train.steps=5", "train.grad_accum=2", "train.ckpt_every=2", "train.keep_last=0")
     train(small_cfg("block", *over), tmp_path / "full", target=target)
     m = train(small_cfg("block", *over, "train.stop_at_step=3"), tmp_path / "split", target=target)
     assert not m["finished"]
@@ -74,17 +108,22 @@ def test_interrupted_run_resumes_bitwise(target, tmp_path, small_cfg):
     a, b = (load_file(p / "checkpoints" / "step_00000005" / "model.safetensors")
             for p in (tmp_path / "full", tmp_path / "split"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert ("d2t" in a) == (vocab is not None)
     assert [r["train/loss"] for r in log_of(tmp_path / "full")] == [r["train/loss"] for r in log_of(tmp_path / "split")]
 
 
-def test_evaluation_decodes_with_the_block_drafter_and_the_export_loads(target, tmp_path, small_cfg):
-    cfg = small_cfg("block", *BLOCK, "train.steps=2", "train.head.export_dtype=float32", "eval.every=1",
+@pytest.mark.parametrize("vocab", list(VOCAB))
+def test_evaluation_decodes_with_the_block_drafter_and_the_export_loads(target, tmp_path, small_cfg, vocab):
+    cfg = small_cfg("block", *BLOCK, *VOCAB[vocab], "train.steps=2", "train.head.export_dtype=float32", "eval.every=1",
                     "eval.num_prompts=2", "eval.max_new_tokens=6", "eval.prompt_len=8", "tree.steps=3",
                     "tree.topk=2", "tree.num_draft_tokens=5")
     m = train(cfg, tmp_path / "run", target=target)
     assert m["eval/tau"] >= 1.0 and len(m["eval_history"][-1]["acc"]) == 3  # one accuracy per block row
     head = load_draft_head(m["head_dir"], target)
-    assert isinstance(head, BlockHead) and head.block_size == 4
+    assert isinstance(head, BlockHead) and head.block_size == 4 and head.draft_vocab_size == (vocab or 256)
+    if vocab is not None:  # the data's most frequent tokens, as an EAGLE-3 head's
+        assert int(head.t2d.sum()) == vocab and not torch.equal(head.d2t, torch.zeros_like(head.d2t))
+        return
     # the per-row accuracy plot of TRAINING.md reads this run
     import subprocess
     import sys
