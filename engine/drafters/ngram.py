@@ -3,10 +3,10 @@ it emitted) lives in a device buffer; a step matches the history's last n tokens
 against the earlier history (kernels/ngram_match.py) and proposes what followed the most recent matches.
 
   propose  up to K = tree.topk matches (most recent first), each continued by up to S = tree.steps tokens, merged
-           into a trie (equal prefixes share nodes; a node's children are distinct tokens, as tree speculative
-           sampling needs), the first N - 1 nodes in match order kept: parents come before children. Slots of a
-           tree with fewer nodes are padding: a leaf under the root that no child or sibling link reaches, so the
-           verify computes it and never accepts it
+           into a trie in one launch (kernels/trie_graft.py; equal prefixes share nodes; a node's children are
+           distinct tokens, as tree speculative sampling needs), the first N - 1 nodes in match order kept: parents
+           come before children. Slots of a tree with fewer nodes are padding: a leaf under the root that no child or
+           sibling link reaches, so the verify computes it and never accepts it
   update   the accepted path and the bonus written into the history
   prefill  the prompt and the first token written into the history
 

@@ -1,7 +1,8 @@
 """Every registered drafter (engine/drafters/), and n-gram branches on the EAGLE drafter, behind the one interface: its
 proposals are valid trees of the declared shape, deterministic, and greedy speculative decoding with it equals plain
 decoding, chain and tree, B=1 and 2, on CPU; on a GPU, every drafter under CUDA graphs in bf16 too
-(`scripts/gpu_session.sh tests`). The trie merge the n-gram trees use (`graft`) against a plain-Python reference."""
+(`scripts/gpu_session.sh tests`). The trie merge the n-gram trees use (`graft`) against its plain-Python reference
+(tests/kernels/test_trie_graft.py tests the kernel itself)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from eaglet.engine.drafters.eagle import EagleDrafter
 from eaglet.engine.drafters.ngram import NgramBranches, NgramDrafter
 from eaglet.engine.requests import Request
 from eaglet.engine.speculative import SpeculativeEngine, TreeSpec
+from eaglet.kernels.trie_graft import graft_sequential
 
 # one way to build each drafter module's drafter for the tests (a module missing here fails the test below), and the
 # compositions ("<module>+...")
@@ -148,59 +150,26 @@ def test_ngram_tree_merges_shared_prefixes():
     assert t.next_sibling[0].tolist() == [-1, 3, -1, -1, -1, 6, -1, -1]
 
 
-def tree_of(tokens, parents, seq_len=10, real=None):
-    """A hand-built one-request tree: node tokens and parents (the root's: -1), the first `real` nodes linked (the
-    rest padding) -> DraftTree, links in ascending node order."""
+def tree_of(tokens, parents, seq_len=10):
+    """A hand-built one-request tree: node tokens and parents (the root's: -1) -> DraftTree, links in ascending node
+    order."""
     N = len(tokens)
-    real = N if real is None else real
     depth = [0] * N
     mask = torch.eye(N, dtype=torch.bool)
     for i in range(1, N):
         depth[i] = depth[parents[i]] + 1
         mask[i] |= mask[parents[i]]
-    nt = [next((j for j in range(1, real) if parents[j] == i), -1) for i in range(N)]
-    ns = [next((j for j in range(i + 1, real) if i and parents[j] == parents[i]), -1) for i in range(N)]
+    nt = [next((j for j in range(1, N) if parents[j] == i), -1) for i in range(N)]
+    ns = [next((j for j in range(i + 1, N) if i and parents[j] == parents[i]), -1) for i in range(N)]
     t = lambda x: torch.tensor([x])  # noqa: E731
     return DraftTree(t(tokens), t([seq_len + d for d in depth]), t(nt), t(ns), mask[None])
 
 
-def graft_ref(tree: DraftTree, paths: list[list[int]], extra: int) -> DraftTree:
-    """Plain-Python `graft` of one request: the paths inserted one by one into the trie of the tree's linked nodes,
-    at most `extra` nodes created, the rest of the N + extra slots padding (token 0 under the root)."""
-    tok = tree.tokens[0].tolist()
-    N = len(tok)
-    depth = (tree.mask[0].sum(-1) - 1).tolist()
-    par = [-1] + [next(j for j in range(i) if tree.mask[0, i, j] and depth[j] == depth[i] - 1) for i in range(1, N)]
-    kids, stack = {i: [] for i in range(N)}, [0]
-    while stack:  # the linked nodes
-        i = stack.pop()
-        c = tree.next_token[0, i].item()
-        while c != -1:
-            kids[i].append(c)
-            stack.append(c)
-            c = tree.next_sibling[0, c].item()
-    for path in paths:
-        cur = 0
-        for t in path:
-            hit = [k for k in kids[cur] if tok[k] == t]
-            if t < 0 or not hit and len(tok) == N + extra:
-                break
-            if not hit:
-                tok.append(t)
-                par.append(cur)
-                kids[cur].append(len(tok) - 1)
-                kids[len(tok) - 1] = []
-                hit = [len(tok) - 1]
-            cur = hit[0]
-    real = len(tok)
-    pad = N + extra - real
-    return tree_of(tok + [0] * pad, par + [0] * pad, tree.positions[0, 0].item(), real)
-
-
 def check_graft(tree: DraftTree, paths: list[list[int]], extra: int) -> DraftTree:
-    """graft equals graft_ref, is a valid tree and keeps the tree's nodes where they were."""
+    """graft equals the plain-Python insertion (kernels/trie_graft.py's graft_sequential), is a valid tree and keeps
+    the tree's nodes where they were."""
     got = graft(tree, torch.tensor([paths]), extra)
-    want = graft_ref(tree, paths, extra)
+    want = graft_sequential(tree, torch.tensor([paths]), extra)
     N, S = tree.tokens.shape[1], len(paths[0])
     check_tree(got, tree.positions[:, 0], tree.tokens[:, 0].tolist(), N + extra, S)
     assert all(torch.equal(a, b) for a, b in zip(got, want))

@@ -16,6 +16,7 @@ from eaglet.kernels import projection as PJ
 from eaglet.kernels import tree_attention as TA
 from eaglet.kernels import tree_attention_invariant as TAI
 from eaglet.kernels import tree_attention_splitkv as TAS
+from eaglet.kernels import trie_graft as TG
 from eaglet.kernels._compile_cases import Ptr, model_shapes
 from eaglet.kernels._utils import is_interpret
 from eaglet.kernels.tree_attention_plan import CASE_PAGE
@@ -143,3 +144,15 @@ def test_tree_attention_cases_are_its_launches(monkeypatch, s, call, invariant):
     assert [n for n, _ in got] == [fwd[0].kernel.__name__] + [c.kernel.__name__ for c in merge]
     for case, (_, args) in zip(fwd[:1] + merge, got):
         assert_mirrors(case, args)
+
+
+@pytest.mark.parametrize("case", TG.compile_cases(False), ids=lambda c: c.used_by[0])
+def test_trie_graft_cases_are_its_launches(monkeypatch, case):
+    """The n-gram drafter's and n-gram branches' grafts at each tree, B = 2: the launch is its case."""
+    N, M, P, S = (case.args[k] for k in ("N", "M", "P", "S"))
+    links = torch.full((2, N), -1, dtype=torch.int64)
+    tree = (torch.zeros(2, N, dtype=torch.int64), torch.zeros(2, N, dtype=torch.int64), links, links,
+            torch.ones(2, N, N, dtype=torch.bool))
+    [(_, args)] = launches(monkeypatch, TG, ("_graft_kernel",),
+                           lambda: TG.graft(tree, torch.full((2, P, S), -1, dtype=torch.int64), M - N))
+    assert_mirrors(case, args)
