@@ -23,13 +23,13 @@ the device). The result, M = N + extra nodes:
 the same in batched torch ops (no host sync), which runs where Triton does not (CPU without TRITON_INTERPRET=1).
 
 Kernel (`_graft_kernel`, grid (B,), one program per request). The sequential insertion itself, over vectors of
-BLOCK_M = next_power_of_2(M) <= 64 lanes, one a node slot, in registers: token, parent, depth, real, and the mask
+BLOCK_M = next_power_of_2(M) <= 32 lanes, one a node slot, in registers: token, parent, depth, real, and the mask
 row packed into an int64 (node j: bit j). Set-up, on [BLOCK_M, BLOCK_M] tiles: the tree's mask rows loaded (padding
 rows {root, self}), depth as row sums, parent as the ancestor one shallower, real as the link targets. Then one loop
 of P x S steps (each path token loaded a step ahead): a step looks for the current node's real child with the path's
 token (one block min) and, where there is none, creates it in the next free slot with the current node's row (one
 block sum) plus its own bit. Last, the links (two [BLOCK_M, BLOCK_M] mins), the rows unpacked and the stores. More
-than 64 nodes (MAX_NODES) run `graft_ref`.
+than 32 nodes (MAX_NODES) run `graft_ref`.
 
 Bytes: a request reads its tree (N*N mask bytes, 32N of int64) and paths (8PS) and writes the merged tree (M*M +
 32M): 0.5 KB at the n-gram drafter's default tree (N = 1, P = 4, S = 5, M = 8), 32 KB at B = 64, nanoseconds of HBM.
@@ -49,9 +49,11 @@ import triton.language as tl
 from eaglet.kernels._compile_cases import TREES, CompileCase, Ptr
 from eaglet.kernels._utils import use_triton
 
-# The kernel packs a mask row into one int64: trees of more nodes (the EAGLE-2 paper's 60 plus two 6-token branches:
-# 72) are merged by `graft_ref`.
-MAX_NODES = 64
+# Trees of more nodes are merged by `graft_ref`. The packed rows would hold 64, but 64 lanes need 8 warps for the
+# [64, 64] set-up tiles (4 warps: 250 registers on sm_90, SGPR spills on gfx942), where LLVM reports 7 waves a SIMD on
+# gfx942 against kernels/_aot.py's 8 (tests/portability's occupancy check). Every default tree fits 32: the n-gram
+# drafter's 8 nodes, the EAGLE default with two branches 18; the wide and paper trees with branches do not.
+MAX_NODES = 32
 # n-gram branches on an EAGLE tree that eaglet's configs and runs use (docs/drafters.md, scripts/gpu_session.sh's
 # eagle3+ng2): the compile cases' K.
 BRANCHES = (2,)
@@ -290,7 +292,7 @@ def graft(tree, paths: torch.Tensor, extra: int) -> tuple[torch.Tensor, ...]:
     """tree (tokens [B, N], positions [B, N], next_token [B, N], next_sibling [B, N] int64, mask [B, N, N] bool: a
     DraftTree) and paths [B, P, S] int64 (-1 past a path's end) -> the merged tree of N + extra nodes, the same five
     tensors. Module docstring for the exact semantics. Triton on GPU (and on CPU under TRITON_INTERPRET=1) up to
-    MAX_NODES = 64 nodes, else `graft_ref`. No host sync: CUDA-graph capturable."""
+    MAX_NODES = 32 nodes, else `graft_ref`. No host sync: CUDA-graph capturable."""
     _check(tree, paths, extra)
     if not use_triton(*tree, paths) or tree[0].shape[1] + extra > MAX_NODES:
         return graft_ref(tree, paths, extra)
