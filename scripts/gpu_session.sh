@@ -117,9 +117,11 @@ sweep() {  # log file, sweep dir, overrides...: one Hydra multirun of run_spec.p
 }
 case $stage in
   tests)
-    # one line per test as it ends, so a call cut short still says what passed; default kernel configs
-    # (EAGLET_AUTOTUNE=0): tuning every test shape costs minutes of compilation
-    EAGLET_AUTOTUNE=0 python -m pytest -v -rf -p no:cacheprovider --durations=25 ${TEST_PATHS:-tests/kernels tests/engine} 2>&1 \
+    # one line per test as it ends, and its seconds in OUT/test_times.txt (tests/conftest.py), so a call cut short
+    # still says what passed and where the time went; default kernel configs (EAGLET_AUTOTUNE=0): tuning every test
+    # shape costs minutes of compilation
+    EAGLET_AUTOTUNE=0 EAGLET_TEST_TIMES="$out/test_times.txt" python -m pytest -v -rf -p no:cacheprovider \
+      ${TEST_PATHS:-tests/kernels tests/engine} 2>&1 \
       | tee "$out/tests.log" \
       | grep -E "PASSED|FAILED|ERROR|passed|failed|^E " | tail -60 ;;
   invariant)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 
 import pytest
@@ -41,3 +42,13 @@ def sigint_default():
     yield
     signal.signal(signal.SIGINT, before)
 
+
+
+def pytest_runtest_logreport(report):
+    """EAGLET_TEST_TIMES=<file>: each test's set-up and call seconds appended as they end (scripts/gpu_session.sh
+    tests), so that a run its time limit cuts still says where the time went (pytest's --durations prints only at the
+    end)."""
+    path = os.environ.get("EAGLET_TEST_TIMES")
+    if path and report.when in ("setup", "call"):
+        with open(path, "a") as f:
+            f.write(f"{report.duration:8.2f} {report.when:5} {report.nodeid}\n")
