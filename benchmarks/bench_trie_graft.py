@@ -34,7 +34,9 @@ def shapes(trees) -> list[tuple[str, object, int, int, int]]:
     """(label, tree, N, P, extra) of each graft eaglet launches at these trees, within the kernel's MAX_NODES."""
     out = []
     for t in trees:
-        out.append((f"ngram {t.name} {t.steps}/{t.topk}/{t.num_draft_tokens}", t, 1, t.topk, t.num_draft_tokens - 1))
+        if t.num_draft_tokens <= MAX_NODES:
+            out.append((f"ngram {t.name} {t.steps}/{t.topk}/{t.num_draft_tokens}", t, 1, t.topk,
+                        t.num_draft_tokens - 1))
         extra = BRANCHES * t.steps
         if t.num_draft_tokens + extra <= MAX_NODES:
             out.append((f"eagle+ngram{BRANCHES} {t.name} {t.steps}/{t.topk}/{t.num_draft_tokens}", t,
