@@ -6,8 +6,8 @@
 Rows: B requests, the grafts eaglet launches at the trees of `kernels/_compile_cases.TREES` (steps S / top-k K / N
 draft tokens): the n-gram drafter's (K matches of S tokens onto the bare root, N - 1 new nodes at most) and two
 n-gram branches on an EAGLE tree (2 paths of S tokens onto a random EAGLE-2 tree of N nodes, 2S new nodes at most),
-where they fit the kernel's 64 nodes. The paths follow the tree for a while and then depart, over a small vocabulary
-so that they share prefixes.
+where they fit the kernel's MAX_NODES (`launched_shapes`). The paths follow the tree for a while and then depart,
+over a small vocabulary so that they share prefixes.
   * eaglet: `graft` (kernels/trie_graft.py); do_bench median (host launch included, cold L2) and a CUDA-graph replay
     (how the draft runs).
   * torch: `graft_ref`, the batched torch ops it replaced, in a CUDA graph too.
@@ -23,25 +23,10 @@ import torch
 from benchmarks._common import SMOKE_HEADER, fmt, graph_us, kernel_bench_args, provenance, report, timed
 from eaglet.kernels._compile_cases import TREES
 from eaglet.kernels.build_tree import build_tree, random_candidates
-from eaglet.kernels.trie_graft import MAX_NODES, graft, graft_ref, graft_sequential
+from eaglet.kernels.trie_graft import graft, graft_ref, graft_sequential, launched_shapes
 
 BATCHES = (1, 8, 64)
-BRANCHES = 2  # draft.ngram_branches of the runs (docs/drafters.md, scripts/gpu_session.sh's eagle3+ng2)
 SMOKE = dict(batches=(2,), trees=("chain", "eagle2"))
-
-
-def shapes(trees) -> list[tuple[str, object, int, int, int]]:
-    """(label, tree, N, P, extra) of each graft eaglet launches at these trees, within the kernel's MAX_NODES."""
-    out = []
-    for t in trees:
-        if t.num_draft_tokens <= MAX_NODES:
-            out.append((f"ngram {t.name} {t.steps}/{t.topk}/{t.num_draft_tokens}", t, 1, t.topk,
-                        t.num_draft_tokens - 1))
-        extra = BRANCHES * t.steps
-        if t.num_draft_tokens + extra <= MAX_NODES:
-            out.append((f"eagle+ngram{BRANCHES} {t.name} {t.steps}/{t.topk}/{t.num_draft_tokens}", t,
-                        t.num_draft_tokens, BRANCHES, extra))
-    return out
 
 
 def inputs(B: int, tree, N: int, P: int, gen: torch.Generator):
@@ -75,7 +60,8 @@ def run(B: int, label: str, tree, N: int, P: int, extra: int, dev: str, smoke: b
     want = graft_sequential(host, paths_host, extra)
     ok = all(torch.equal(a.cpu(), w) for got in (graft(t, paths, extra), graft_ref(t, paths, extra))
              for a, w in zip(got, want))
-    r = dict(B=B, shape=label, P=P, S=tree.steps, M=N + extra, err=0.0 if ok else 1.0,
+    r = dict(B=B, shape=f"{label} {tree.steps}/{tree.topk}/{tree.num_draft_tokens}", P=P, S=tree.steps, M=N + extra,
+             err=0.0 if ok else 1.0,
              created=int((want[2] >= 0).sum() + (want[3] >= 0).sum()) // B - (N - 1))
     r["eaglet"] = timed(lambda: graft(t, paths, extra), smoke)
     r["graph"] = graph_us(lambda: graft(t, paths, extra), smoke)
@@ -101,7 +87,7 @@ def main() -> None:
     dev = "cpu" if args.smoke else "cuda"
     batches = SMOKE["batches"] if args.smoke else BATCHES
     trees = [t for t in TREES if t.name in SMOKE["trees"]] if args.smoke else TREES
-    rows = [run(B, *s, dev, args.smoke) for s in shapes(trees) for B in batches]
+    rows = [run(B, *s, dev, args.smoke) for s in launched_shapes(trees) for B in batches]
     header = (SMOKE_HEADER if args.smoke else
               provenance() + "Median µs via triton.testing.do_bench (host launch included, cold L2); 'graph' = "
               "CUDA-graph replay (do_bench_cudagraph). New nodes: the average a request created.\n")

@@ -309,21 +309,23 @@ def graft(tree, paths: torch.Tensor, extra: int) -> tuple[torch.Tensor, ...]:
     return (*out, out_mask)
 
 
+def launched_shapes(trees) -> list[tuple[str, object, int, int, int]]:
+    """(label, tree, N, P, extra) of each graft eaglet launches at these TreeSpecs, where it fits MAX_NODES (else
+    `graft_ref` runs): the n-gram drafter's (the bare root, N = 1; P = topk matches of S = steps tokens; extra =
+    num_draft_tokens - 1) and `BRANCHES` n-gram branches on the tree's EAGLE tree (N = num_draft_tokens, P = K,
+    extra = K * steps). The compile cases and benchmarks/bench_trie_graft.py take their shapes from here."""
+    out = []
+    for t in trees:
+        shapes = [(f"{t.name} ngram", 1, t.topk, t.num_draft_tokens - 1)]
+        shapes += [(f"{t.name} eagle+ngram{k}", t.num_draft_tokens, k, k * t.steps) for k in BRANCHES]
+        out += [(label, t, N, P, extra) for label, N, P, extra in shapes if N + extra <= MAX_NODES]
+    return out
+
+
 def compile_cases(hip: bool) -> list[CompileCase]:
-    """kernels/_compile_cases.py: the n-gram drafter on every tree of TREES (the bare root, N = 1; P = topk matches
-    of S = steps tokens; extra = num_draft_tokens - 1) and n-gram branches (`BRANCHES`) on each tree's EAGLE tree
-    (N = num_draft_tokens, P = K, extra = K * steps), where they fit MAX_NODES (else `graft_ref` runs); the same on
-    both vendors."""
+    """kernels/_compile_cases.py: every graft of `launched_shapes(TREES)`; the same on both vendors."""
     i64, i8 = Ptr(torch.int64), Ptr(torch.int8)
-    cases = []
-    for t in TREES:
-        shapes = [(f"{t.name} ngram", 1, t.num_draft_tokens - 1, t.topk)]
-        shapes += [(f"{t.name} eagle+ngram{k}", t.num_draft_tokens, k * t.steps, k) for k in BRANCHES]
-        for used, N, extra, P in shapes:
-            if N + extra > MAX_NODES:
-                continue
-            cases.append(CompileCase.of(
-                _graft_kernel, (used,), TOK=i64, POS=i64, NEXT=i64, SIB=i64, MASK=i8, PATHS=i64, OUT_TOK=i64,
-                OUT_POS=i64, OUT_NEXT=i64, OUT_SIB=i64, OUT_MASK=i8, N=N, M=N + extra,
-                **_launch_meta(N, extra, P, t.steps)))
-    return cases
+    return [CompileCase.of(_graft_kernel, (label,), TOK=i64, POS=i64, NEXT=i64, SIB=i64, MASK=i8, PATHS=i64,
+                           OUT_TOK=i64, OUT_POS=i64, OUT_NEXT=i64, OUT_SIB=i64, OUT_MASK=i8, N=N, M=N + extra,
+                           **_launch_meta(N, extra, P, t.steps))
+            for label, t, N, P, extra in launched_shapes(TREES)]
