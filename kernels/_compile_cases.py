@@ -31,8 +31,8 @@ from typing import Any, NamedTuple
 
 import torch
 
-MODULES = ("activation", "build_tree", "draft_expand", "kv_ops", "ngram_match", "projection", "rmsnorm", "rope",
-           "topk", "tree_attention_invariant", "tree_attention_splitkv", "trie_graft", "verify")
+MODULES = ("activation", "block_tree", "build_tree", "draft_expand", "kv_ops", "ngram_match", "projection", "rmsnorm",
+           "rope", "topk", "tree_attention_invariant", "tree_attention_splitkv", "trie_graft", "verify")
 
 # The SM (CU) count the launch planners fill when a case is built for a GPU this machine lacks: H100 / H200 (sm_90,
 # 132 SMs) when False, MI300X (gfx942, 304 CUs) when `hip`.

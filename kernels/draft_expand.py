@@ -186,18 +186,4 @@ def compile_cases(hip: bool) -> list[CompileCase]:
                         CUR_FLAT=i64, MASK=u8, H=bf16, SCORES=f32, TOKENS=i64, PARENTS=i64, OUT_LP=f32, OUT_TOK=i64,
                         OUT_FLAT=i64, H_OUT=bf16, MASK_OUT=u8, base=K + (i - 1) * K * K, C=num_candidates(K, t.steps),
                         W=W, HD=H, **strides, **_launch_meta(K, W, H, has_d2t, keep)))
-    # the block drafter's tree (engine/drafters/block.py's grow_tree): no hidden state, no draft mask (zero-width
-    # fp32 and bool tensors [B, K, 0]), every depth of every tree from one block, over the target's vocabulary or a
-    # draft vocabulary (d2t)
-    for t in TREES:
-        K = t.topk
-        for i in range(1, t.steps):
-            strides = dict(stride_lpb=K, stride_fb=0 if i == 1 else K, stride_mb=K, stride_mk=1, stride_hb=K,
-                           stride_hk=1)
-            for has_d2t in (False, True):
-                cases.append(CompileCase.of(
-                    _expand_kernel, (f"{t.name} block{' d2t' if has_d2t else ''}",), CUR_LP=f32, LP=f32, IDS=i64,
-                    D2T=i64, CUR_FLAT=i64, MASK=u8, H=f32, SCORES=f32, TOKENS=i64, PARENTS=i64, OUT_LP=f32,
-                    OUT_TOK=i64, OUT_FLAT=i64, H_OUT=f32, MASK_OUT=u8, base=K + (i - 1) * K * K,
-                    C=num_candidates(K, t.steps), W=0, HD=0, **strides, **_launch_meta(K, 0, 0, has_d2t, False)))
     return cases

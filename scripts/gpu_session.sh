@@ -11,7 +11,8 @@
 #              Llama-3.1-8B (plain; EAGLE-3 tree=simulate); a table of their metrics. E2E_SMOL=0 / E2E_L8B=0 skip
 #              either half (the 8B half needs no model file: it can run while the GGUF is still being carried)
 #   ar         benchmarks/bench_ar.py (needs the SmolLM2 GGUF and MT-bench; see scripts/offline_gpu_env.sh)
-#   kernels    the kernel benchmarks: tree attention, model kernels, tree/verify, top-k, build_tree, n-gram match, trie graft
+#   kernels    the kernel benchmarks: tree attention, model kernels, tree/verify, top-k, build_tree, n-gram match, trie graft,
+#              block tree
 #   ablation   the overlap ablations (ABLATION_EXP, default both: ablate_overlap on random Llama-3.1-8B weights,
 #              ablate_overlap_smollm2 on the embedded default), one tree shape per GPU (ABLATION_GPUS=1: all on one),
 #              then their report
@@ -176,7 +177,8 @@ case $stage in
     python -m benchmarks.bench_topk --md "$out/topk_h200.md" 2>&1 | tail -20
     python -m benchmarks.bench_build_tree --md "$out/build_tree_h200.md" 2>&1 | tail -20
     python -m benchmarks.bench_ngram_match --md "$out/ngram_match_h200.md" 2>&1 | tail -20
-    python -m benchmarks.bench_trie_graft --md "$out/trie_graft_h200.md" 2>&1 | tail -20 ;;
+    python -m benchmarks.bench_trie_graft --md "$out/trie_graft_h200.md" 2>&1 | tail -20
+    python -m benchmarks.bench_block_tree --md "$out/block_tree_h200.md" 2>&1 | tail -20 ;;
   ablation)
     # each experiment's tree shapes split over the GPUs (all on one GPU when there is one), so that every plan and
     # repeat of a (target, tree) point runs on the same GPU; ABLATION_S: a time limit per sweep (the report then

@@ -4,7 +4,8 @@ forward, DFlash-style, and its dependency term turns that one forward into a tre
   propose  one forward of the block [root, mask, ...] at seq_len .. seq_len + block_size - 1 over the context in the
            head's pool -> base logits of depths 1..S; then, per depth, the K kept candidates' children: top-K of
            log_softmax(base[d] + dependency term of the candidate), EAGLE-2's selection of the K best of K*K by
-           cumulative log-prob (`grow_tree`), and `build_tree` -> the N best candidates as the verify's tree.
+           cumulative log-prob (kernels/block_tree.py: S + 1 launches), and `build_tree` -> the N best candidates
+           as the verify's tree.
            With a draft vocabulary (Vd < V, the head's d2t map) the logits and top-k are over draft ids; candidates
            are target ids from the first depth on (dep_in, build_tree and the verify take target ids)
   update   the accepted path's target features (root, a1..am at seq_len ..) written into the pool as context
@@ -22,36 +23,9 @@ import torch
 from eaglet.engine.drafter import DraftTree, ModelDrafter, PrefillBatch, register
 from eaglet.engine.drafters.eagle import check_eagle_tree
 from eaglet.engine.drafters.eagle_config import head_dir, no_head
-from eaglet.kernels.build_tree import build_tree, num_candidates
-from eaglet.kernels.draft_expand import expand_step
-from eaglet.kernels.topk import topk_logprobs
+from eaglet.kernels.block_tree import grow_tree
+from eaglet.kernels.build_tree import build_tree
 from eaglet.models.kv_cache import ForwardBatch, slots_for
-
-
-def grow_tree(children, roots: torch.Tensor, S: int, K: int, d2t: torch.Tensor | None = None):
-    """children(d, parents [B, n]) -> fp32 logits [B, n, Vd] of depth d+1 after those parent tokens (target ids;
-    d = 0: the roots [B]) -> the EAGLE-2 candidates of S depths, K kept a depth, in `build_tree`'s layout: scores,
-    tokens (target ids), parents [B, C] (C = K + (S-1)*K*K). d2t [Vd] int64: target id = draft id + d2t[draft id]
-    (the head's `d2t_offsets`); None: the logits are over target ids."""
-    B = roots.shape[0]
-    dev = roots.device
-    C = num_candidates(K, S)
-    scores = torch.empty(B, C, dtype=torch.float32, device=dev)  # [B, C]
-    tokens = torch.empty(B, C, dtype=torch.long, device=dev)  # [B, C]
-    parents = torch.empty(B, C, dtype=torch.long, device=dev)  # [B, C]
-    cur_lp, cur_tok = topk_logprobs(children(0, roots[:, None])[:, 0], K)  # [B, K] each, draft ids
-    if d2t is not None:  # depth 1 to target ids; later depths map in expand_step, as EAGLE's draft steps do
-        cur_tok = cur_tok + d2t[cur_tok]  # [B, K]
-    scores[:, :K], tokens[:, :K], parents[:, :K] = cur_lp, cur_tok, -1
-    cur_flat = torch.arange(K, device=dev).expand(B, K)  # [B, K]
-    # expand_step also carries a head's hidden state and draft mask: none here (zero columns)
-    h = torch.zeros(B, K, 0, device=dev)  # [B, K, 0]
-    mask = torch.zeros(B, K, 0, dtype=torch.bool, device=dev)  # [B, K, 0]
-    for d in range(1, S):
-        lp, tk = topk_logprobs(children(d, cur_tok), K)  # [B, K, K] each
-        cur_lp, cur_tok, cur_flat, _, _ = expand_step(cur_lp, lp, tk, cur_flat, mask, h, scores, tokens, parents,
-                                                       K + (d - 1) * K * K, d2t, keep_ancestors=False)
-    return scores, tokens, parents
 
 
 def check_block_tree(steps: int, topk: int, num_draft_tokens: int, block_size: int, vocab: int) -> None:
@@ -119,9 +93,9 @@ class BlockDrafter(ModelDrafter):
         self.tree, self.max_context = tree, max_context + self.head.block_size
         self.kv = self.head.kv_cache(max_reqs=max_batch, max_context=self.max_context, page_size=page_size,
                                      num_pages=num_pages, dtype=target.dtype, device=device)
-        # the dependency term as two fp32 tables: a depth's children logits are then one gather and one batched
-        # GEMM that adds the base logits (`children` in propose), instead of an embedding, two projections and an add.
-        # dep_in is indexed by the parent's target id (any of the V), dep_out's columns are draft ids.
+        # the dependency term as two fp32 tables, which kernels/block_tree.py reads (a parent's row of dep_in, then
+        # [K, r] @ dep_out), instead of an embedding and two projections a depth. dep_in is indexed by the parent's
+        # target id (any of the V), dep_out's columns are draft ids.
         with torch.no_grad():
             h = self.head
             self.dep_in = h.dep_in(h.embed(torch.arange(target.args.vocab_size, device=device))).float()  # [V, r]
@@ -153,11 +127,8 @@ class BlockDrafter(ModelDrafter):
         batch = ForwardBatch(pt, seq_lens, slots_for(pt, pos, self.kv.page_size), full, self.max_context)
         x = self.head.forward_block(roots, pos, batch, self.kv)  # [B, Kb, H]
         base = self.head.block_logits(x[:, 1:S + 1])  # [B, S, Vd]
-
-        def children(d, parents):  # [B, n] target ids -> [B, n, Vd]: depth d+1's base logits plus each parent's term
-            return torch.baddbmm(base[:, d, None], self.dep_in[parents], self.dep_out.expand(B, -1, -1))
-
-        scores, tokens, parents = grow_tree(children, roots, S, K, self.head.d2t_offsets)  # [B, C] each, target ids
+        scores, tokens, parents = grow_tree(base, self.dep_in, self.dep_out, roots.long(), S, K,
+                                            self.head.d2t_offsets)  # [B, C] each, target ids
         tree = build_tree(scores, tokens, parents, roots, seq_lens, N, K, S)
         return DraftTree(tree.draft_tokens, tree.positions, tree.retrieve_next_token, tree.retrieve_next_sibling,
                          tree.tree_mask)

@@ -1,7 +1,7 @@
-"""The block drafter's tree from one forward (engine/drafters/block.py): `grow_tree` + `build_tree` equal a
-pure-Python construction of the same EAGLE-2 tree, over the target's vocabulary and over a draft vocabulary (d2t:
-candidates are target ids); greedy speculative decoding with a draft-vocabulary drafter equals plain decoding; the
-tree checks name the key to change."""
+"""The block drafter's tree from one forward (engine/drafters/block.py): `grow_tree` (kernels/block_tree.py) +
+`build_tree` equal a pure-Python construction of the same EAGLE-2 tree, over the target's vocabulary and over a draft
+vocabulary (d2t: candidates are target ids); greedy speculative decoding with a draft-vocabulary drafter equals plain
+decoding; the tree checks name the key to change."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ import math
 import pytest
 import torch
 
-from eaglet.engine.drafters.block import check_block_tree, grow_tree
+from eaglet.engine.drafters.block import check_block_tree
+from eaglet.kernels.block_tree import grow_tree
 from eaglet.kernels.build_tree import build_tree
 
 
@@ -59,7 +60,8 @@ def test_tree_equals_python_construction(S, K, N, seed, Vd):
     bias = 2 * torch.randn(V, Vd or V, generator=g)  # [V, Vd]: the term after each parent token (a target id)
     roots = torch.randint(0, V, (B,), generator=g)
     seq_lens = torch.tensor([7, 30], dtype=torch.int32)
-    scores, tokens, parents = grow_tree(lambda d, p: base[:, d, None] + bias[p], roots, S, K, d2t)
+    # the term after parent p is bias[p]: dep_in the identity [V, V], dep_out the bias
+    scores, tokens, parents = grow_tree(base, torch.eye(V), bias, roots, S, K, d2t)
     tree = build_tree(scores, tokens, parents, roots, seq_lens, N, K, S)
     for b in range(B):
         want_tok, want_par = python_tree(base[b].tolist(), bias.tolist(), int(roots[b]), K, N,
@@ -78,7 +80,7 @@ def test_dependency_term_conditions_children():
     bias = torch.full((V, V), -9.0)
     for p in range(V):
         bias[p, (p + 1) % V], bias[p, (p + 5) % V] = 3.0, 2.0  # after p: p+1, then p+5
-    scores, tokens, parents = grow_tree(lambda d, p: bias[p], torch.tensor([0]), 2, K)
+    scores, tokens, parents = grow_tree(torch.zeros(1, 2, V), torch.eye(V), bias, torch.tensor([0]), 2, K)
     assert tokens[0, :K].tolist() == [1, 5]
     assert tokens[0, K:].tolist() == [2, 6, 6, 0]  # children of 1, then of 5
 

@@ -1,0 +1,267 @@
+"""The block drafter's EAGLE-2 tree from its one forward, in S + 1 launches (one per depth, and one to finish):
+
+    grow_tree(base, dep_in, dep_out, roots, S, K, d2t=None) -> (scores, tokens, parents) [B, C] each
+
+base [B, S, Vd] fp32: the block rows' logits over draft ids; the dependency term of a candidate after parent token p
+(a target id) is dep_in[p] @ dep_out, dep_in [V, r] and dep_out [r, Vd] fp32 (models/block_head.py). Depth 1's K
+candidates are the top K of log_softmax(base[:, 0] + term(root)); each later depth's are, for each of the K kept
+nodes, its K best children by log_softmax(base[:, d] + term(node)), scored by cumulative log-prob, the K best of the
+K*K kept (ties: lower index). Outputs in `build_tree`'s candidate layout (C = K + (S-1)*K*K; kernels/build_tree.py),
+tokens as target ids (id + d2t[id] with a draft vocabulary). `grow_tree_ref` is the spec, in torch.
+
+Why one kernel: in torch with the top-k and expand kernels a depth is five launches (the parents' gather, a batched
+GEMM whose broadcast copies the base row, the two top-k launches, the expansion), ~35 for S = 7; at SmolLM2's size
+that was ~12 µs a depth of a ~230 µs propose (results/draft_phase_h100.md).
+
+Launch d (grid requests x chunks of BLOCK_V draft ids) computes depth d's logits: each program multiplies its K
+parents' dep_in rows by its columns of dep_out ([K, r] @ [r, BLOCK_V] as r fp32 rank-1 updates, r ascending), adds
+the base row and keeps, per parent row, the chunk's max, sum of exp and K best packed keys (kernels/topk.py). Launch
+d + 1's programs each first merge those partials (depth d's log-sum-exp and children, the K best by cumulative score):
+every program repeats the merge, a few hundred keys, which costs less than a launch between them. Its first program
+writes depth d's candidates and kept nodes. The last launch only merges.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from eaglet.kernels._compile_cases import TREES, CompileCase, Ptr, model_shapes
+from eaglet.kernels._utils import use_triton
+from eaglet.kernels.build_tree import num_candidates
+from eaglet.kernels.draft_expand import expand_step_ref
+from eaglet.kernels.topk import _EMPTY, _decode_keys, _keys, _top_keys, topk_logprobs_ref
+
+# Above this K the reference runs: a program holds K x K cumulative scores, K rows of a chunk and K x chunks x K
+# keys; at K = 10 over SmolLM2's 49,152 ids they spill (tests/portability). Timed up to K = 4.
+MAX_K = 8
+# Keys one merge holds in registers (parents x chunks x K): BLOCK_V grows with the vocabulary to stay under it.
+_MERGE_KEYS = 4096
+
+
+def grow_tree_ref(base, dep_in, dep_out, roots, S: int, K: int, d2t=None):
+    """Torch reference (the spec; module doc): per depth the children's logits base[:, d] + dep_in[parents] @ dep_out,
+    `topk_logprobs_ref`, and `expand_step_ref`'s selection."""
+    B = roots.shape[0]
+    dev = roots.device
+    C = num_candidates(K, S)
+    scores = torch.empty(B, C, dtype=torch.float32, device=dev)  # [B, C]
+    tokens = torch.empty(B, C, dtype=torch.long, device=dev)  # [B, C]
+    parents = torch.empty(B, C, dtype=torch.long, device=dev)  # [B, C]
+
+    def children(d, par):  # [B, n] target ids -> [B, n, Vd]
+        return base[:, d, None] + dep_in[par] @ dep_out
+
+    cur_lp, cur_tok = topk_logprobs_ref(children(0, roots[:, None])[:, 0], K)  # [B, K] each, draft ids
+    if d2t is not None:
+        cur_tok = cur_tok + d2t[cur_tok]  # [B, K]
+    scores[:, :K], tokens[:, :K], parents[:, :K] = cur_lp, cur_tok, -1
+    cur_flat = torch.arange(K, device=dev).expand(B, K)  # [B, K]
+    h = torch.zeros(B, K, 0, device=dev)  # [B, K, 0] no hidden state
+    mask = torch.zeros(B, K, 0, dtype=torch.bool, device=dev)  # [B, K, 0] no draft mask
+    for d in range(1, S):
+        lp, tk = topk_logprobs_ref(children(d, cur_tok), K)  # [B, K, K] each
+        cur_lp, cur_tok, cur_flat, _, _ = expand_step_ref(cur_lp, lp, tk, cur_flat, mask, h, scores, tokens,
+                                                           parents, K + (d - 1) * K * K, d2t, keep_ancestors=False)
+    return scores, tokens, parents
+
+
+@triton.jit
+def _top_keys_rows(key, K: tl.constexpr, KP: tl.constexpr):
+    """The K largest of each row of key [ROWS, N] (distinct per row but for _EMPTY), largest first -> [ROWS, KP]."""
+    t = tl.arange(0, KP)  # [KP]
+    best = tl.full([key.shape[0], KP], _EMPTY, tl.int64)  # [ROWS, KP]
+    for r in range(K):
+        top = tl.max(key, 1)  # [ROWS]
+        best = tl.where(t[None, :] == r, top[:, None], best)  # [ROWS, KP]
+        key = tl.where(key == top[:, None], _EMPTY, key)  # [ROWS, N]
+    return best
+
+
+@triton.jit
+def _level_kernel(BASE, stride_bb, stride_bs, DEP_IN, DEP_OUT, D2T, ROOTS, PMAX, PSUM, PKEY, ST_LP, ST_TOK, ST_FLAT,
+                  SCORES, TOKENS, PARENTS, level, B, Vd, NC, C,
+                  R: tl.constexpr, K: tl.constexpr, KP: tl.constexpr, HAS_D2T: tl.constexpr, MERGE: tl.constexpr,
+                  MERGE_ROOT: tl.constexpr, COMPUTE: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_C: tl.constexpr,
+                  BLOCK_CK: tl.constexpr):
+    """Grid (B, NC). MERGE: depth `level - 1`'s partials into its candidates and kept nodes (MERGE_ROOT: it is depth 1,
+    the root's children); COMPUTE: depth `level`'s logits and partials after the kept nodes (level 0: the root).
+    Partials PMAX / PSUM [S, B, K, NC], PKEY [S, B, K, NC, K]; kept nodes ST_* [S, B, K]."""
+    b = tl.program_id(0).to(tl.int64)
+    c = tl.program_id(1)
+    t = tl.arange(0, KP)  # [KP] a kept node, or a child rank
+    kept = t < K
+    first = (tl.zeros([KP], tl.int32) + c) == 0  # [KP] the program that writes the candidates and kept nodes
+    cur_tok = tl.zeros([KP], tl.int64)
+    if MERGE:
+        p = level - 1
+        cell = (p * B + b) * K + t  # [KP] the partials' row of each parent
+        rows = (t < 1) if MERGE_ROOT else kept  # [KP]
+        cs = tl.arange(0, BLOCK_C)  # [BLOCK_C]
+        io = rows[:, None] & (cs < NC)[None, :]  # [KP, BLOCK_C]
+        m_c = tl.load(PMAX + cell[:, None] * NC + cs[None, :], mask=io, other=float("-inf"))  # [KP, BLOCK_C]
+        s_c = tl.load(PSUM + cell[:, None] * NC + cs[None, :], mask=io, other=0.0)  # [KP, BLOCK_C]
+        m = tl.max(m_c, 1)  # [KP]
+        m_safe = tl.where(m == float("-inf"), 0.0, m)
+        lse = m + tl.log(tl.where(rows, tl.sum(s_c * tl.exp(m_c - m_safe[:, None]), 1), 1.0))  # [KP]
+        kc = tl.arange(0, BLOCK_CK)  # [BLOCK_CK]
+        key = tl.load(PKEY + cell[:, None] * NC * K + kc[None, :], mask=rows[:, None] & (kc < NC * K)[None, :],
+                      other=_EMPTY)  # [KP, BLOCK_CK]
+        val, ids = _decode_keys(_top_keys_rows(key, K, KP))  # [KP, KP] each: parent row x child rank
+        ok = rows[:, None] & kept[None, :]  # [KP, KP]
+        lp = val - lse[:, None]  # [KP, KP]
+        if HAS_D2T:
+            ids += tl.load(D2T + ids, mask=ok, other=0)
+        if MERGE_ROOT:  # depth 1: row 0's children are the candidates and the kept nodes
+            cur_lp = tl.sum(tl.where(ok, lp, 0.0), 0)  # [KP]
+            cur_tok = tl.sum(tl.where(ok, ids, 0), 0)  # [KP]
+            cur_flat = t.to(tl.int64)  # [KP]
+            tl.store(SCORES + b * C + t, cur_lp, mask=kept & first)
+            tl.store(TOKENS + b * C + t, cur_tok, mask=kept & first)
+            tl.store(PARENTS + b * C + t, tl.full([KP], -1, tl.int64), mask=kept & first)
+        else:  # after the kept nodes of depth p - 1: cumulative scores, then the K best
+            prev = (p - 1) * B + b
+            cum = tl.load(ST_LP + prev * K + t, mask=kept, other=0.0)[:, None] + lp  # [KP, KP]
+            j = t[:, None] * K + t[None, :]  # [KP, KP] the candidate's index within the depth
+            col = K + (p - 1) * K * K + j  # [KP, KP]
+            tl.store(SCORES + b * C + col, cum, mask=ok & first[None, :])
+            tl.store(TOKENS + b * C + col, ids, mask=ok & first[None, :])
+            par = tl.load(ST_FLAT + prev * K + t, mask=kept, other=0)  # [KP]
+            tl.store(PARENTS + b * C + col, tl.broadcast_to(par[:, None], (KP, KP)), mask=ok & first[None, :])
+            cum1 = tl.reshape(cum, [KP * KP])
+            j1 = tl.reshape(tl.where(ok, j, -1), [KP * KP])  # -1: a padding cell
+            ids1 = tl.reshape(ids, [KP * KP])
+            cur_lp, best = _decode_keys(_top_keys(_keys(cum1, j1, j1 >= 0), K, KP))  # [KP] each
+            cur_tok = tl.sum(tl.where(j1[None, :] == best[:, None], ids1[None, :], 0), 1)  # [KP]
+            cur_flat = K + (p - 1) * K * K + best  # [KP]
+        st = p * B + b
+        tl.store(ST_LP + st * K + t, cur_lp, mask=kept & first)
+        tl.store(ST_TOK + st * K + t, cur_tok, mask=kept & first)
+        tl.store(ST_FLAT + st * K + t, cur_flat, mask=kept & first)
+    if COMPUTE:
+        if MERGE:
+            n = K
+            par = cur_tok  # [KP] target ids
+        else:
+            n = 1
+            par = tl.where(t == 0, tl.load(ROOTS + b), 0)  # [KP]
+        live = t < n  # [KP]
+        v = c * BLOCK_V + tl.arange(0, BLOCK_V)  # [BLOCK_V] draft ids
+        vok = v < Vd
+        # [K, r] @ [r, BLOCK_V] as R rank-1 updates, r ascending; 8 unrolled a step, so that 8 rows of dep_out load
+        # at once without holding all R in registers
+        acc = tl.zeros([KP, BLOCK_V], tl.float32)
+        for r0 in range(0, R, 8):
+            for r1 in tl.static_range(8):
+                r = r0 + r1
+                # past R (R not a multiple of 8): z is 0 and w a valid row, adding 0
+                z = tl.load(DEP_IN + par * R + r, mask=live & (t * 0 + r < R), other=0.0)  # [KP]
+                w = tl.load(DEP_OUT + tl.minimum(r, R - 1) * Vd + v, mask=vok, other=0.0)  # [BLOCK_V]
+                acc += z[:, None] * w[None, :]  # [KP, BLOCK_V]
+        x = acc + tl.load(BASE + b * stride_bb + level * stride_bs + v, mask=vok, other=0.0)[None, :]
+        x = tl.where(live[:, None] & vok[None, :], x, float("-inf"))  # [KP, BLOCK_V]
+        mx = tl.max(x, 1)  # [KP]
+        mx_safe = tl.where(mx == float("-inf"), 0.0, mx)
+        s = tl.sum(tl.exp(x - mx_safe[:, None]), 1)  # [KP]
+        keys = _top_keys_rows(_keys(x, tl.broadcast_to(v[None, :], (KP, BLOCK_V)), x > float("-inf")), K, KP)
+        cell = (level * B + b) * K + t  # [KP]
+        tl.store(PMAX + cell * NC + c, mx, mask=live)
+        tl.store(PSUM + cell * NC + c, s, mask=live)
+        tl.store(PKEY + (cell[:, None] * NC + c) * K + t[None, :], keys, mask=live[:, None] & kept[None, :])
+
+
+def grow_tree(base, dep_in, dep_out, roots, S: int, K: int, d2t=None):
+    """The tree's candidates (module doc): base [B, S', Vd] fp32 (S' >= S; depth d reads base[:, d - 1]), dep_in
+    [V, r] and dep_out [r, Vd] fp32, roots [B] int64 target ids, d2t [Vd] int64 or None -> (scores [B, C] fp32,
+    tokens [B, C] int64 target ids, parents [B, C] int64). Triton on GPU (and on CPU under TRITON_INTERPRET=1), else
+    the reference; no host sync."""
+    B, Vd = roots.shape[0], dep_out.shape[1]
+
+    def need(cond, msg):
+        if not cond:
+            raise ValueError(msg)
+
+    need(base.dim() == 3 and base.shape[0] == B and base.shape[1] >= S and base.shape[2] == Vd,
+         f"base must be [B={B}, >= S={S}, Vd={Vd}], got {tuple(base.shape)}")
+    need(base.dtype == dep_in.dtype == dep_out.dtype == torch.float32, "base, dep_in and dep_out must be float32")
+    need(dep_in.dim() == 2 and dep_in.shape[1] == dep_out.shape[0], f"dep_in [V, r] and dep_out [r, Vd] must share "
+         f"r, got {tuple(dep_in.shape)} and {tuple(dep_out.shape)}")
+    need(isinstance(K, int) and 1 <= K <= Vd and isinstance(S, int) and S >= 1, f"S={S!r}, K={K!r}: S >= 1 and "
+         f"K in [1, {Vd}]")
+    need(roots.dtype == torch.int64 and (d2t is None or d2t.dtype == torch.int64), "roots and d2t must be int64")
+    tensors = [base, dep_in, dep_out, roots] + ([d2t] if d2t is not None else [])
+    need(all(x.device == roots.device for x in tensors), "all inputs must be on one device")
+    if K > MAX_K or not use_triton(*tensors):
+        return grow_tree_ref(base, dep_in, dep_out, roots, S, K, d2t)
+    dev = roots.device
+    C = num_candidates(K, S)
+    scores = torch.empty(B, C, dtype=torch.float32, device=dev)  # [B, C]
+    tokens = torch.empty(B, C, dtype=torch.int64, device=dev)  # [B, C]
+    parents = torch.empty(B, C, dtype=torch.int64, device=dev)  # [B, C]
+    if B == 0:
+        return scores, tokens, parents
+    if base.stride(2) != 1:
+        base = base.contiguous()
+    dep_in, dep_out, roots = dep_in.contiguous(), dep_out.contiguous(), roots.contiguous()
+    meta = _launch_meta(Vd, K, dep_in.shape[1])
+    NC = triton.cdiv(Vd, meta["BLOCK_V"])
+    stats = torch.empty(2, S, B, K, NC, dtype=torch.float32, device=dev)  # [max, sum] x [S, B, K, NC]
+    keys = torch.empty(S, B, K, NC, K, dtype=torch.int64, device=dev)  # [S, B, K, NC, K]
+    st_lp = torch.empty(S, B, K, dtype=torch.float32, device=dev)  # [S, B, K] the kept nodes' scores
+    state = torch.empty(2, S, B, K, dtype=torch.int64, device=dev)  # (tokens, flat indices) x [S, B, K]
+    for level in range(S + 1):
+        grid = (B, NC if level < S else 1)
+        _level_kernel[grid](
+            base, base.stride(0), base.stride(1), dep_in, dep_out, d2t if d2t is not None else roots, roots,
+            stats[0], stats[1], keys, st_lp, state[0], state[1], scores, tokens, parents,
+            level, B, Vd, NC, C, HAS_D2T=d2t is not None, MERGE=level > 0, MERGE_ROOT=level == 1,
+            COMPUTE=level < S, **meta,
+        )  # fmt: skip
+    return scores, tokens, parents
+
+
+def _launch_meta(Vd: int, K: int, R: int) -> dict:
+    """Chunk length and blocks for Vd draft ids, K children a node and rank R: chunks of 256 ids (a SmolLM2 8,192-id
+    vocabulary in 32 programs), longer where the merge's parents x chunks x K keys would pass _MERGE_KEYS."""
+    KP = triton.next_power_of_2(K)
+    block_v = max(256, triton.next_power_of_2(triton.cdiv(Vd * K * KP, _MERGE_KEYS)))
+    nc = triton.cdiv(Vd, block_v)
+    block_ck = triton.next_power_of_2(nc * K)
+    return dict(R=R, K=K, KP=KP, BLOCK_V=block_v, BLOCK_C=triton.next_power_of_2(nc), BLOCK_CK=block_ck,
+                num_warps=4 if KP * max(block_v, block_ck) <= 2048 else 8)
+
+
+def _levels(S: int) -> dict[tuple, int]:
+    """The variants one tree of S depths launches, (MERGE, MERGE_ROOT, COMPUTE) -> the first level launching it:
+    level 0 computes, 1 merges the root's children (and computes, S > 1), the middle ones merge and compute, the
+    last merges."""
+    levels = {}
+    for level in range(S + 1):
+        levels.setdefault((level > 0, level == 1, level < S), level)
+    return levels
+
+
+def compile_cases(hip: bool) -> list[CompileCase]:
+    """kernels/_compile_cases.py: every tree's levels over the block drafter's vocabularies (SmolLM2's whole one and
+    8,192-id draft vocabulary, Llama-3.1-8B's 32,000-id draft vocabulary), rank 64 (conf/draft/block.yaml), with and
+    without a map; the same on both vendors."""
+    f32, i64 = Ptr(torch.float32), Ptr(torch.int64)
+    cases = []
+    shapes = {s.name: s for s in model_shapes()}
+    vocabs = [("smollm2_135m", shapes["smollm2_135m"].vocab, False), ("smollm2_135m", 8192, True),
+              ("llama3_8b", 32000, True)]
+    for t in TREES:
+        if t.topk > MAX_K:
+            continue
+        for model, Vd, has_d2t in vocabs:
+            meta = _launch_meta(Vd, t.topk, 64)
+            NC = triton.cdiv(Vd, meta["BLOCK_V"])
+            for (merge, root, compute), level in _levels(t.steps).items():
+                cases.append(CompileCase.of(
+                    _level_kernel, (f"{model} Vd={Vd} {t.name}",), BASE=f32, stride_bb=t.steps * Vd,
+                    stride_bs=Vd, DEP_IN=f32, DEP_OUT=f32, D2T=i64, ROOTS=i64, PMAX=f32, PSUM=f32, PKEY=i64,
+                    ST_LP=f32, ST_TOK=i64, ST_FLAT=i64, SCORES=f32, TOKENS=i64, PARENTS=i64, level=level, B=8,
+                    Vd=Vd, NC=NC, C=num_candidates(t.topk, t.steps), HAS_D2T=has_d2t, MERGE=merge,
+                    MERGE_ROOT=root, COMPUTE=compute, **meta))
+    return cases
