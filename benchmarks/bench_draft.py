@@ -3,16 +3,17 @@ update (after accept), random weights at SmolLM2-135M's and Llama-3.1-8B's shape
 the read of the drafter's weights once.
 
     python -m benchmarks.bench_draft --md results/draft_h200.md [--models SmolLM2-135M,Llama-3.1-8B] [--batches 1,8]
-        [--trees 7/1/8,5/4/8] [--block-layers 2,3]
+        [--trees 7/1/8,5/4/8] [--block-layers 1,2,3]
     TRITON_INTERPRET=1 python -m benchmarks.bench_draft --smoke     # CPU, a tiny target: the script runs
 
 Drafters: the EAGLE-3 head (engine/drafters/eagle.py: S-1 head forwards, then the extend over the accepted path) and a
-block drafter per --block-layers count (engine/drafters/block.py: one forward and the per-depth tree, then the
-context store), both over the draft vocabulary of `MODELS` (Llama-3.1-8B: 32,000 of 128,256 tokens, the public
-EAGLE-3 heads'); the block drafter keeps SmolLM2's whole vocabulary (49,152: its LM head is 57 MB). The update is
-timed with the whole path accepted (S+1 tokens), its longest. Floor: the drafter's own weights, the target LM head rows
-its logits read and its dependency tables, read once at the measured copy bandwidth; the EAGLE head re-reads its layer
-at every step, so its floor is a lower bound of a lower bound.
+block drafter per --block-layers count and block vocabulary of `MODELS` (engine/drafters/block.py: one forward and
+the per-depth tree, then the context store). Llama-3.1-8B: both over 32,000 of its 128,256 tokens (the public EAGLE-3
+heads' draft vocabulary); SmolLM2: EAGLE-3 over the shipped head's 8,192, the block drafter over the whole 49,152
+(its LM head is 57 MB, ~17 µs a propose; conf/train/head/block.yaml says why that is its default) and over 8,192.
+The update is timed with the whole path accepted (S+1 tokens), its longest. Floor: the drafter's own weights, the
+target LM head rows its logits read and its dependency tables, read once at the measured copy bandwidth; the EAGLE
+head re-reads its layer at every step, so its floor is a lower bound of a lower bound.
 """
 
 from __future__ import annotations
@@ -30,24 +31,26 @@ from eaglet.engine.speculative import TreeSpec
 from eaglet.models.head_checkpoint import new_draft_head
 from eaglet.models.llama import ModelArgs, Transformer
 
-# registry name, EAGLE-3 draft vocabulary, block drafter draft vocabulary (None: the target's)
-MODELS = {"SmolLM2-135M": ("smollm2_135m", 8192, None), "Llama-3.1-8B": ("llama3_8b", 32000, 32000)}
+# registry name, EAGLE-3 draft vocabulary, block drafter draft vocabularies (None: the target's)
+MODELS = {"SmolLM2-135M": ("smollm2_135m", 8192, (None, 8192)), "Llama-3.1-8B": ("llama3_8b", 32000, (32000,))}
 PREFIX, CONTEXT, PAGE = 1024, 2048, 16
 SMOKE = ModelArgs(family="llama", vocab_size=512, dim=128, n_layers=8, n_heads=2, n_kv_heads=1, head_dim=64,
                   intermediate_size=256, max_seq_len=512)
 
 
-def drafters(target: Transformer, draft_vocab: int, block_vocab: int | None, block_layers: list[int]):
+def drafters(target: Transformer, draft_vocab: int, block_vocabs: tuple, block_layers: list[int]):
     """(label, drafter) of each kind, random weights in the target's dtype, on the invariant path. A random map is
     the first Vd target ids: the same bytes as a trained one's."""
     yield "EAGLE-3", EagleDrafter(new_draft_head("eagle3", target, draft_vocab_size=min(draft_vocab,
                                                                                           target.args.vocab_size)))
-    for n in block_layers:
-        head = new_draft_head("block", target, num_layers=n, block_size=8, dep_rank=64, draft_vocab_size=block_vocab)
-        with torch.no_grad():
-            head.dep_out.weight.normal_(0, 0.02)
-        vd = "" if block_vocab is None else f", Vd {block_vocab}"
-        yield f"block, {n} layers{vd}", BlockDrafter(head)
+    for block_vocab in block_vocabs:
+        for n in block_layers:
+            head = new_draft_head("block", target, num_layers=n, block_size=8, dep_rank=64,
+                                  draft_vocab_size=block_vocab)
+            with torch.no_grad():
+                head.dep_out.weight.normal_(0, 0.02)
+            vd = "" if block_vocab is None else f", Vd {block_vocab}"
+            yield f"block, {n} layer{'s' if n > 1 else ''}{vd}", BlockDrafter(head)
 
 
 def weight_bytes(target: Transformer, drafter) -> int:
@@ -137,7 +140,7 @@ def main() -> None:
     ap.add_argument("--models", default=",".join(MODELS))
     ap.add_argument("--batches", default="1,8")
     ap.add_argument("--trees", default="7/1/8,5/4/8", help="steps/topk/tokens, comma-separated")
-    ap.add_argument("--block-layers", default="2,3")
+    ap.add_argument("--block-layers", default="1,2,3")
     ap.add_argument("--smoke", action="store_true", help="CPU, a tiny target, eager (no GPU numbers)")
     a = ap.parse_args()
     trees = [TreeSpec(*map(int, t.split("/"))) for t in a.trees.split(",")]
@@ -148,11 +151,11 @@ def main() -> None:
     for model in ["tiny (smoke)"] if a.smoke else a.models.split(","):
         if a.smoke:
             torch.manual_seed(0)
-            target, vocab, block_vocab = Transformer(SMOKE).eval(), 64, 64
+            target, vocab, block_vocabs = Transformer(SMOKE).eval(), 64, (64,)
         else:
-            name, vocab, block_vocab = MODELS[model]
+            name, vocab, block_vocabs = MODELS[model]
             target = random_model(name)[1]
-        for label, drafter in drafters(target, vocab, block_vocab, layers):
+        for label, drafter in drafters(target, vocab, block_vocabs, layers):
             for B in map(int, a.batches.split(",")):
                 for tree in trees:
                     p, u = measure(target, drafter, tree, B, a.smoke)

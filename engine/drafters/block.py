@@ -101,6 +101,11 @@ class BlockDrafter(ModelDrafter):
             self.dep_in = h.dep_in(h.embed(torch.arange(target.args.vocab_size, device=device))).float()  # [V, r]
             self.dep_out = h.dep_out.weight.t().float().contiguous()  # [r, Vd]
             h.lm_head_rows()  # the draft vocabulary's LM-head rows, made now: not inside a captured graph
+        # constants the steps slice rather than build (each a launch inside the step's graph): block offsets, and the
+        # block's own attention mask, all True (non-causal inside the block)
+        Kb = self.head.block_size
+        self._offsets = torch.arange(max(Kb, tree.steps + 1), device=device)  # [max(Kb, S+1)]
+        self._full = torch.ones(max_batch, Kb, Kb, dtype=torch.bool, device=device)  # [max_batch, Kb, Kb]
 
     def reserve(self, bounds: list[tuple[int, int]]) -> None:
         self.kv.reserve_many([(row, min(n + self.head.block_size, self.max_context)) for row, n in bounds])
@@ -120,11 +125,9 @@ class BlockDrafter(ModelDrafter):
         S, K, N = self.tree.steps, self.tree.topk, self.tree.num_draft_tokens
         Kb = self.head.block_size
         B = seq_lens.shape[0]
-        dev = seq_lens.device
         pt = self.kv.req_to_page[rows]  # [B, P]
-        pos = seq_lens[:, None].long() + torch.arange(Kb, device=dev)  # [B, Kb]
-        full = torch.ones(B, Kb, Kb, dtype=torch.bool, device=dev)  # [B, Kb, Kb] non-causal inside the block
-        batch = ForwardBatch(pt, seq_lens, slots_for(pt, pos, self.kv.page_size), full, self.max_context)
+        pos = seq_lens[:, None].long() + self._offsets[:Kb]  # [B, Kb]
+        batch = ForwardBatch(pt, seq_lens, slots_for(pt, pos, self.kv.page_size), self._full[:B], self.max_context)
         x = self.head.forward_block(roots, pos, batch, self.kv)  # [B, Kb, H]
         base = self.head.block_logits(x[:, 1:S + 1])  # [B, S, Vd]
         scores, tokens, parents = grow_tree(base, self.dep_in, self.dep_out, roots.long(), S, K,
@@ -138,7 +141,7 @@ class BlockDrafter(ModelDrafter):
         B, S1 = accept_index.shape
         idx = accept_index.clamp(min=0)  # [B, S+1]
         feat = feats.gather(1, idx[:, :, None].expand(B, S1, feats.shape[-1]))  # [B, S+1, F]
-        pos = seq_lens[:, None].long() + torch.arange(S1, device=tokens.device)  # [B, S+1]
+        pos = seq_lens[:, None].long() + self._offsets[:S1]  # [B, S+1]
         pt = self.kv.req_to_page[rows]  # [B, P]
         slots = torch.where(accept_index >= 0, slots_for(pt, pos, self.kv.page_size), 0)  # [B, S+1]
         self.head.store_context(feat, pos, slots, self.kv)
