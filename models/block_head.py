@@ -19,8 +19,8 @@ a 0.6 ms draft budget), its 32,000 rows 0.26 GB. None (default) = the whole voca
 Dependency term: logits of row j = lm_head(norm(h_j)) + dep_out(dep_in(embed(parent))), a rank-`dep_rank` bias
 from the token at the previous block position (a target id, any of the V; the parent in a tree: the root for
 j = 1). The forward itself sees no drafted token, so this term is what makes row j's distribution depend on which
-candidate it continues: a tree (per-depth top-k conditioned on the parent) comes from one forward plus one small GEMM
-per depth (engine/drafters/block.py). `dep_out` starts at zero: an untrained term is no bias.
+candidate it continues: a tree (per-depth top-k conditioned on the parent) comes from one forward plus one launch a
+depth (kernels/block_tree.py). `dep_out` starts at zero: an untrained term is no bias.
 
 `forward_dense` is the training forward: the same weights and math, attention computed densely over several
 anchors' blocks at once (training/block_loss.py).
