@@ -8,19 +8,18 @@ KEEP=${KEEP:-/tmp/keep}
 mkdir -p /tmp/ns/eaglet "$KEEP"
 for d in kernels models engine runner training data experiments; do ln -sfn "$PWD/$d" "/tmp/ns/eaglet/$d"; done
 export PYTHONPATH=/tmp/ns${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 EAGLET_ASSET_DIR=$KEEP
-# wheels: WHEELS (default .whl), .whl_scipy (scipy for datasketch, 40 MB: carried in a call of its own) and
-# $KEEP/wheels (where an earlier call of the session copied them: later calls need not carry them again)
+# wheels: WHEELS (default .whl) and $KEEP/wheels (where an earlier call of the session copied them: later calls
+# need not carry them again)
 finds=()
-for w in "${WHEELS:-.whl}" .whl_scipy "$KEEP/wheels"; do [[ -d $w ]] && finds+=(--find-links "$w"); done
+for w in "${WHEELS:-.whl}" "$KEEP/wheels"; do [[ -d $w ]] && finds+=(--find-links "$w"); done
 if [[ ${#finds[@]} -gt 0 ]] && ! python3 -c "import hydra, gguf" 2>/dev/null; then
   python3 -m pip install -q --no-index "${finds[@]}" hydra-core==1.3.2 omegaconf==2.3.0 gguf==0.19.0
 fi
-# synthesis only (gpu_session.sh synth): datasketch (pure Python; it needs numpy and scipy, which the box may lack)
+# synthesis only (gpu_session.sh synth): datasketch (pure Python; its numpy and scipy are in the box's image)
 if [[ ${#finds[@]} -gt 0 ]] && ! python3 -c "import datasketch" 2>/dev/null; then
   python3 -m pip install -q --no-index "${finds[@]}" datasketch==2.0.0 ||
-    echo "[offline_gpu_env] no datasketch wheel (or its scipy) in ${finds[*]}: the synth stage cannot run" \
-      "(where there is a network: pip download --no-deps datasketch==2.0.0 -d .whl; pip download --no-deps" \
-      "scipy==1.14.1 --python-version 3.12 --platform manylinux2014_x86_64 --only-binary=:all: -d .whl_scipy)"
+    echo "[offline_gpu_env] no datasketch wheel in ${finds[*]}: the synth stage cannot run" \
+      "(where there is a network: pip download --no-deps datasketch==2.0.0 -d .whl)"
 fi
 gguf=$KEEP/SmolLM2-135M-Instruct.Q4_1.gguf
 if [[ ! -f $gguf ]] && ls "$KEEP"/*.part0 >/dev/null 2>&1 && ls .asset1/*.part1 >/dev/null 2>&1; then
