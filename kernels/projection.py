@@ -552,23 +552,26 @@ def proj_rope_store(x, norm_weight, weight, bias, positions, inv_freq, k_cache, 
     [(Hq + 2 Hkv) D, H], bias or None, then RoPE on q and k (positions [M], inv_freq [D/2] fp32), k and v stored at
     out_slots [M] of k_cache / v_cache ([slots, Hkv, D] or paged); returns q [M, Hq, D]. With x2 [M, H2] (and
     norm_weight2): the projection of cat(rmsnorm(x), rmsnorm(x2)), weight [(Hq + 2 Hkv) D, H + H2], an EAGLE-3
-    midlayer's. head_dim a multiple of 64 (a 64-row tile holds 32 rotary pairs of one head)."""
+    midlayer's. n_heads 0: k and v alone, weight [2 Hkv D, H] (the qkv weight's last rows: a block drafter's context
+    store, which needs no q), q [M, 0, D]. head_dim a multiple of 64 (a 64-row tile holds 32 rotary pairs of one
+    head)."""
     _check_proj(x, weight, bias, norm_weight, x2, norm_weight2)
     qkv_like = x[:, :1].expand(x.shape[0], weight.shape[0])  # [M, (Hq+2Hkv)*D]: rope's checks, no data
     _rope._check_args(qkv_like, positions, inv_freq, k_cache, v_cache, out_slots, n_heads, n_kv_heads, head_dim,
-                      None, None)
+                      None, None, min_heads=0)
     if head_dim % 64:
         raise ValueError(f"proj_rope_store needs head_dim a multiple of 64, got {head_dim}")
     tensors = _tensors(bias, norm_weight, x2, norm_weight2)
     if not use_triton(x, weight, positions, inv_freq, k_cache, v_cache, out_slots, *tensors):
         return proj_rope_store_ref(x, norm_weight, weight, bias, positions, inv_freq, k_cache, v_cache, out_slots,
                                    n_heads, n_kv_heads, head_dim, eps, x2, norm_weight2)
-    q = torch.empty(x.shape[0], n_heads, head_dim, dtype=x.dtype, device=x.device)  # [M, Hq, D]
+    # one head's room at n_heads 0: the kernel is passed a real buffer, never written (no q rows)
+    q = torch.empty(x.shape[0], max(n_heads, 1), head_dim, dtype=x.dtype, device=x.device)  # [M, Hq, D]
     if x.shape[0]:
         _launch(_ROPE, x, weight, q, norm_weight=norm_weight, eps=eps, x2=x2, norm_weight2=norm_weight2, bias=bias,
                 rope=(positions.contiguous(), inv_freq.contiguous(), out_slots.contiguous(), k_cache, v_cache),
                 heads=(n_heads, n_kv_heads, head_dim), cfg=cfg)
-    return q
+    return q[:, :n_heads]
 
 
 def gate_up_silu(x: torch.Tensor, norm_weight: torch.Tensor, weight: torch.Tensor, eps: float,
@@ -688,6 +691,7 @@ def compile_cases(hip: bool) -> list[CompileCase]:
         launches = (  # name, EPI, N, K, K2, NORM, NORM2, HAS_BIAS
             ("qkv folded", _ROPE, qkv, s.hidden, 0, 1, 0, False), ("qkv", _ROPE, qkv, s.hidden, 0, 2, 0, False),
             ("qkv bias", _ROPE, qkv, s.hidden, 0, 2, 0, True),
+            ("kv", _ROPE, 2 * s.n_kv_heads * s.head_dim, s.hidden, 0, 2, 0, False),  # a block drafter's context
             ("eagle3 qkv", _ROPE, qkv, s.hidden, s.hidden, 1, 1, False),
             ("o", _ADD, s.hidden, attn, 0, 0, 0, False), ("down", _ADD, s.hidden, s.ffn, 0, 0, 0, False),
             ("gate_up folded", _SILU, 2 * s.ffn, s.hidden, 0, 1, 0, False),
@@ -697,6 +701,7 @@ def compile_cases(hip: bool) -> list[CompileCase]:
         )
         for M in _CASE_ROWS:
             for name, epi, N, K, K2, norm, norm2, bias in launches:
-                cases += _case(epi, M, N, K, K2, norm, norm2, bias, heads if epi == _ROPE else (1, 1, 1),
+                h = (0, *heads[1:]) if name == "kv" else heads if epi == _ROPE else (1, 1, 1)
+                cases += _case(epi, M, N, K, K2, norm, norm2, bias, h,
                                TARGET_SMS[hip], hip, f"{s.name} {name} M={M}")
     return cases

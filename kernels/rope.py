@@ -52,9 +52,10 @@ def rope_store_ref(
     norm_eps: float = 1e-6,
 ) -> torch.Tensor:
     """Torch reference (the spec) of `rope_store`: HF's apply_rotary_pos_emb with the
-    rotation in fp32. Writes k_cache/v_cache in place, returns q [M, Hq, D]."""
+    rotation in fp32. Writes k_cache/v_cache in place, returns q [M, Hq, D] (Hq 0: qkv holds k and v alone, as
+    `proj_rope_store_ref` may pass it)."""
     _check_args(qkv, positions, inv_freq, k_cache, v_cache, out_slots, n_heads, n_kv_heads, head_dim,
-                q_norm_weight, k_norm_weight)
+                q_norm_weight, k_norm_weight, min_heads=0)
     M, D = qkv.shape[0], head_dim
     q, k, v = qkv.split([n_heads * D, n_kv_heads * D, n_kv_heads * D], dim=-1)
     q = q.reshape(M, n_heads, D)  # [M, Hq, D]
@@ -75,9 +76,10 @@ def rope_store_ref(
 
 
 def _check_args(qkv, positions, inv_freq, k_cache, v_cache, out_slots, n_heads, n_kv_heads, head_dim,
-                q_norm_weight, k_norm_weight) -> None:
-    if n_heads < 1 or n_kv_heads < 1:
-        raise ValueError(f"n_heads={n_heads} and n_kv_heads={n_kv_heads} must be >= 1")
+                q_norm_weight, k_norm_weight, min_heads: int = 1) -> None:
+    """min_heads 0: a projection of k and v alone (`proj_rope_store`'s n_heads = 0)."""
+    if n_heads < min_heads or n_kv_heads < 1:
+        raise ValueError(f"n_heads={n_heads} and n_kv_heads={n_kv_heads} must be >= {min_heads} and >= 1")
     if head_dim < 2 or head_dim % 2 != 0:
         raise ValueError(f"head_dim={head_dim} must be even (rotate-half pairs x[j] with x[j + D/2])")
     width = (n_heads + 2 * n_kv_heads) * head_dim

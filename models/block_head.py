@@ -128,9 +128,12 @@ class BlockHead(DraftVocab, DraftHead):
                          attn.n_heads, Hkv, D)
             if path_for(self.invariant) is KernelPath.STOCK:
                 rope_store(attn.qkv_proj(x), *rope_args)  # its q is not needed
-            else:  # hidden_norm inside the projection, as the invariant layers' input norms
-                proj.proj_rope_store(x, self.hidden_norm.weight, attn.qkv_proj.weight, attn.qkv_proj.bias,
-                                     *rope_args, self.args.norm_eps)
+            else:  # hidden_norm inside the projection, as the invariant layers' input norms; the k and v rows alone
+                # (the q rows are 2/3 of the weight at Llama-3.1-8B's shape: 33 MB a layer a step not read)
+                q_rows = attn.n_heads * D
+                bias = None if attn.qkv_proj.bias is None else attn.qkv_proj.bias[q_rows:]
+                proj.proj_rope_store(x, self.hidden_norm.weight, attn.qkv_proj.weight[q_rows:], bias,
+                                     *rope_args[:5], 0, Hkv, D, self.args.norm_eps)
 
     def forward_block(self, roots: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch,
                       kv: KVCache) -> torch.Tensor:

@@ -140,6 +140,21 @@ def test_proj_rope_store_matches_reference(M, H, Hq, Hkv, D, bias, two, splits):
 
 
 @needs_kernel
+@pytest.mark.parametrize("M", [8, 266])  # split-K tiles, prefill tiles
+def test_kv_alone_writes_the_caches_of_the_whole_qkv(M):
+    """n_heads 0 with the qkv weight's k and v rows (a block drafter's context store): the same K/V as the whole
+    projection writes, no q."""
+    gen = torch.Generator().manual_seed(M)
+    H, Hq, Hkv, D, dt = 192, 3, 1, 64, torch.float32
+    x, g, w = rows(M, H, gen, dt), vec(H, gen, dt), mat((Hq + 2 * Hkv) * D, H, gen, dt)
+    ra = rope_args(M, Hq, Hkv, D, gen, dt)
+    _, want_k, want_v = run_qkv(P.proj_rope_store_ref, x, g, w, None, ra)
+    q, k, v = run_qkv(P.proj_rope_store, x, g, w[Hq * D:], None, dict(ra, n_heads=0))
+    assert q.shape == (M, 0, D)
+    assert rel_err(k, want_k) < 1e-5 and rel_err(v, want_v) < 1e-5
+
+
+@needs_kernel
 @pytest.mark.parametrize("splits", [1, 3])
 def test_rows_are_bit_identical_across_m(splits):
     """Every function's row m is the same bits whatever M is (the split grid up to MAX_SPLIT_M rows, the wide prefill
