@@ -127,3 +127,20 @@ def tree_mask(B: int, N: int) -> torch.Tensor:
         while j >= 0:
             m[i, j], j = True, parents[j]
     return m[None].expand(B, N, N).contiguous().to(DEV)  # [B, N, N]
+
+
+def random_model(name: str):
+    """The architecture `name` (models/llama.py) with random weights: N(0, 0.02) everywhere, the norm weights in
+    [0.5, 1.5] -> (ModelArgs, Transformer) on the GPU in DTYPE."""
+    from eaglet.models.llama import ModelArgs, Transformer
+
+    args = ModelArgs.from_name(name)
+    with torch.device(DEV):
+        net = Transformer(args).to(DTYPE)
+    with torch.no_grad():
+        for p in net.parameters():
+            p.normal_(0, 0.02)
+        for layer in net.model.layers:
+            layer.input_layernorm.weight.uniform_(0.5, 1.5)
+            layer.post_attention_layernorm.weight.uniform_(0.5, 1.5)
+    return args, net.eval()

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import torch
 
-from benchmarks._common import SMOKE_HEADER, bench, fmt, graph_us, kernel_bench_args, provenance, report
+from benchmarks._common import SMOKE_HEADER, fmt, graph_us, kernel_bench_args, provenance, report
 from eaglet.kernels._compile_cases import TREES
+from eaglet.kernels._utils import copy_bandwidth
 from eaglet.kernels.block_tree import MAX_K, grow_tree, grow_tree_ref
 
 VOCABS = (("SmolLM2", 49152, 49152, False), ("SmolLM2 Vd", 49152, 8192, True), ("Llama-3.1-8B Vd", 128256, 32000, True))
@@ -58,13 +59,6 @@ def table(rows: list[dict]) -> str:
         lines.append(f"| {r['B']} | {r['vocab']} | {r['tree']} | {fmt(e)} | {fmt(t)} | {fmt(speedup)} "
                      f"| {'n/a' if r['floor'] is None else fmt(r['floor'])} | {'yes' if r['err'] == 0 else 'NO'} |")
     return "\n".join(lines)
-
-
-def copy_bandwidth() -> float:
-    """Bytes/s of a 1 GiB device-to-device copy (read + write)."""
-    a = torch.empty(2**30, dtype=torch.uint8, device="cuda")
-    b = torch.empty_like(a)
-    return 2 * a.numel() / (bench(lambda: b.copy_(a)) * 1e-6)
 
 
 def main() -> None:

@@ -22,12 +22,12 @@ import argparse
 
 import torch
 
-from benchmarks._common import BYTES, bench, fmt, provenance
-from benchmarks.bench_step import random_model
+from benchmarks._common import BYTES, bench, fmt, provenance, random_model
 from eaglet.engine.drafter import PrefillBatch
 from eaglet.engine.drafters.block import BlockDrafter
 from eaglet.engine.drafters.eagle import EagleDrafter
 from eaglet.engine.speculative import TreeSpec
+from eaglet.kernels._utils import copy_bandwidth
 from eaglet.models.head_checkpoint import new_draft_head
 from eaglet.models.llama import ModelArgs, Transformer
 
@@ -125,13 +125,6 @@ def measure(target: Transformer, drafter, tree: TreeSpec, B: int, smoke: bool) -
         drafter.update(tree_tokens, feats, index, accept_len, roots, seq_lens, rows, **state)
 
     return t_propose, time_us(graph_of(update, smoke), smoke)
-
-
-def copy_bandwidth() -> float:
-    """Bytes/s of a 1 GiB device-to-device copy (read + write), the floor's bandwidth."""
-    a = torch.empty(2**30, dtype=torch.uint8, device="cuda")
-    b = torch.empty_like(a)
-    return 2 * a.numel() / (bench(lambda: b.copy_(a)) * 1e-6)
 
 
 def main() -> None:

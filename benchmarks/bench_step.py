@@ -19,11 +19,11 @@ from pathlib import Path
 
 import torch
 
-from benchmarks._common import DEV, DTYPE, bench, provenance, tree_mask
+from benchmarks._common import DEV, DTYPE, bench, provenance, random_model, tree_mask
 from benchmarks.probes.graph_trace import trace_graph
 from eaglet.kernels import projection_config
 from eaglet.models.kv_cache import ForwardBatch, KVCache, slots_for
-from eaglet.models.llama import ModelArgs, Transformer
+from eaglet.models.llama import ModelArgs
 
 MODELS = {"SmolLM2-135M": "smollm2_135m", "Llama-3.1-8B": "llama3_8b"}
 STEP_CASES = ((1, 1), (8, 1), (1, 8), (8, 8))  # (B, T): decode and verify, T tokens per request
@@ -31,20 +31,6 @@ PREFIX, CONTEXT = 1024, 2048
 VARIANTS = ("invariant", "stock", "invariant folded")  # in this order: folding is in place
 
 
-
-
-def random_model(name: str) -> tuple[ModelArgs, Transformer]:
-    """The architecture `name` with random weights: N(0, 0.02) everywhere, the norm weights in [0.5, 1.5]."""
-    args = ModelArgs.from_name(name)
-    with torch.device(DEV):
-        net = Transformer(args).to(DTYPE)
-    with torch.no_grad():
-        for p in net.parameters():
-            p.normal_(0, 0.02)
-        for layer in net.model.layers:
-            layer.input_layernorm.weight.uniform_(0.5, 1.5)
-            layer.post_attention_layernorm.weight.uniform_(0.5, 1.5)
-    return args, net.eval()
 
 
 def step_inputs(args: ModelArgs, B: int, T: int) -> tuple:
