@@ -79,7 +79,7 @@ def _check_args(qkv, positions, inv_freq, k_cache, v_cache, out_slots, n_heads, 
                 q_norm_weight, k_norm_weight, min_heads: int = 1) -> None:
     """min_heads 0: a projection of k and v alone (`proj_rope_store`'s n_heads = 0)."""
     if n_heads < min_heads or n_kv_heads < 1:
-        raise ValueError(f"n_heads={n_heads} and n_kv_heads={n_kv_heads} must be >= {min_heads} and >= 1")
+        raise ValueError(f"n_heads={n_heads} must be >= {min_heads} and n_kv_heads={n_kv_heads} >= 1")
     if head_dim < 2 or head_dim % 2 != 0:
         raise ValueError(f"head_dim={head_dim} must be even (rotate-half pairs x[j] with x[j + D/2])")
     width = (n_heads + 2 * n_kv_heads) * head_dim
