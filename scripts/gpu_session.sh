@@ -37,8 +37,8 @@
 #              (summarize_runs.py); an entry <draft>+ng<K> is draft=<draft> draft.ngram_branches=K (K n-gram branches
 #              added to the head's tree); `block`: the drafter the `block` stage trained, at BLOCK_TREE (default 7/1/8)
 #   block      the block drafter (train/head=block; BLOCK_ARGS: more overrides) trained on every GPU for what is left of
-#              BUDGET_S minus EVAL_S, on SELFGEN's chunks (a synthesize.py out_dir) or else regenerated ShareGPT, its
-#              cosine schedule BLOCK_STEPS long and resumable: BLOCK_RUN (default $KEEP/block_run) continues in the next
+#              BUDGET_S minus EVAL_S, on the finished chunks of SELFGEN (a synthesize.py out_dir) or else regenerated
+#              ShareGPT, one held-out evaluation at its end, its cosine schedule BLOCK_STEPS long and resumable: BLOCK_RUN (default $KEEP/block_run) continues in the next
 #              call while the machine is warm (its checkpoints, ~200 MB with AdamW's state, do not travel back); then
 #              the exported drafter on the 80 MT-bench first turns at B=1 (each run with its AR pass) for each tree of
 #              BLOCK_TREES (steps/topk/tokens) beside the EAGLE-3 head's default run; OUT/block.tgz.* parts
@@ -109,6 +109,23 @@ print(m['num_tokens'] / m['num_sequences'])" || echo 586)
     train.time_limit_s=$hs "$@" > $T/$k.log 2>&1 || tail -3 $T/$k.log
   grep "^\[eaglet\]" $T/$k.log | tail -2 | sed "s/^/[$k] /"
   cp -r $T/$k/head "$heads/smollm2_135m_$k"
+}
+selfgen_args() {  # SELFGEN's finished chunks 0..n_sg-1 of its recipe into train_args; per_sg: tokens per sequence
+  # (a synth call cut by its time limit leaves the later chunks missing: training reads the finished prefix)
+  read -r n_sg per_sg < <(python - "$SELFGEN" <<'PY'
+import json, sys
+from pathlib import Path
+from eaglet.training.synth_store import chunk_meta, chunk_path
+root = Path(sys.argv[1]); index = json.loads((root / "index.json").read_text())
+n, tokens, seqs = 0, 0, 0
+while n < index["num_chunks"] and (m := chunk_meta(chunk_path(root, n))) and m.get("recipe") == index["recipe"]:
+    tokens, seqs, n = tokens + m["stats"]["tokens"], seqs + m["stats"]["sequences"], n + 1
+print(n, round(tokens / max(seqs, 1)))
+PY
+)
+  (( n_sg > 0 )) || { echo "[gpu_session] SELFGEN=$SELFGEN has no finished chunk 0"; exit 1; }
+  echo "[gpu_session] self-generated data: chunks 0..$((n_sg - 1)) of $SELFGEN, $per_sg tokens per sequence"
+  train_args+=(data.source=selfgen data.selfgen.dir="$SELFGEN" data.selfgen.chunks=$n_sg)
 }
 sweep() {  # log file, sweep dir, overrides...: one Hydra multirun of run_spec.py (within SWEEP_S seconds)
   local log=$1 dir=$2; shift 2
@@ -248,20 +265,7 @@ print(f\"[gpu_session] synth: {i['chunks_done']} of {i['num_chunks']} chunks, {t
     train_setup
     ev=${EVAL_S:-100} regen_s=0
     if [[ -n ${SELFGEN:-} ]]; then
-      read -r n_sg per_sg < <(python - "$SELFGEN" <<'PY'
-import json, sys
-from pathlib import Path
-from eaglet.training.synth_store import chunk_meta, chunk_path
-root = Path(sys.argv[1]); index = json.loads((root / "index.json").read_text())
-n, tokens, seqs = 0, 0, 0
-while n < index["num_chunks"] and (m := chunk_meta(chunk_path(root, n))) and m.get("recipe") == index["recipe"]:
-    tokens, seqs, n = tokens + m["stats"]["tokens"], seqs + m["stats"]["sequences"], n + 1
-print(n, round(tokens / max(seqs, 1)))
-PY
-)
-      (( n_sg > 0 )) || { echo "[gpu_session] SELFGEN=$SELFGEN has no finished chunk 0"; exit 1; }
-      echo "[gpu_session] self-generated data: chunks 0..$((n_sg - 1)) of $SELFGEN, $per_sg tokens per sequence"
-      train_args+=(data.source=selfgen data.selfgen.dir="$SELFGEN" data.selfgen.chunks=$n_sg)
+      selfgen_args
       PER_SEQ=${PER_SEQ:-$per_sg}
     fi
     if [[ ${PROBES:-1} == 0 ]]; then
@@ -335,10 +339,12 @@ print(m['num_tokens'] / m['num_sequences'])")
   block)
     train_setup
     run_dir=${BLOCK_RUN:-$KEEP/block_run} ev=${EVAL_S:-150} R=/tmp/block; mkdir -p $R "$run_dir"
-    [[ -n ${SELFGEN:-} ]] && train_args+=(data.source=selfgen data.selfgen.dir="$SELFGEN")
+    [[ -n ${SELFGEN:-} ]] && selfgen_args
     # the time limit counts from the trainer's start: loading and the export fit in the 40 s left over
-    launch "$ngpu" "$run_dir" train/head=block train.steps=${BLOCK_STEPS:-4000} eval.every=0 train.ckpt_every=250 \
-      train.keep_last=1 train.time_limit_s=$(($(left) - ev - 40)) ${BLOCK_ARGS:-}
+    # one held-out evaluation at the end (per-row accuracy and tau for TRAINING.md's plot; BLOCK_EVAL_EVERY: more)
+    steps=${BLOCK_STEPS:-4000}
+    launch "$ngpu" "$run_dir" train/head=block train.steps=$steps eval.every=${BLOCK_EVAL_EVERY:-$steps} \
+      train.ckpt_every=250 train.keep_last=1 train.time_limit_s=$(($(left) - ev - 40)) ${BLOCK_ARGS:-}
     export CUDA_VISIBLE_DEVICES=0
     run1() { local name=$1; shift; timeout ${RUN_S:-120} python run_spec.py hydra.run.dir=$R/$name logger=none \
                print_answers=0 target.path="$smol" data.max_turns=1 gen.batch_size=1 "$@" > $R/$name.log 2>&1 ||

@@ -1,0 +1,71 @@
+"""Probe: where `grow_tree`'s chain (K = 1) loses time at large vocabularies, and which launch settings recover it.
+
+    python -m benchmarks.probes.probe_block_tree --md results/probe_block_tree_h100.md
+
+Why: on an H100 (code b32d727) the block drafter's propose at tree 7/1/8 took 554 µs over SmolLM2's 49,152 ids and
+614 µs at Llama-3.1-8B's 32,000-id draft vocabulary, against 185 and 437 µs at 5/4/8 and 198 µs at 7/1/8 over
+8,192 ids (results/draft_phase_h100.md): ~50 µs a depth more, only for K = 1 and only at the larger vocabularies.
+The kernel's per-program work is small at every K, so the probe times, in CUDA graphs, one tree of S depths
+(S + 1 launches) and one of a single depth (2 launches) under each variant of `_launch_meta`: as it is, the
+parents' axis padded to 2 (KP = 2: no size-1 tensor axis), and other warp counts. Every variant's tokens and parents
+must equal the reference's.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+import eaglet.kernels.block_tree as bt
+from benchmarks._common import fmt, graph_us, provenance
+from benchmarks.bench_block_tree import RANK, inputs
+
+CASES = (("SmolLM2", 49152, 49152, False), ("Llama-3.1-8B Vd", 128256, 32000, True), ("SmolLM2 Vd", 49152, 8192, True))
+TREES = ((1, 1), (7, 1), (1, 4), (5, 4))  # (S, K): the 1-depth tree first, the per-depth cost's base
+
+
+def variants(K: int) -> list[tuple[str, dict]]:
+    out = [("as is", {})]
+    if K == 1:
+        out.append(("KP=2", dict(KP=2)))
+    out += [(f"num_warps={w}", dict(num_warps=w)) for w in (1, 2, 8)]
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--md", default=None)
+    ap.add_argument("--batch", type=int, default=1)
+    args = ap.parse_args()
+    launch_meta = bt._launch_meta
+    rows, times = [], {}  # (vocabulary, S, K, variant) -> µs
+    for label, V, Vd, has_d2t in CASES:
+        for S, K in TREES:
+            x = inputs(args.batch, S, V, Vd, has_d2t, "cuda")
+            want = bt.grow_tree_ref(*x[:4], S, K, x[4])
+            for name, over in variants(K):
+                bt._launch_meta = lambda Vd_, K_, R_, over=over: {**launch_meta(Vd_, K_, R_), **over}
+                try:
+                    got = bt.grow_tree(*x[:4], S, K, x[4])
+                    ok = torch.equal(got[1], want[1]) and torch.equal(got[2], want[2])
+                    us = graph_us(lambda: bt.grow_tree(*x[:4], S, K, x[4]), False)
+                finally:
+                    bt._launch_meta = launch_meta
+                key = f"{label} {Vd}"
+                times[key, S, K, name] = us
+                one = times.get((key, 1, K, name))
+                per_depth = "" if S == 1 or one is None else fmt((us - one) / (S - 1))
+                rows.append(f"| {key} | {S}/{K} | {name} | {fmt(us)} | {per_depth} | {'yes' if ok else 'NO'} |")
+                print(rows[-1], flush=True)
+    md = (provenance() + f"B={args.batch}, rank {RANK}, CUDA-graph replay µs; a depth's cost is (S-depth tree - "
+          "1-depth tree) / (S - 1).\n\n| vocabulary | S/K | launch meta | graph µs | µs a depth | equal |\n"
+          "|---|---|---|---|---|---|\n" + "\n".join(rows))
+    print(md)
+    if args.md:
+        with open(args.md, "w") as f:
+            f.write(md + "\n")
+
+
+if __name__ == "__main__":
+    main()
