@@ -42,8 +42,8 @@
 #              call while the machine is warm (its checkpoints, ~200 MB with AdamW's state, do not travel back); then
 #              the exported drafter on the 80 MT-bench first turns at B=1 (each run with its AR pass) for each tree of
 #              BLOCK_TREES (steps/topk/tokens) beside the EAGLE-3 head's default run; OUT/block.tgz.* parts
-#   block_l8b  benchmarks/bench_draft.py (the draft phase of EAGLE-3 and block drafters at SmolLM2's and Llama-3.1-8B's
-#              shapes, B 1 and 8), then random Llama-3.1-8B weights, tree=simulate, B=1: a random block drafter
+#   block_l8b  benchmarks/probes/probe_block_tree.py (grow_tree's launch variants), benchmarks/bench_draft.py (the
+#              draft phase of EAGLE-3 and block drafters at SmolLM2's and Llama-3.1-8B's shapes, B 1 and 8), then random Llama-3.1-8B weights, tree=simulate, B=1: a random block drafter
 #              (L8B_LAYERS layers, default 2) beside the EAGLE-3 head, both over a draft vocabulary of 32,000 tokens
 #              (the public 8B EAGLE-3 heads'), step and draft times against the weight floors
 #   lossless   bf16 greedy speculative vs plain decoding on the 80 MT-bench first turns (invariant numerics):
@@ -342,7 +342,11 @@ print(m['num_tokens'] / m['num_sequences'])")
     [[ -n ${SELFGEN:-} ]] && selfgen_args
     # the time limit counts from the trainer's start: loading and the export fit in the 40 s left over
     # one held-out evaluation at the end (per-row accuracy and tau for TRAINING.md's plot; BLOCK_EVAL_EVERY: more)
-    steps=${BLOCK_STEPS:-4000}
+    # BLOCK_STEPS unset: the steps that fit the time left at BLOCK_RATE tokens/s a GPU (2 layers, 16 sequences of
+    # self-generated data: 55 k on an H100), so that the cosine decay ends on time; a call that resumes BLOCK_RUN
+    # must pass the first call's BLOCK_STEPS
+    steps=${BLOCK_STEPS:-$(python -c "print(int(($(left) - $ev - 70) * ${BLOCK_RATE:-55000} / (${per_sg:-490} * $bs)))")}
+    echo "[gpu_session] block drafter: $steps steps on $ngpu GPUs"
     launch "$ngpu" "$run_dir" train/head=block train.steps=$steps eval.every=${BLOCK_EVAL_EVERY:-$steps} \
       train.ckpt_every=250 train.keep_last=1 train.time_limit_s=$(($(left) - ev - 40)) ${BLOCK_ARGS:-}
     export CUDA_VISIBLE_DEVICES=0
@@ -350,7 +354,7 @@ print(m['num_tokens'] / m['num_sequences'])")
                print_answers=0 target.path="$smol" data.max_turns=1 gen.batch_size=1 "$@" > $R/$name.log 2>&1 ||
                tail -3 $R/$name.log; }
     run1 eagle3_b1
-    for t in ${BLOCK_TREES:-7/1/8 6/4/16 5/4/8}; do
+    for t in ${BLOCK_TREES:-5/4/8 7/4/16 6/8/32}; do
       IFS=/ read -r st k n <<< "$t"
       run1 block_${st}_${k}_${n}_b1 draft=block draft.path="$run_dir/head" tree.steps=$st tree.topk=$k \
         tree.num_draft_tokens=$n
@@ -361,7 +365,9 @@ print(m['num_tokens'] / m['num_sequences'])")
       -C "$(dirname "$run_dir")" "$(basename "$run_dir")" -C /tmp block | split -b 15M - "$out/block.tgz." ;;
   block_l8b)
     R=/tmp/block_l8b; mkdir -p $R
-    # the draft phase alone, each half a CUDA graph: EAGLE-3 against block drafters of 2 and 3 layers
+    # grow_tree's chain (K = 1) over the larger vocabularies, ~50 µs a depth slower than at 8,192 ids: its launch variants
+    timeout 150 python -m benchmarks.probes.probe_block_tree --md "$out/probe_block_tree.md" 2>&1 | grep -E "^\||Error" | tail -40
+    # the draft phase alone, each half a CUDA graph: EAGLE-3 against block drafters of 1-3 layers
     timeout $(($(left) / 2)) python -m benchmarks.bench_draft --md "$out/draft.md" 2>&1 | grep -E "^\||Error" | tail -30
     r8=(target=random_llama3_8b data=synthetic data.limit=1 data.prompt_len=1024 gen.max_new_tokens=256 gen.batch_size=1
         stream=serial tree=simulate logger=none)
