@@ -38,12 +38,15 @@
 #              added to the head's tree); `block`: the drafter the `block` stage trained, at BLOCK_TREE (default 7/1/8)
 #   block      the block drafter (train/head=block; BLOCK_ARGS: more overrides) trained on every GPU for what is left of
 #              BUDGET_S minus EVAL_S, on the finished chunks of SELFGEN (a synthesize.py out_dir) or else regenerated
-#              ShareGPT, one held-out evaluation at its end, its cosine schedule BLOCK_STEPS long and resumable: BLOCK_RUN (default $KEEP/block_run) continues in the next
-#              call while the machine is warm (its checkpoints, ~200 MB with AdamW's state, do not travel back); then
+#              ShareGPT, one held-out evaluation at its end, its cosine schedule BLOCK_STEPS long (unset: sized to the
+#              time left) and resumable: BLOCK_RUN (default $KEEP/block_run) continues in the next call while the
+#              machine is warm (its checkpoints, ~200 MB with AdamW's state, do not travel back); then
 #              the exported drafter on the 80 MT-bench first turns at B=1 (each run with its AR pass) for each tree of
 #              BLOCK_TREES (steps/topk/tokens) beside the EAGLE-3 head's default run; OUT/block.tgz.* parts
-#   block_l8b  benchmarks/probes/probe_block_tree.py (grow_tree's launch variants), benchmarks/bench_draft.py (the
-#              draft phase of EAGLE-3 and block drafters at SmolLM2's and Llama-3.1-8B's shapes, B 1 and 8), then random Llama-3.1-8B weights, tree=simulate, B=1: a random block drafter
+#   block_l8b  benchmarks/probes/probe_block_tree.py (grow_tree's launch variants; PROBE_ALT: another version's
+#              kernels/block_tree.py beside it), benchmarks/bench_draft.py (the draft phase of EAGLE-3 and block
+#              drafters at SmolLM2's and Llama-3.1-8B's shapes, B 1 and 8), then random Llama-3.1-8B weights,
+#              tree=simulate, B=1: a random block drafter
 #              (L8B_LAYERS layers, default 2) beside the EAGLE-3 head, both over a draft vocabulary of 32,000 tokens
 #              (the public 8B EAGLE-3 heads'), step and draft times against the weight floors
 #   lossless   bf16 greedy speculative vs plain decoding on the 80 MT-bench first turns (invariant numerics):
@@ -345,7 +348,8 @@ print(m['num_tokens'] / m['num_sequences'])")
     # BLOCK_STEPS unset: the steps that fit the time left at BLOCK_RATE tokens/s a GPU (2 layers, 16 sequences of
     # self-generated data: 55 k on an H100), so that the cosine decay ends on time; a call that resumes BLOCK_RUN
     # must pass the first call's BLOCK_STEPS
-    steps=${BLOCK_STEPS:-$(python -c "print(int(($(left) - $ev - 70) * ${BLOCK_RATE:-55000} / (${per_sg:-490} * $bs)))")}
+    fit=$(python -c "print(int(($(left) - $ev - 70) * ${BLOCK_RATE:-55000} / (${per_sg:-490} * $bs)))")
+    steps=${BLOCK_STEPS:-$fit}
     echo "[gpu_session] block drafter: $steps steps on $ngpu GPUs"
     launch "$ngpu" "$run_dir" train/head=block train.steps=$steps eval.every=${BLOCK_EVAL_EVERY:-$steps} \
       train.ckpt_every=250 train.keep_last=1 train.time_limit_s=$(($(left) - ev - 40)) ${BLOCK_ARGS:-}
@@ -365,8 +369,9 @@ print(m['num_tokens'] / m['num_sequences'])")
       -C "$(dirname "$run_dir")" "$(basename "$run_dir")" -C /tmp block | split -b 15M - "$out/block.tgz." ;;
   block_l8b)
     R=/tmp/block_l8b; mkdir -p $R
-    # grow_tree's chain (K = 1) over the larger vocabularies, ~50 µs a depth slower than at 8,192 ids: its launch variants
-    timeout 150 python -m benchmarks.probes.probe_block_tree --md "$out/probe_block_tree.md" 2>&1 | grep -E "^\||Error" | tail -40
+    # grow_tree's chain (K = 1) over the larger vocabularies, ~50 µs a depth slower than at 8,192 ids: launch variants
+    timeout 300 python -m benchmarks.probes.probe_block_tree ${PROBE_ALT:+--alt "$PROBE_ALT"} \
+      --md "$out/probe_block_tree.md" 2>&1 | grep -E "^\||Error" | tail -80
     # the draft phase alone, each half a CUDA graph: EAGLE-3 against block drafters of 1-3 layers
     timeout $(($(left) / 2)) python -m benchmarks.bench_draft --md "$out/draft.md" 2>&1 | grep -E "^\||Error" | tail -30
     r8=(target=random_llama3_8b data=synthetic data.limit=1 data.prompt_len=1024 gen.max_new_tokens=256 gen.batch_size=1

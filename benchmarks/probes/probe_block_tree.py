@@ -9,11 +9,17 @@ The kernel's per-program work is small at every K, so the probe times, in CUDA g
 (S + 1 launches) and one of a single depth (2 launches) under each variant of `_launch_meta`: as it is, the
 parents' axis padded to 2 (KP = 2: no size-1 tensor axis), and other warp counts. Every variant's tokens and parents
 must equal the reference's.
+
+    python -m benchmarks.probes.probe_block_tree --alt /path/to/block_tree.py
+
+--alt times another version of kernels/block_tree.py beside this one (a branch's, carried to the GPU machine as a
+file): the A/B of a kernel change before it lands.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 
 import torch
 
@@ -29,38 +35,53 @@ def variants(K: int) -> list[tuple[str, dict]]:
     out = [("as is", {})]
     if K == 1:
         out.append(("KP=2", dict(KP=2)))
-    out += [(f"num_warps={w}", dict(num_warps=w)) for w in (1, 2, 8)]
+    out += [(f"num_warps={w}", dict(num_warps=w)) for w in (2, 8)]
     return out
+
+
+def load(path: str):
+    """kernels/block_tree.py of another version, imported from its file (its imports are this package's)."""
+    spec = importlib.util.spec_from_file_location("eaglet.kernels._block_tree_alt", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--md", default=None)
     ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--alt", default=None, help="another version's kernels/block_tree.py, timed beside this one")
     args = ap.parse_args()
-    launch_meta = bt._launch_meta
+    modules = [("", bt)] + ([("alt ", load(args.alt))] if args.alt else [])
     rows, times = [], {}  # (vocabulary, S, K, variant) -> µs
     for label, V, Vd, has_d2t in CASES:
         for S, K in TREES:
             x = inputs(args.batch, S, V, Vd, has_d2t, "cuda")
             want = bt.grow_tree_ref(*x[:4], S, K, x[4])
-            for name, over in variants(K):
-                bt._launch_meta = lambda Vd_, K_, R_, over=over: {**launch_meta(Vd_, K_, R_), **over}
-                try:
-                    got = bt.grow_tree(*x[:4], S, K, x[4])
-                    ok = torch.equal(got[1], want[1]) and torch.equal(got[2], want[2])
-                    us = graph_us(lambda: bt.grow_tree(*x[:4], S, K, x[4]), False)
-                finally:
-                    bt._launch_meta = launch_meta
-                key = f"{label} {Vd}"
-                times[key, S, K, name] = us
-                one = times.get((key, 1, K, name))
-                per_depth = "" if S == 1 or one is None else fmt((us - one) / (S - 1))
-                rows.append(f"| {key} | {S}/{K} | {name} | {fmt(us)} | {per_depth} | {'yes' if ok else 'NO'} |")
-                print(rows[-1], flush=True)
-    md = (provenance() + f"B={args.batch}, rank {RANK}, CUDA-graph replay µs; a depth's cost is (S-depth tree - "
-          "1-depth tree) / (S - 1).\n\n| vocabulary | S/K | launch meta | graph µs | µs a depth | equal |\n"
-          "|---|---|---|---|---|---|\n" + "\n".join(rows))
+            for prefix, mod in modules:
+                launch_meta = mod._launch_meta
+                for name, over in variants(K):
+                    name = prefix + name
+                    mod._launch_meta = lambda Vd_, K_, R_, f=launch_meta, over=over: {**f(Vd_, K_, R_), **over}
+                    try:
+                        got = mod.grow_tree(*x[:4], S, K, x[4])
+                        ok = torch.equal(got[1], want[1]) and torch.equal(got[2], want[2])
+                        us = graph_us(lambda mod=mod: mod.grow_tree(*x[:4], S, K, x[4]), False)
+                    finally:
+                        mod._launch_meta = launch_meta
+                    key = f"{label} {Vd}"
+                    times[key, S, K, name] = us
+                    one = times.get((key, 1, K, name))
+                    per_depth = "" if S == 1 or one is None else fmt((us - one) / (S - 1))
+                    rows.append(f"| {key} | {S}/{K} | {name} | {fmt(us)} | {per_depth} | {'yes' if ok else 'NO'} |")
+                    print(rows[-1], flush=True)
+    md = (
+        provenance() + f"B={args.batch}, rank {RANK}, CUDA-graph replay µs; a depth's cost is (S-depth tree - "
+        "1-depth tree) / (S - 1)" + (f"; alt: {args.alt}" if args.alt else "") + ".\n\n"
+        "| vocabulary | S/K | launch meta | graph µs | µs a depth | equal |\n|---|---|---|---|---|---|\n"
+        + "\n".join(rows)
+    )
     print(md)
     if args.md:
         with open(args.md, "w") as f:
