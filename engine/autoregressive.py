@@ -94,7 +94,7 @@ class AREngine:
         tokens, positions, valid, lens_t = pad_prompts(reqs, dev)  # [n, T] x3, [n]
         page_table = self.kv.req_to_page[to_device([r.row for r in reqs], dev)]  # [n, P]
         # padded positions write the dummy slot 0; causal masking keeps them out of real rows
-        out_slots = torch.where(valid, slots_for(page_table, positions, self.kv.page_size), 0)  # [n, T]
+        out_slots = slots_for(page_table, positions, self.kv.page_size, valid)  # [n, T]
         batch = ForwardBatch(page_table, torch.zeros_like(lens_t, dtype=torch.int32), out_slots, None, 0)
         hidden, _ = self.model(tokens, positions, batch, self.kv)  # [n, T, dim]
         last = hidden[torch.arange(len(reqs), device=dev), lens_t - 1]  # [n, dim]

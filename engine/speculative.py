@@ -268,7 +268,7 @@ class SpeculativeEngine:
         rows = to_device([r.row for r in reqs], dev)  # [n]
         zeros = torch.zeros(n, dtype=torch.int32, device=dev)
         pt_t = self.kv_t.req_to_page[rows]  # [n, P]
-        slots = torch.where(valid, slots_for(pt_t, pos, self.kv_t.page_size), 0)  # [n, T]
+        slots = slots_for(pt_t, pos, self.kv_t.page_size, valid)  # [n, T]
         hidden, captured = self.target(tokens, pos, ForwardBatch(pt_t, zeros, slots, None, 0), self.kv_t,
                                        capture_layers=self.capture)  # [n, T, H]
         last = (lens_t - 1)[:, None]  # [n, 1]

@@ -1,4 +1,13 @@
-"""Commit the accepted path's KV: move it to contiguous positions and advance seq_lens.
+"""KV-pool operations: the pool slots of positions, and the commit of the accepted path's KV.
+
+    pool_slots(page_table, positions, page_size, valid=None) -> slots [B, T] int64
+    commit_kv(kv_cache, page_table, page_size, seq_lens, accept_index, accept_len)
+
+pool_slots: one launch for what torch does in five to seven (the division, the gather, two casts, the product, the
+remainder, the sum, the mask), each a few µs inside a CUDA graph; every store of a decode step asks for slots (the
+verify, each drafter's propose and update).
+
+commit_kv: move the accepted path's KV to contiguous positions and advance seq_lens.
 
 The verify pass wrote the K/V of tree node j of request b at position seq_lens[b] + j. After
 acceptance, node accept_index[b, i] must sit at position seq_lens[b] + i for
@@ -19,6 +28,65 @@ import triton.language as tl
 
 from eaglet.kernels._compile_cases import TREES, CompileCase, Ptr, model_shapes
 from eaglet.kernels._utils import use_triton
+
+
+def pool_slots_ref(page_table: torch.Tensor, positions: torch.Tensor, page_size: int,
+                   valid: torch.Tensor | None = None) -> torch.Tensor:
+    """Torch reference (the spec) of `pool_slots`."""
+    pages = page_table.gather(1, (positions // page_size).long()).long()  # [B, T]
+    slots = pages * page_size + positions.long() % page_size  # [B, T]
+    return slots if valid is None else torch.where(valid, slots, 0)
+
+
+@triton.jit
+def _pool_slots_kernel(PT, stride_pt, POS, stride_pos, VALID, stride_valid, OUT, T, page_size,
+                       HAS_VALID: tl.constexpr, BLOCK: tl.constexpr):
+    b = tl.program_id(0).to(tl.int64)
+    t = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)  # [BLOCK]
+    inside = t < T
+    ok = inside
+    if HAS_VALID:  # a masked position reads nothing (it may lie past the page table) and gets slot 0
+        ok = ok & (tl.load(VALID + b * stride_valid + t, mask=inside, other=0) != 0)
+    pos = tl.load(POS + b * stride_pos + t, mask=ok, other=0).to(tl.int64)  # [BLOCK]
+    page = tl.load(PT + b * stride_pt + pos // page_size, mask=ok, other=0).to(tl.int64)  # [BLOCK]
+    tl.store(OUT + b * T + t, page * page_size + pos % page_size, mask=inside)
+
+
+def pool_slots(page_table: torch.Tensor, positions: torch.Tensor, page_size: int,
+               valid: torch.Tensor | None = None) -> torch.Tensor:
+    """page_table [B, P] int (pool pages), positions [B, T] int, each in [0, P * page_size) where valid, valid [B, T]
+    bool or None -> flat pool slots [B, T] int64: page_table[b, p // page_size] * page_size + p % page_size, 0 where
+    not valid (the dummy page's first slot, where a masked row's store lands). No host sync."""
+    if page_table.dim() != 2 or positions.dim() != 2 or positions.shape[0] != page_table.shape[0]:
+        raise ValueError(f"page_table [B, P] and positions [B, T] must share B, got {tuple(page_table.shape)} and "
+                         f"{tuple(positions.shape)}")
+    if page_table.is_floating_point() or positions.is_floating_point():
+        raise ValueError(f"page_table and positions must be integers, got {page_table.dtype} and {positions.dtype}")
+    if valid is not None and (valid.shape != positions.shape or valid.dtype != torch.bool):
+        raise ValueError(f"valid must be [B, T] = {tuple(positions.shape)} bool, got {tuple(valid.shape)} "
+                         f"{valid.dtype}")
+    tensors = [page_table, positions] + ([valid] if valid is not None else [])
+    if not use_triton(*tensors):
+        return pool_slots_ref(page_table, positions, page_size, valid)
+    B, T = positions.shape
+    out = torch.empty(B, T, dtype=torch.int64, device=positions.device)  # [B, T]
+    if B == 0 or T == 0:
+        return out
+    # the last dim contiguous (a no-op for the engine's tensors); rows may be strided
+    pt, pos = (t if t.stride(1) == 1 else t.contiguous() for t in (page_table, positions))
+    # without a mask VALID is read nowhere: any int8 pointer (out's), so that one variant serves both
+    v = (out if valid is None else valid if valid.stride(1) == 1 else valid.contiguous()).view(torch.int8)
+    meta = _slots_meta(T)
+    _pool_slots_kernel[(B, triton.cdiv(T, meta["BLOCK"]))](
+        pt, pt.stride(0), pos, pos.stride(0), v, v.stride(0), out, T, page_size, HAS_VALID=valid is not None, **meta,
+    )
+    return out
+
+
+def _slots_meta(T: int) -> dict:
+    """A block of up to 1,024 positions a program: one program for a decode step's few (B x T programs at prefill)."""
+    block = min(triton.next_power_of_2(T), 1024)
+    return dict(BLOCK=block, num_warps=1 if block <= 128 else 4)
 
 
 def _check_args(kv_cache, page_table, page_size, seq_lens, accept_index, accept_len):
@@ -140,9 +208,18 @@ def _launch_meta(HD: int, S1: int) -> dict:
 
 
 def compile_cases(hip: bool) -> list[CompileCase]:
-    """kernels/_compile_cases.py: the model's KV heads (a bf16 pool moved as int16), every tree's path length; the
-    same on both vendors. The pool: 16-token pages (the engine's default), 4,096-token requests."""
+    """kernels/_compile_cases.py: the slots of a step's stores (a drafter's few positions, a tree's, a 1k-token
+    prefill; int32 and int64 positions, with and without a mask) and the commit of the model's KV heads (a bf16 pool
+    moved as int16) at every tree's path length; the same on both vendors. The pool: 16-token pages (the engine's
+    default), 4,096-token requests."""
     cases = []
+    for T, use in ((8, "draft"), (64, "tree"), (1024, "prefill")):
+        for pos_dtype in (torch.int32, torch.int64):
+            for has_valid in (False, True):
+                cases.append(CompileCase.of(
+                    _pool_slots_kernel, (f"slots {use}",), PT=Ptr(torch.int32), stride_pt=256, POS=Ptr(pos_dtype),
+                    stride_pos=T, VALID=Ptr(torch.int8), stride_valid=T, OUT=Ptr(torch.int64), T=T, page_size=16,
+                    HAS_VALID=has_valid, **_slots_meta(T)))
     for s in model_shapes():
         HD = s.n_kv_heads * s.head_dim
         for t in TREES:

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 import torch
 
+from eaglet.kernels.kv_ops import pool_slots
+
 
 class KVPoolExhausted(RuntimeError):
     pass
@@ -42,10 +44,11 @@ def to_device(values: list[int], device: torch.device, dtype: torch.dtype = torc
     return t.pin_memory().to(device, non_blocking=True)
 
 
-def slots_for(page_table: torch.Tensor, positions: torch.Tensor, page_size: int) -> torch.Tensor:
-    """page_table [B, P], positions [B, T] -> flat pool slots [B, T] int64 (no host sync)."""
-    pages = page_table.gather(1, (positions // page_size).long()).long()  # [B, T]
-    return pages * page_size + positions.long() % page_size
+def slots_for(page_table: torch.Tensor, positions: torch.Tensor, page_size: int,
+              valid: torch.Tensor | None = None) -> torch.Tensor:
+    """page_table [B, P], positions [B, T] (valid [B, T] bool: 0 where False) -> flat pool slots [B, T] int64, in one
+    launch (kernels/kv_ops.pool_slots; no host sync)."""
+    return pool_slots(page_table, positions, page_size, valid)
 
 
 class KVCache:

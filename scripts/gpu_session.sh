@@ -12,7 +12,7 @@
 #              either half (the 8B half needs no model file: it can run while the GGUF is still being carried)
 #   ar         benchmarks/bench_ar.py (needs the SmolLM2 GGUF and MT-bench; see scripts/offline_gpu_env.sh)
 #   kernels    the kernel benchmarks: tree attention, model kernels, tree/verify, top-k, build_tree, n-gram match, trie graft,
-#              block tree
+#              block tree, pool slots
 #   ablation   the overlap ablations (ABLATION_EXP, default both: ablate_overlap on random Llama-3.1-8B weights,
 #              ablate_overlap_smollm2 on the embedded default), one tree shape per GPU (ABLATION_GPUS=1: all on one),
 #              then their report
@@ -198,6 +198,7 @@ case $stage in
     python -m benchmarks.bench_build_tree --md "$out/build_tree_h200.md" 2>&1 | tail -20
     python -m benchmarks.bench_ngram_match --md "$out/ngram_match_h200.md" 2>&1 | tail -20
     python -m benchmarks.bench_trie_graft --md "$out/trie_graft_h200.md" 2>&1 | tail -20
+    python -m benchmarks.bench_pool_slots --md "$out/pool_slots_h200.md" 2>&1 | tail -20
     python -m benchmarks.bench_block_tree --md "$out/block_tree_h200.md" 2>&1 | tail -20 ;;
   ablation)
     # each experiment's tree shapes split over the GPUs (all on one GPU when there is one), so that every plan and

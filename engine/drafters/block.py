@@ -116,7 +116,7 @@ class BlockDrafter(ModelDrafter):
     # ---- device work ----------------------------------------------------------------------------------------
     def prefill(self, batch: PrefillBatch) -> dict[str, torch.Tensor]:
         pt = self.kv.req_to_page[batch.rows]  # [n, P]
-        slots = torch.where(batch.valid, slots_for(pt, batch.positions, self.kv.page_size), 0)  # [n, T]
+        slots = slots_for(pt, batch.positions, self.kv.page_size, batch.valid)  # [n, T]
         self.head.store_context(self.head.target_feature(batch.hidden, batch.captured), batch.positions, slots,
                                 self.kv)
         return {}
@@ -143,6 +143,6 @@ class BlockDrafter(ModelDrafter):
         feat = feats.gather(1, idx[:, :, None].expand(B, S1, feats.shape[-1]))  # [B, S+1, F]
         pos = seq_lens[:, None].long() + self._offsets[:S1]  # [B, S+1]
         pt = self.kv.req_to_page[rows]  # [B, P]
-        slots = torch.where(accept_index >= 0, slots_for(pt, pos, self.kv.page_size), 0)  # [B, S+1]
+        slots = slots_for(pt, pos, self.kv.page_size, accept_index >= 0)  # [B, S+1]
         self.head.store_context(feat, pos, slots, self.kv)
         return {}

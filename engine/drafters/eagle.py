@@ -114,7 +114,7 @@ class EagleDrafter(ModelDrafter):
         shifted = torch.cat([tokens[:, 1:], tokens[:, :1]], dim=1)  # [n, T]
         pair_tok = torch.where(pos == last, batch.roots[:, None], shifted)  # [n, T]
         pt = self.kv.req_to_page[rows]  # [n, P]
-        slots = torch.where(valid, slots_for(pt, pos, self.kv.page_size), 0)  # [n, T]
+        slots = slots_for(pt, pos, self.kv.page_size, valid)  # [n, T]
         zeros = torch.zeros(n, dtype=torch.int32, device=tokens.device)
         h, logits = self.head(pair_tok, feats, pos, ForwardBatch(pt, zeros, slots, None, 0), self.kv)
         return self._next(h, logits, last)
@@ -175,7 +175,7 @@ class EagleDrafter(ModelDrafter):
         pair_feat = feats.gather(1, idx[:, :, None].expand(B, S + 1, feats.shape[-1]))  # [B, S+1, F]
         pos = seq_lens[:, None].long() + j  # [B, S+1]
         page_table = self.kv.req_to_page[rows]  # [B, P]
-        slots = torch.where(valid, slots_for(page_table, pos, self.kv.page_size), 0)  # [B, S+1]
+        slots = slots_for(page_table, pos, self.kv.page_size, valid)  # [B, S+1]
         batch = ForwardBatch(page_table, seq_lens, slots, None, self.max_context)
         h, logits = self.head(pair_tok, pair_feat, pos, batch, self.kv, step=None)  # [B, S+1, H], [B, S+1, Vd]
         return self._next(h, logits, last)

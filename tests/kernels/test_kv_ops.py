@@ -1,4 +1,4 @@
-"""commit_kv (kernels/kv_ops.py): the Triton kernel equals the torch reference bit for bit.
+"""kernels/kv_ops.py: commit_kv and pool_slots, the Triton kernels equal the torch references bit for bit.
 
 On CPU run with TRITON_INTERPRET=1 (CI does) so the kernel itself is tested; without it the
 launcher falls back to the reference and the kernel-vs-reference tests are skipped.
@@ -10,7 +10,7 @@ import pytest
 import torch
 from kernel_testing import DEVICE, needs_kernel
 
-from eaglet.kernels.kv_ops import commit_kv, commit_kv_ref
+from eaglet.kernels.kv_ops import commit_kv, commit_kv_ref, pool_slots, pool_slots_ref
 
 
 def random_paths(B, S, N, gen):
@@ -126,3 +126,48 @@ def test_validation():
     ]:
         with pytest.raises(ValueError, match=match):
             commit_kv(*args[:i], bad, *args[i + 1:])
+
+
+# ---- pool_slots --------------------------------------------------------------------------------------------------
+@needs_kernel
+@pytest.mark.parametrize("pos_dtype", [torch.int32, torch.int64], ids=str)
+@pytest.mark.parametrize("masked", [False, True], ids=["all", "masked"])
+@pytest.mark.parametrize("page_size", [1, 5, 16])
+@pytest.mark.parametrize("B,T", [(1, 1), (3, 8), (2, 64), (2, 1500)])
+def test_pool_slots_matches_reference(B, T, page_size, masked, pos_dtype):
+    gen = torch.Generator().manual_seed(B * 1000 + T + page_size)
+    P = -(-(T + 40) // page_size)  # pages per request
+    page_table = torch.randperm(B * P + 3, generator=gen)[: B * P].view(B, P).int()  # [B, P] shuffled pages
+    positions = torch.randint(0, P * page_size, (B, T), generator=gen).to(pos_dtype)  # [B, T]
+    valid = torch.rand(B, T, generator=gen) < 0.6 if masked else None  # [B, T]
+    if masked:  # a masked position need not lie in the table: the kernel reads nothing for it
+        positions = torch.where(valid, positions, P * page_size + 7)
+    want = pool_slots_ref(page_table, torch.where(valid, positions, 0) if masked else positions, page_size, valid)
+    dev_valid = None if valid is None else valid.to(DEVICE)
+    got = pool_slots(page_table.to(DEVICE), positions.to(DEVICE), page_size, dev_valid)
+    assert got.dtype == torch.int64 and torch.equal(got.cpu(), want)
+
+
+@needs_kernel
+def test_pool_slots_strided_rows_and_empty():
+    """Rows of a wider tensor (the engine slices page tables and offsets), and B = 0 / T = 0."""
+    gen = torch.Generator().manual_seed(3)
+    table = torch.randperm(64, generator=gen)[:48].view(4, 12).int()  # [4, 12]
+    wide = torch.randint(0, 12 * 4, (3, 20), generator=gen)  # [3, 20]
+    pt, pos = table[1:4], wide[:, 5:13]  # [3, 12], [3, 8]: row strides 12 and 20
+    got = pool_slots(pt.to(DEVICE), pos.to(DEVICE), 4)
+    assert torch.equal(got.cpu(), pool_slots_ref(pt, pos, 4))
+    for B, T in ((0, 5), (2, 0)):
+        out = pool_slots(torch.zeros(B, 3, dtype=torch.int32, device=DEVICE),
+                         torch.zeros(B, T, dtype=torch.int64, device=DEVICE), 16)
+        assert out.shape == (B, T) and out.dtype == torch.int64
+
+
+def test_pool_slots_rejects_bad_input():
+    pt, pos = torch.zeros(2, 3, dtype=torch.int32), torch.zeros(2, 4, dtype=torch.int64)
+    with pytest.raises(ValueError, match="share B"):
+        pool_slots(pt, pos[:1], 16)
+    with pytest.raises(ValueError, match="integers"):
+        pool_slots(pt, pos.float(), 16)
+    with pytest.raises(ValueError, match="valid must be"):
+        pool_slots(pt, pos, 16, torch.ones(2, 3, dtype=torch.bool))
