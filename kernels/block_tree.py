@@ -224,7 +224,9 @@ def grow_tree(base, dep_in, dep_out, roots, S: int, K: int, d2t=None):
 def _launch_meta(Vd: int, K: int, R: int) -> dict:
     """Chunk length and blocks for Vd draft ids, K children a node and rank R: chunks of 256 ids (a SmolLM2 8,192-id
     vocabulary in 32 programs), longer where the merge's parents x chunks x K keys would pass _MERGE_KEYS."""
-    KP = triton.next_power_of_2(K)
+    # at least 2: with one parent row, triton 3.6 turned the merge over 128+ chunks into 542 shared stores and 67
+    # barriers (~50 µs a depth on an H100; results/block_tree_k1_sass.md)
+    KP = max(2, triton.next_power_of_2(K))
     block_v = max(256, triton.next_power_of_2(triton.cdiv(Vd * K * KP, _MERGE_KEYS)))
     nc = triton.cdiv(Vd, block_v)
     block_ck = triton.next_power_of_2(nc * K)

@@ -6,9 +6,10 @@ Why: on an H100 (code b32d727) the block drafter's propose at tree 7/1/8 took 55
 614 µs at Llama-3.1-8B's 32,000-id draft vocabulary, against 185 and 437 µs at 5/4/8 and 198 µs at 7/1/8 over
 8,192 ids (results/draft_phase_h100.md): ~50 µs a depth more, only for K = 1 and only at the larger vocabularies.
 The kernel's per-program work is small at every K, so the probe times, in CUDA graphs, one tree of S depths
-(S + 1 launches) and one of a single depth (2 launches) under each variant of `_launch_meta`: as it is, the
-parents' axis padded to 2 (KP = 2: no size-1 tensor axis), and other warp counts. Every variant's tokens and parents
-must equal the reference's.
+(S + 1 launches) and one of a single depth (2 launches) under each variant of `_launch_meta`: as it is (the parents'
+axis padded to 2 rows), one parent row (KP = 1, where triton 3.6 emitted 542 shared stores:
+results/block_tree_k1_sass.md), and other warp counts. Every variant's tokens and parents must equal the
+reference's.
 
     python -m benchmarks.probes.probe_block_tree --alt /path/to/block_tree.py
 
@@ -33,8 +34,8 @@ TREES = ((1, 1), (7, 1), (1, 4), (5, 4))  # (S, K): the 1-depth tree first, the 
 
 def variants(K: int) -> list[tuple[str, dict]]:
     out = [("as is", {})]
-    if K == 1:
-        out.append(("KP=2", dict(KP=2)))
+    if K == 1:  # the one parent row _launch_meta had (now at least 2)
+        out.append(("KP=1", dict(KP=1)))
     out += [(f"num_warps={w}", dict(num_warps=w)) for w in (2, 8)]
     return out
 
