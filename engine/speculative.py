@@ -202,7 +202,7 @@ class SpeculativeEngine:
         """Verify metadata: tree node j of request b is written at position seq_len + j."""
         N = self.num_nodes
         page_table = self.kv_t.req_to_page[rows]  # [B, P]
-        positions = seq_lens[:, None].long() + torch.arange(N, device=self.device)  # [B, N]
+        positions = seq_lens[:, None] + torch.arange(N, device=self.device)  # [B, N] int64
         slots = slots_for(page_table, positions, self.kv_t.page_size)
         return slots, page_table  # [B, N], [B, P]
 

@@ -126,7 +126,7 @@ class BlockDrafter(ModelDrafter):
         Kb = self.head.block_size
         B = seq_lens.shape[0]
         pt = self.kv.req_to_page[rows]  # [B, P]
-        pos = seq_lens[:, None].long() + self._offsets[:Kb]  # [B, Kb]
+        pos = seq_lens[:, None] + self._offsets[:Kb]  # [B, Kb] int64 (int32 + int64: no cast launch)
         batch = ForwardBatch(pt, seq_lens, slots_for(pt, pos, self.kv.page_size), self._full[:B], self.max_context)
         x = self.head.forward_block(roots, pos, batch, self.kv)  # [B, Kb, H]
         base = self.head.block_logits(x[:, 1:S + 1])  # [B, S, Vd]
@@ -141,7 +141,7 @@ class BlockDrafter(ModelDrafter):
         B, S1 = accept_index.shape
         idx = accept_index.clamp(min=0)  # [B, S+1]
         feat = feats.gather(1, idx[:, :, None].expand(B, S1, feats.shape[-1]))  # [B, S+1, F]
-        pos = seq_lens[:, None].long() + self._offsets[:S1]  # [B, S+1]
+        pos = seq_lens[:, None] + self._offsets[:S1]  # [B, S+1] int64
         pt = self.kv.req_to_page[rows]  # [B, P]
         slots = slots_for(pt, pos, self.kv.page_size, accept_index >= 0)  # [B, S+1]
         self.head.store_context(feat, pos, slots, self.kv)

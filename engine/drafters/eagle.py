@@ -144,7 +144,7 @@ class EagleDrafter(ModelDrafter):
         # nodes of depth i sit at draft position seq_len + i - 1; their KV goes to the scratch block
         # seq_len + (i-1)*K + k (overwritten by the next update). All steps' at once: per step, this metadata
         # would be a dozen small kernels in the draft graph.
-        scratch = seq_lens[:, None].long() + torch.arange((S - 1) * K, device=dev)  # [B, (S-1)*K]
+        scratch = seq_lens[:, None] + torch.arange((S - 1) * K, device=dev)  # [B, (S-1)*K]
         slots = slots_for(page_table, scratch, self.kv.page_size).view(B, S - 1, K)  # [B, S-1, K]
         slots = slots.transpose(0, 1).contiguous()  # [S-1, B, K]
         depth = torch.arange(S - 1, device=dev)[:, None, None]  # [S-1, 1, 1]
@@ -173,7 +173,7 @@ class EagleDrafter(ModelDrafter):
         nxt = torch.cat([path[:, 1:], path[:, :1]], dim=1)  # [B, S+1] a1..am, junk
         pair_tok = torch.where(j == last, bonus[:, None], nxt)  # [B, S+1] a1..am, bonus
         pair_feat = feats.gather(1, idx[:, :, None].expand(B, S + 1, feats.shape[-1]))  # [B, S+1, F]
-        pos = seq_lens[:, None].long() + j  # [B, S+1]
+        pos = seq_lens[:, None] + j  # [B, S+1] int64 (int32 + int64: no cast launch)
         page_table = self.kv.req_to_page[rows]  # [B, P]
         slots = slots_for(page_table, pos, self.kv.page_size, valid)  # [B, S+1]
         batch = ForwardBatch(page_table, seq_lens, slots, None, self.max_context)
