@@ -353,7 +353,11 @@ print(m['num_tokens'] / m['num_sequences'])")
     steps=${BLOCK_STEPS:-$fit}
     echo "[gpu_session] block drafter: $steps steps on $ngpu GPUs"
     launch "$ngpu" "$run_dir" train/head=block train.steps=$steps eval.every=${BLOCK_EVAL_EVERY:-$steps} \
-      train.ckpt_every=250 train.keep_last=1 train.time_limit_s=$(($(left) - ev - 40)) ${BLOCK_ARGS:-}
+      train.ckpt_every=250 train.keep_last=1 train.time_limit_s=$(($(left) - ev - 40)) \
+      train.profile_steps=${BLOCK_PROFILE:-3} ${BLOCK_ARGS:-}
+    # its log, with the profiler's top ops of 3 steps (a step of the first stage took 142 ms for ~3 TFLOP, ~10 ms of
+    # an H100's bf16 peak: results/block_drafter_h100)
+    cp "$run_dir.log" "$out/block_train.log"
     export CUDA_VISIBLE_DEVICES=0
     run1() { local name=$1; shift; timeout ${RUN_S:-120} python run_spec.py hydra.run.dir=$R/$name logger=none \
                print_answers=0 target.path="$smol" data.max_turns=1 gen.batch_size=1 "$@" > $R/$name.log 2>&1 ||
