@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from kernel_testing import DEVICE, needs_kernel
+from kernel_testing import DEVICE, gpu_only, needs_kernel
 
 from eaglet.kernels.kv_ops import commit_kv, commit_kv_ref, pool_slots, pool_slots_ref
 
@@ -171,3 +171,21 @@ def test_pool_slots_rejects_bad_input():
         pool_slots(pt, pos.float(), 16)
     with pytest.raises(ValueError, match="valid must be"):
         pool_slots(pt, pos, 16, torch.ones(2, 3, dtype=torch.bool))
+
+
+@gpu_only
+def test_pool_slots_in_a_cuda_graph():
+    """Captured once, replayed after the positions, the mask and the page table changed in place (a decode step)."""
+    gen = torch.Generator().manual_seed(5)
+    pt = torch.randperm(200, generator=gen)[:64].view(4, 16).int().to(DEVICE)  # [4, 16]
+    pos = torch.randint(0, 16 * 16, (4, 9), generator=gen).to(DEVICE)  # [4, 9]
+    valid = (torch.rand(4, 9, generator=gen) < 0.5).to(DEVICE)  # [4, 9]
+    pool_slots(pt, pos, 16, valid)  # compile before capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = pool_slots(pt, pos, 16, valid)
+    pos.random_(0, 16 * 16)
+    valid.copy_(torch.rand(4, 9, device=DEVICE) < 0.5)
+    pt.copy_(pt.flip(1))
+    graph.replay()
+    assert torch.equal(out, pool_slots_ref(pt, pos, 16, valid))
