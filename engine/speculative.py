@@ -151,6 +151,7 @@ class SpeculativeEngine:
         self.max_batch, self.device = max_batch, target.device
         S, K, N = tree.steps, tree.topk, drafter.num_nodes(tree)
         self.num_nodes = N  # the verify's width: the drafter's trees can hold more nodes than tree.num_draft_tokens
+        self._nodes = torch.arange(N, device=self.device)  # [N] the plan slices it (an arange is a launch a step)
         # room past the longest sequence for the speculative tokens of one step (a drafter may write up to
         # (S-1)*K draft positions past it, as EAGLE-2's draft steps do)
         self.lookahead = max(N, (S - 1) * K, S + 1)
@@ -200,9 +201,8 @@ class SpeculativeEngine:
 
     def _plan(self, seq_lens: torch.Tensor, rows: torch.Tensor):
         """Verify metadata: tree node j of request b is written at position seq_len + j."""
-        N = self.num_nodes
         page_table = self.kv_t.req_to_page[rows]  # [B, P]
-        positions = seq_lens[:, None] + torch.arange(N, device=self.device)  # [B, N] int64
+        positions = seq_lens[:, None] + self._nodes  # [B, N] int64
         slots = slots_for(page_table, positions, self.kv_t.page_size)
         return slots, page_table  # [B, N], [B, P]
 

@@ -95,6 +95,10 @@ class EagleDrafter(ModelDrafter):
         self.tree, self.max_context = tree, max_context
         self.kv = self.head.kv_cache(max_reqs=max_batch, max_context=max_context, page_size=page_size,
                                      num_pages=num_pages, dtype=target.dtype, device=device)
+        # constants the steps slice instead of building (each a launch in the step's graph, five a step)
+        S, K = tree.steps, tree.topk
+        self._iota = torch.arange(max((S - 1) * K, S + 1, K), device=device)  # [max((S-1)*K, S+1, K)]
+        self._eye = torch.eye(K, dtype=torch.bool, device=device)  # [K, K]
 
     def reserve(self, bounds: list[tuple[int, int]]) -> None:
         self.kv.reserve_many(bounds)
@@ -138,17 +142,17 @@ class EagleDrafter(ModelDrafter):
         tokens = torch.empty(B, C, dtype=torch.long, device=dev)  # [B, C]
         parents = torch.empty(B, C, dtype=torch.long, device=dev)  # [B, C]
         scores[:, :K], tokens[:, :K], parents[:, :K] = top_lp, top_tok, -1
-        cur_lp, cur_tok, cur_flat = top_lp, top_tok, torch.arange(K, device=dev).expand(B, K)  # [B, K] each
+        cur_lp, cur_tok, cur_flat = top_lp, top_tok, self._iota[:K].expand(B, K)  # [B, K] each
         cur_h = hidden[:, None].expand(B, K, hidden.shape[-1])  # [B, K, H]
-        mask = torch.eye(K, dtype=torch.bool, device=dev).expand(B, K, K)  # [B, K, i*K]: the draft KV step i sees
+        mask = self._eye.expand(B, K, K)  # [B, K, i*K]: the draft KV step i sees
         # nodes of depth i sit at draft position seq_len + i - 1; their KV goes to the scratch block
         # seq_len + (i-1)*K + k (overwritten by the next update). All steps' at once: per step, this metadata
         # would be a dozen small kernels in the draft graph.
-        scratch = seq_lens[:, None] + torch.arange((S - 1) * K, device=dev)  # [B, (S-1)*K]
+        scratch = seq_lens[:, None] + self._iota[:(S - 1) * K]  # [B, (S-1)*K] int64
         slots = slots_for(page_table, scratch, self.kv.page_size).view(B, S - 1, K)  # [B, S-1, K]
         slots = slots.transpose(0, 1).contiguous()  # [S-1, B, K]
-        depth = torch.arange(S - 1, device=dev)[:, None, None]  # [S-1, 1, 1]
-        pos = (seq_lens.long()[None, :, None] + depth).expand(S - 1, B, K).contiguous()  # [S-1, B, K]
+        depth = self._iota[:S - 1, None, None]  # [S-1, 1, 1]
+        pos = (seq_lens[None, :, None] + depth).expand(S - 1, B, K).contiguous()  # [S-1, B, K] int64
         for i in range(1, S):
             batch = ForwardBatch(page_table, seq_lens, slots[i - 1], mask, self.max_context)
             h, logits = self.head(cur_tok, cur_h, pos[i - 1], batch, self.kv, step=i)  # [B, K, H], [B, K, Vd]
@@ -164,8 +168,7 @@ class EagleDrafter(ModelDrafter):
         """The draft-extend: pairs (feature of node a_j, token of a_{j+1}), the last pair's token the bonus."""
         S = self.tree.steps
         B = tokens.shape[0]
-        dev = tokens.device
-        j = torch.arange(S + 1, device=dev)  # [S+1]
+        j = self._iota[:S + 1]  # [S+1]
         valid = accept_index >= 0  # [B, S+1]
         idx = accept_index.clamp(min=0)  # [B, S+1]
         path = tokens.gather(1, idx)  # [B, S+1] root, a1, ..., am
