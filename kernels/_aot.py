@@ -148,6 +148,14 @@ def unique_jobs(target: str) -> tuple[Job, ...]:
     return tuple(merged.values())
 
 
+def compile_binary(case: CompileCase, target: str):
+    """`case` compiled for `target` ("sm_90" or "gfx942"): Triton's compiled kernel (its .asm holds the binary)."""
+    tgt = TARGETS[target]
+    options, signature, constexprs, attrs = _specialise(case, tgt)
+    return triton.compile(triton.compiler.ASTSource(case.kernel, signature, constexprs, attrs), target=tgt,
+                          options=options.__dict__)
+
+
 def compile_case(case: CompileCase, target: str) -> Result:
     """Compile `case` for `target` ("sm_90" or "gfx942") and read the binary's resources."""
     tgt = TARGETS[target]
@@ -155,8 +163,7 @@ def compile_case(case: CompileCase, target: str) -> Result:
     res = Result(case.kernel_name, case.config, _specialised(case, signature, attrs), target, case.used_by,
                  options.num_warps, waves_per_eu=getattr(options, "waves_per_eu", 0))
     try:
-        k = triton.compile(triton.compiler.ASTSource(case.kernel, signature, constexprs, attrs), target=tgt,
-                           options=options.__dict__)
+        k = compile_binary(case, target)
     except Exception as e:  # noqa: BLE001 - a failure to compile is a result to report
         lines = [ln for ln in str(e).splitlines() if ln.strip()]
         res.error = f"{type(e).__name__}: {lines[0] if lines else ''}"[:300]

@@ -18,25 +18,33 @@ import argparse
 import ast
 import collections
 import importlib
-import os
 import subprocess
 import tempfile
 
 import triton
+from triton import knobs
 
 from eaglet.kernels import _aot
 
 CLASSES = ("STS", "LDS", "BAR", "LDG", "STG", "SHFL")
 
 
-def sass(cubin: bytes) -> list[str]:
-    """The instructions of a cubin (nvdisasm -c), one string each."""
-    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "nvdisasm")
+def opcodes(cubin: bytes) -> list[str]:
+    """The opcode of each instruction of a cubin (`nvdisasm -c`, the one Triton ships), without its predicate and
+    modifiers: "@!P0 STS.128 [R1], R4 ;" -> "STS"."""
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin)
         f.flush()
-        text = subprocess.run([tool, "-c", f.name], capture_output=True, text=True, check=True).stdout
-    return [ln.split("*/", 1)[1].strip() for ln in text.splitlines() if "*/" in ln and ln.split("*/", 1)[1].strip()]
+        text = subprocess.run([knobs.nvidia.nvdisasm.path, "-c", f.name], capture_output=True, text=True,
+                              check=True).stdout
+    out = []
+    for ln in text.splitlines():
+        words = ln.split("*/", 1)[1].split() if "*/" in ln else []
+        if words and words[0].startswith("@"):
+            words = words[1:]
+        if words:
+            out.append(words[0].split(".")[0])
+    return out
 
 
 def main() -> None:
@@ -50,7 +58,6 @@ def main() -> None:
     if over:
         meta = mod._launch_meta
         mod._launch_meta = lambda *a: {**meta(*a), **over}
-    target = _aot.TARGETS["sm_90"]
     print(f"triton {triton.__version__}, sm_90{f', _launch_meta + {over}' if over else ''}\n")
     print("| case | config | instructions | " + " | ".join(CLASSES) + " |")
     print("|---|---|---|" + "---|" * len(CLASSES))
@@ -60,12 +67,8 @@ def main() -> None:
         if case.config in seen or not all(s in key for s in args.select):
             continue
         seen.add(case.config)
-        options, signature, constexprs, attrs = _aot._specialise(case, target)
-        k = triton.compile(triton.compiler.ASTSource(case.kernel, signature, constexprs, attrs), target=target,
-                           options=options.__dict__)
-        ops = sass(k.asm["cubin"])
-        n = collections.Counter(op.split()[0].split(".")[0].lstrip("@!P0123456789 ") or op.split()[1].split(".")[0]
-                                for op in ops)
+        ops = opcodes(_aot.compile_binary(case, "sm_90").asm["cubin"])
+        n = collections.Counter(ops)
         print(f"| {case.used_by[0]} | {case.config} | {len(ops)} | " + " | ".join(str(n[c]) for c in CLASSES) + " |")
 
 
