@@ -342,7 +342,9 @@ print(m['num_tokens'] / m['num_sequences'])")
     cat "$out"/compare_heads/runs.md "$out"/datasets/runs.md ;;
   block)
     train_setup
-    run_dir=${BLOCK_RUN:-$KEEP/block_run} ev=${EVAL_S:-150} R=/tmp/block; mkdir -p $R "$run_dir"
+    run_dir=${BLOCK_RUN:-$KEEP/block_run} ev=${EVAL_S:-150} R=/tmp/block
+    # this call's runs only: a second call on the same machine would otherwise list the first one's in block.md
+    rm -rf $R; mkdir -p $R "$run_dir"
     [[ -n ${SELFGEN:-} ]] && selfgen_args
     # the time limit counts from the trainer's start: loading and the export fit in the 40 s left over
     # one held-out evaluation at the end (per-row accuracy and tau for TRAINING.md's plot; BLOCK_EVAL_EVERY: more)
