@@ -31,6 +31,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.attention import sdpa_kernel
 
 from eaglet.kernels import projection as proj
 from eaglet.kernels.activation import silu_and_mul_ref
@@ -41,7 +42,7 @@ from eaglet.models.eagle import DraftHead, DraftVocab
 from eaglet.models.kernel_paths import KernelPath, path_for
 from eaglet.models.kv_cache import ForwardBatch, KVCache
 from eaglet.models.llama import RMSNorm
-from eaglet.models.ttt_attention import rope_dense
+from eaglet.models.ttt_attention import SDPA_BACKENDS, rope_dense
 
 ARCH_BLOCK = "EagletBlockDrafter"
 
@@ -234,7 +235,8 @@ class BlockHead(DraftVocab, DraftHead):
         k = torch.cat([rope_dense(kc, pos_c, self._inv_freq, Hkv), rope_dense(kb, pos_b, self._inv_freq, Hkv)], 2)
         v = torch.cat([vc, vb], dim=1).unflatten(-1, (Hkv, D)).transpose(1, 2)  # [B, Hkv, T + Q, D]
         G = Hq // Hkv
-        o = F.scaled_dot_product_attention(q, k.repeat_interleave(G, 1), v.repeat_interleave(G, 1), attn_mask=mask)
+        with sdpa_kernel(SDPA_BACKENDS):  # no cuDNN: a plan per new length (models/ttt_attention.py)
+            o = F.scaled_dot_product_attention(q, k.repeat_interleave(G, 1), v.repeat_interleave(G, 1), attn_mask=mask)
         h = attn.o_proj(o.transpose(1, 2).flatten(2))  # [B, Q, H]
         post = layer.post_attention_layernorm
         h, residual = rmsnorm_ref(h, post.weight, post.eps, residual=x)  # [B, Q, H] each

@@ -55,10 +55,12 @@ class TTTPattern:
     ancestors: bool = True
 
 
-# SDPA backends of the causal step-0 attention, cuDNN left out: it builds an execution plan per new shape, and
-# training batches come in every length; an H200 profile of EAGLE-3 training spent 50 ms of host time per
-# cuDNN call there (5x the step's device time), flash attention needs no plan
-_CAUSAL_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+# SDPA backends of every training attention (causal, masked), cuDNN left out: it builds an execution plan per new
+# shape, and training batches come in every length. An H200 profile of EAGLE-3 training spent 50 ms of host time per
+# cuDNN call (5x the step's device time); an H100 profile of block-drafter training 20-28 ms per call, ~97 ms of
+# host time a step against ~127 ms steps (results/block_drafter_h100). Flash and memory-efficient attention need
+# no plan.
+SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
 def ttt_attention(q: torch.Tensor, ks: list[torch.Tensor], vs: list[torch.Tensor], scale: float) -> torch.Tensor:
@@ -71,7 +73,7 @@ def ttt_attention(q: torch.Tensor, ks: list[torch.Tensor], vs: list[torch.Tensor
     G = Hq // Hkv
     if len(ks) == 1:
         k0, v0 = (t.repeat_interleave(G, dim=1) for t in (ks[0], vs[0]))  # [B, Hq, T, D] each
-        with sdpa_kernel(_CAUSAL_BACKENDS):
+        with sdpa_kernel(SDPA_BACKENDS):
             return F.scaled_dot_product_attention(q, k0, v0, is_causal=True)  # [B, Hq, T, D]
     qg = q.reshape(B, Hkv, G * T, D)  # a group's query heads share their KV head
     causal = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()  # [T, T]
@@ -120,5 +122,6 @@ def attention_dense(attn: Attention, a, positions, inv_freq, mask, cache: DenseK
         o = ttt_attention(q, ks, vs, D**-0.5)  # [B, Hq, T, D]
     else:
         m = mask if mask.dim() == 2 else mask[:, None]  # [T, L] or [B, 1, T, L]
-        o = F.scaled_dot_product_attention(q, heads(torch.cat(ks, 2)), heads(torch.cat(vs, 2)), attn_mask=m)
+        with sdpa_kernel(SDPA_BACKENDS):
+            o = F.scaled_dot_product_attention(q, heads(torch.cat(ks, 2)), heads(torch.cat(vs, 2)), attn_mask=m)
     return attn.o_proj(o.transpose(1, 2).reshape(B, T, Hq * D))

@@ -5,6 +5,7 @@ map), whose terms leave out the rows whose token it lacks."""
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 
@@ -146,3 +147,26 @@ def test_compiled_objective_trains_as_eager(target, tmp_path, small_cfg):
     a, b = (load_file(Path(m["head_dir"]) / "model.safetensors") for m in (eager, compiled))
     for k in a:
         torch.testing.assert_close(b[k].float(), a[k].float(), rtol=1e-3, atol=1e-5, msg=k)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the SDPA backend choice is a GPU one")
+def test_block_attention_builds_no_cudnn_plans(target):
+    """The dense block forward and backward run without cuDNN attention: it builds a plan per new sequence length, 20-28
+    ms of host time a call in an H100 profile of block-drafter training (models/ttt_attention.py, SDPA_BACKENDS)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    target = copy.deepcopy(target).to("cuda", torch.bfloat16)
+    torch.manual_seed(0)
+    head = new_draft_head("block", target, num_layers=1, block_size=4, dep_rank=8, dtype=torch.bfloat16,
+                          device="cuda")
+    g = torch.Generator(device="cuda").manual_seed(1)
+    ops = set()
+    for T in (40, 72):  # two lengths: each would be a new cuDNN plan
+        tokens = torch.randint(0, 256, (2, T), device="cuda", generator=g)  # [2, T]
+        feature, _ = OnlineFeatures(target, head)(tokens)
+        anchors = torch.randint(1, T - 4, (2, 6), device="cuda", generator=g)  # [2, 6]
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            head.forward_dense(tokens, feature, anchors).float().square().mean().backward()
+        ops |= {e.key for e in prof.key_averages()}
+    assert any("attention" in k for k in ops), sorted(ops)  # the profile saw the attention op
+    assert not [k for k in ops if "cudnn_attention" in k]
