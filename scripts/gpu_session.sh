@@ -35,7 +35,8 @@
 #              HumanEval and held-out ShareGPT (DATASETS) at B=1 and 8 (BATCHES), each run with its AR pass, defaults
 #              otherwise (invariant numerics, tree 5/4/8; DRAFTER_ARGS: more overrides), one line per run
 #              (summarize_runs.py); an entry <draft>+ng<K> is draft=<draft> draft.ngram_branches=K (K n-gram branches
-#              added to the head's tree); `block`: the drafter the `block` stage trained, at BLOCK_TREE (default 7/1/8)
+#              added to the head's tree); `block`: the drafter the `block` stage trained, at BLOCK_TREE (default
+#              7/4/16, its fastest)
 #   block      the block drafter (train/head=block; BLOCK_ARGS: more overrides) trained on every GPU for what is left of
 #              BUDGET_S minus EVAL_S, on the finished chunks of SELFGEN (a synthesize.py out_dir) or else regenerated
 #              ShareGPT, one held-out evaluation at its end, its cosine schedule BLOCK_STEPS long (unset: sized to the
@@ -397,9 +398,10 @@ print(m['num_tokens'] / m['num_sequences'])")
     for d in ${DRAFTERS:-eagle3 ngram eagle3+ng2}; do
       draft=(draft=${d%+ng*})
       [[ $d == *+ng* ]] && draft+=(draft.ngram_branches=${d##*+ng})
-      # the block drafter `block` trained (BLOCK_RUN's export), at BLOCK_TREE (steps/topk/tokens, default 7/1/8)
+      # the block drafter `block` trained (BLOCK_RUN's export), at BLOCK_TREE (steps/topk/tokens, default 7/4/16:
+      # its fastest at B=1, results/block_drafter_h100)
       if [[ $d == block ]]; then
-        IFS=/ read -r st k n <<< "${BLOCK_TREE:-7/1/8}"
+        IFS=/ read -r st k n <<< "${BLOCK_TREE:-7/4/16}"
         draft+=(draft.path="${BLOCK_RUN:-$KEEP/block_run}/head" tree.steps=$st tree.topk=$k tree.num_draft_tokens=$n)
       fi
       for data in ${DATASETS:-mt_bench humaneval sharegpt}; do
