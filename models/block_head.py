@@ -108,6 +108,28 @@ class BlockHead(DraftVocab, DraftHead):
     def target_feature(self, final_hidden, captured):
         return torch.cat(captured, dim=-1)  # [B, T, n*Ht]
 
+    def with_layers(self, n: int) -> "BlockHead":
+        """A copy of this drafter with n >= its layers, the new ones appended with their output projections (o_proj,
+        down_proj) at zero: each adds nothing to the residual stream until trained, so the grown drafter drafts what
+        this one does and training continues from it (a deeper drafter without starting over)."""
+        L = self.args.n_layers
+        if n < L:
+            raise ValueError(f"train.head.num_layers={n}: the warm-start drafter has {L} layers and layers are not "
+                             f"dropped; set num_layers >= {L}")
+        if n == L:
+            return self
+        with torch.device(self.device):
+            twin = type(self)({**self.config, "num_hidden_layers": n}, self.target)
+        twin.to(self.dep_out.weight.dtype)
+        res = twin.load_state_dict(self.state_dict(), strict=False)  # the draft map (d2t, t2d buffers) too
+        assert not res.unexpected_keys and all(k.startswith(tuple(f"layers.{i}." for i in range(L, n)))
+                                               for k in res.missing_keys), res  # every old weight copied
+        with torch.no_grad():
+            for layer in twin.layers[L:]:
+                layer.self_attn.o_proj.weight.zero_()
+                layer.mlp.down_proj.weight.zero_()
+        return twin.train(self.training)
+
     def fold_norm_weights(self) -> "BlockHead":
         """Nothing folds: a layer's qkv_proj also projects the context, which its input norm does not scale."""
         return self

@@ -3,6 +3,7 @@ for conf/train_draft.yaml's groups and keys. A bad value is one line, `key=value
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -69,7 +70,14 @@ def check_resize_vocab(c: Checks, kind: str | None) -> None:
 
 def check_block_head(c: Checks) -> None:
     """train/head/block.yaml."""
-    c.integer("train.head.num_layers", lo=1)
+    layers = c.integer("train.head.num_layers", lo=1)
+    start = c.value("train.head.init_from")
+    if start is not None and layers is not None and (Path(start).expanduser() / "config.json").is_file():
+        # a warm start grows to num_layers (BlockHead.with_layers) and never drops a layer
+        have = json.loads((Path(start).expanduser() / "config.json").read_text()).get("num_hidden_layers")
+        if isinstance(have, int) and layers < have:
+            c.bad("train.head.num_layers", layers, f"must be >= {have}, the layers of train.head.init_from's drafter "
+                                                   f"(a warm start adds layers, it does not drop them)")
     block = c.integer("train.head.block_size", lo=2)
     c.integer("train.head.dep_rank", lo=1)
     if c.has("train.head.draft_vocab_size"):  # absent: configs written before the key (the full vocabulary)

@@ -161,6 +161,8 @@ def build_head(hc: DictConfig, target: Transformer, samples: list[Sample], devic
             raise ValueError(f"train.head.init_from holds a {head.KIND} head but train.head.kind={hc.kind}")
         if hc.get("resize_vocab"):
             head = head.with_draft_vocab(draft_vocab(samples, target.args.vocab_size, hc.draft_vocab_size).to(device))
+        if hc.kind == "block":  # num_layers above the warm start's: new layers appended, adding nothing yet
+            head = head.with_layers(hc.num_layers)
         return head.train()
     extra = {}
     if hc.kind == "block":

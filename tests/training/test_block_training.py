@@ -170,3 +170,46 @@ def test_block_attention_builds_no_cudnn_plans(target):
         ops |= {e.key for e in prof.key_averages()}
     assert any("attention" in k for k in ops), sorted(ops)  # the profile saw the attention op
     assert not [k for k in ops if "cudnn_attention" in k]
+
+
+@pytest.mark.parametrize("vocab", [None, 64])
+def test_grown_drafter_drafts_as_before_and_trains_its_new_layers(target, vocab):
+    """with_layers(3) on a 1-layer drafter: the same logits (new layers add nothing yet), the draft map kept, and one
+    backward reaches the new layers' output projections."""
+    obj = objective(target, vocab=vocab)
+    head = obj.head
+    with torch.no_grad():  # a trained-looking dependency term (a fresh one is zero)
+        head.dep_out.weight.normal_(0, 0.1)
+    g = torch.Generator().manual_seed(3)
+    tokens = torch.randint(0, 256, (2, 24), generator=g)  # [2, 24]
+    anchors = torch.randint(1, 20, (2, 5), generator=g)  # [2, 5]
+    feature, _ = OnlineFeatures(target, head)(tokens)
+    grown = head.with_layers(3)
+    assert grown.args.n_layers == 3 and len(grown.layers) == 3 and grown.config["num_hidden_layers"] == 3
+    assert head.with_layers(1) is head
+    with torch.no_grad():
+        torch.testing.assert_close(grown.forward_dense(tokens, feature, anchors),
+                                   head.forward_dense(tokens, feature, anchors), rtol=0, atol=0)
+    if vocab is not None:
+        assert torch.equal(grown.d2t, head.d2t) and torch.equal(grown.t2d, head.t2d)
+    grown.forward_dense(tokens, feature, anchors).square().mean().backward()
+    for layer in grown.layers[1:]:
+        assert layer.self_attn.o_proj.weight.grad.abs().sum() > 0 and layer.mlp.down_proj.weight.grad.abs().sum() > 0
+    with pytest.raises(ValueError, match="num_layers=0"):
+        grown.with_layers(0)
+
+
+def test_warm_start_grows_the_drafter_and_never_shrinks_it(target, tmp_path, small_cfg):
+    """train.head.init_from with more num_layers trains a deeper drafter from the shallower one; fewer is refused
+    before anything loads, naming the key."""
+    from eaglet.runner.checks import ConfigError
+    from eaglet.training.config import validate_train_draft
+
+    over = (*BLOCK, "train.steps=2", "train.head.export_dtype=float32")
+    first = train(small_cfg("block", *over), tmp_path / "one", target=target)
+    grown = train(small_cfg("block", *over, "train.head.num_layers=2", f"train.head.init_from={first['head_dir']}"),
+                  tmp_path / "two", target=target)
+    assert load_draft_head(grown["head_dir"], target).args.n_layers == 2
+    cfg = small_cfg("block", *over, "train.head.num_layers=1", f"train.head.init_from={grown['head_dir']}")
+    with pytest.raises(ConfigError, match=r"train\.head\.num_layers.*>= 2"):
+        validate_train_draft(cfg, given_target=True)
