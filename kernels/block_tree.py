@@ -37,7 +37,7 @@ from eaglet.kernels.topk import _EMPTY, _decode_keys, _keys, _top_keys, topk_log
 # keys; at K = 10 over SmolLM2's 49,152 ids they spill (tests/portability). Timed up to K = 4.
 MAX_K = 8
 # Keys one merge holds in registers (parents x chunks x K): BLOCK_V grows with the vocabulary to stay under it.
-_MERGE_KEYS = 4096
+_MERGE_KEYS = 8192
 
 
 def grow_tree_ref(base, dep_in, dep_out, roots, S: int, K: int, d2t=None):
@@ -83,8 +83,8 @@ def _top_keys_rows(key, K: tl.constexpr, KP: tl.constexpr):
 def _level_kernel(BASE, stride_bb, stride_bs, DEP_IN, DEP_OUT, D2T, ROOTS, PMAX, PSUM, PKEY, ST_LP, ST_TOK, ST_FLAT,
                   SCORES, TOKENS, PARENTS, level, B, Vd, NC, C,
                   R: tl.constexpr, K: tl.constexpr, KP: tl.constexpr, HAS_D2T: tl.constexpr, MERGE: tl.constexpr,
-                  MERGE_ROOT: tl.constexpr, COMPUTE: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_C: tl.constexpr,
-                  BLOCK_CK: tl.constexpr):
+                  MERGE_ROOT: tl.constexpr, COMPUTE: tl.constexpr, KD: tl.constexpr, RC: tl.constexpr,
+                  BLOCK_V: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_CK: tl.constexpr):
     """Grid (B, NC). MERGE: depth `level - 1`'s partials into its candidates and kept nodes (MERGE_ROOT: it is depth 1,
     the root's children); COMPUTE: depth `level`'s logits and partials after the kept nodes (level 0: the root).
     Partials PMAX / PSUM [S, B, K, NC], PKEY [S, B, K, NC, K]; kept nodes ST_* [S, B, K]."""
@@ -140,32 +140,35 @@ def _level_kernel(BASE, stride_bb, stride_bs, DEP_IN, DEP_OUT, D2T, ROOTS, PMAX,
         tl.store(ST_TOK + st * K + t, cur_tok, mask=kept & first)
         tl.store(ST_FLAT + st * K + t, cur_flat, mask=kept & first)
     if COMPUTE:
+        # rows of the logits tile: KD >= 16, tl.dot's least M (rows past the live parents are masked out)
+        tk = tl.arange(0, KD)  # [KD]
         if MERGE:
-            n = K
-            par = cur_tok  # [KP] target ids
+            live = tk < K  # [KD]
+            # the kept nodes' target ids, spread from [KP] onto the tile's rows
+            par = tl.sum(tl.where(tk[:, None] == t[None, :], cur_tok[None, :], 0), 1)  # [KD]
         else:
-            n = 1
-            par = tl.where(t == 0, tl.load(ROOTS + b), 0)  # [KP]
-        live = t < n  # [KP]
+            live = tk < 1  # [KD] the root alone
+            par = tl.where(live, tl.load(ROOTS + b), 0)  # [KD]
         v = c * BLOCK_V + tl.arange(0, BLOCK_V)  # [BLOCK_V] draft ids
         vok = v < Vd
-        # [K, r] @ [r, BLOCK_V] as R rank-1 updates, r ascending; 8 unrolled a step, so that 8 rows of dep_out load
-        # at once without holding all R in registers
-        acc = tl.zeros([KP, BLOCK_V], tl.float32)
-        for r0 in range(0, R, 8):
-            for r1 in tl.static_range(8):
-                r = r0 + r1
-                # past R (R not a multiple of 8): z is 0 and w a valid row, adding 0
-                z = tl.load(DEP_IN + par * R + r, mask=live & (t * 0 + r < R), other=0.0)  # [KP]
-                w = tl.load(DEP_OUT + tl.minimum(r, R - 1) * Vd + v, mask=vok, other=0.0)  # [BLOCK_V]
-                acc += z[:, None] * w[None, :]  # [KP, BLOCK_V]
+        # [KD, R] @ [R, BLOCK_V] in chunks of RC ranks, unrolled: the chunks' loads do not wait on each other (a loop of
+        # rank-1 updates waited on one load of dep_out a step)
+        rr = tl.arange(0, RC)  # [RC]
+        acc = tl.zeros([KD, BLOCK_V], tl.float32)
+        for r0 in tl.static_range(0, R, RC):
+            rok = r0 + rr < R  # [RC]
+            z = tl.load(DEP_IN + par[:, None] * R + (r0 + rr)[None, :], mask=live[:, None] & rok[None, :],
+                        other=0.0)  # [KD, RC]
+            w = tl.load(DEP_OUT + (r0 + rr)[:, None] * Vd + v[None, :], mask=rok[:, None] & vok[None, :],
+                        other=0.0)  # [RC, BLOCK_V]
+            acc = tl.dot(z, w, acc, input_precision="ieee")  # [KD, BLOCK_V]
         x = acc + tl.load(BASE + b * stride_bb + level * stride_bs + v, mask=vok, other=0.0)[None, :]
-        x = tl.where(live[:, None] & vok[None, :], x, float("-inf"))  # [KP, BLOCK_V]
-        mx = tl.max(x, 1)  # [KP]
+        x = tl.where(live[:, None] & vok[None, :], x, float("-inf"))  # [KD, BLOCK_V]
+        mx = tl.max(x, 1)  # [KD]
         mx_safe = tl.where(mx == float("-inf"), 0.0, mx)
-        s = tl.sum(tl.exp(x - mx_safe[:, None]), 1)  # [KP]
-        keys = _top_keys_rows(_keys(x, tl.broadcast_to(v[None, :], (KP, BLOCK_V)), x > float("-inf")), K, KP)
-        cell = (level * B + b) * K + t  # [KP]
+        s = tl.sum(tl.exp(x - mx_safe[:, None]), 1)  # [KD]
+        keys = _top_keys_rows(_keys(x, tl.broadcast_to(v[None, :], (KD, BLOCK_V)), x > float("-inf")), K, KP)
+        cell = (level * B + b) * K + tk  # [KD]
         tl.store(PMAX + cell * NC + c, mx, mask=live)
         tl.store(PSUM + cell * NC + c, s, mask=live)
         tl.store(PKEY + (cell[:, None] * NC + c) * K + t[None, :], keys, mask=live[:, None] & kept[None, :])
@@ -227,11 +230,12 @@ def _launch_meta(Vd: int, K: int, R: int) -> dict:
     # at least 2: with one parent row, triton 3.6 turned the merge over 128+ chunks into 542 shared stores and 67
     # barriers (~50 µs a depth on an H100; results/block_tree_k1_sass.md)
     KP = max(2, triton.next_power_of_2(K))
+    KD = max(16, KP)  # rows of the logits tile (tl.dot's least M)
     block_v = max(256, triton.next_power_of_2(triton.cdiv(Vd * K * KP, _MERGE_KEYS)))
     nc = triton.cdiv(Vd, block_v)
     block_ck = triton.next_power_of_2(nc * K)
-    return dict(R=R, K=K, KP=KP, BLOCK_V=block_v, BLOCK_C=triton.next_power_of_2(nc), BLOCK_CK=block_ck,
-                num_warps=4 if KP * max(block_v, block_ck) <= 2048 else 8)
+    return dict(R=R, K=K, KP=KP, KD=KD, RC=16, BLOCK_V=block_v, BLOCK_C=triton.next_power_of_2(nc), BLOCK_CK=block_ck,
+                num_warps=4 if KD * block_v <= 2048 and KP * block_ck <= 2048 else 8)
 
 
 def _levels(S: int) -> dict[tuple, int]:
