@@ -14,7 +14,7 @@ GEMM whose broadcast copies the base row, the two top-k launches, the expansion)
 that was ~10 µs of GPU time a depth, 73 of a 196 µs propose (results/draft_phase_h100.md).
 
 Launch d (grid requests x chunks of BLOCK_V draft ids) computes depth d's logits: each program multiplies its K
-parents' dep_in rows by its columns of dep_out ([K, r] @ [r, BLOCK_V] as r fp32 rank-1 updates, r ascending), adds
+parents' dep_in rows by its columns of dep_out ([K, r] @ [r, BLOCK_V], fp32 tl.dot over chunks of 16 ranks), adds
 the base row and keeps, per parent row, the chunk's max, sum of exp and K best packed keys (kernels/topk.py). Launch
 d + 1's programs each first merge those partials (depth d's log-sum-exp and children, the K best by cumulative score):
 every program repeats the merge, a few hundred keys, which costs less than a launch between them. Its first program
