@@ -234,8 +234,11 @@ def _launch_meta(Vd: int, K: int, R: int) -> dict:
     block_v = max(256, triton.next_power_of_2(triton.cdiv(Vd * K * KP, _MERGE_KEYS)))
     nc = triton.cdiv(Vd, block_v)
     block_ck = triton.next_power_of_2(nc * K)
+    # 2 warps: fastest at every timed shape, 16 x 256 tiles and K <= 4 (H100, 7/1 over 49,152 ids 60 -> 44 µs from
+    # 8; results/block_tree_dot_h100.md); K = 8 spills at 2 on sm_90 (tests/portability), so 8 there, untimed
+    num_warps = 2 if KP <= 4 and KD * block_v <= 4096 else 8
     return dict(R=R, K=K, KP=KP, KD=KD, RC=16, BLOCK_V=block_v, BLOCK_C=triton.next_power_of_2(nc), BLOCK_CK=block_ck,
-                num_warps=4 if KD * block_v <= 2048 and KP * block_ck <= 2048 else 8)
+                num_warps=num_warps)
 
 
 def _levels(S: int) -> dict[tuple, int]:
