@@ -29,7 +29,8 @@
 #   experiments after train: EAGLE-1 and multi-layer heads, then compare_heads, datasets and sweep_tree
 #   trees      sweep_tree with the shipped head (TREE_ARGS: more overrides), then its fastest tree by decode tokens/s
 #              on the 80 MT-bench first turns at B=1 and 8, each with its AR pass (the issue-level run of a tree);
-#              TREES="5/4/8 6/8/16" (steps/topk/tokens): those trees so, without the sweep
+#              TREES="5/4/8 6/8/16" (steps/topk/tokens): those trees so, without the sweep (TREE_BATCHES, default
+#              "1 8"); TREE_ARGS reach these runs too, e.g. "draft=block draft.path=DIR" for a trained block drafter
 #   scaling    training tokens/s on one GPU and on all (DDP), the throughput probes of `train` alone
 #   drafters   the drafter table: each drafter of DRAFTERS (default "eagle3 ngram eagle3+ng2") on MT-bench first turns,
 #              HumanEval and held-out ShareGPT (DATASETS) at B=1 and 8 (BATCHES), each run with its AR pass, defaults
@@ -441,7 +442,8 @@ PY
       for b in ${TREE_BATCHES:-1 8}; do
         d=$R/tree_${s}_${k}_${n}_b$b; made+=("$d")
         timeout ${RUN_S:-240} python run_spec.py hydra.run.dir=$d logger=none print_answers=0 target.path="$smol" \
-          data.max_turns=1 gen.batch_size=$b tree.steps=$s tree.topk=$k tree.num_draft_tokens=$n > $d.log 2>&1 ||
+          data.max_turns=1 gen.batch_size=$b tree.steps=$s tree.topk=$k tree.num_draft_tokens=$n ${TREE_ARGS:-} \
+          > $d.log 2>&1 ||
           tail -3 $d.log
       done
     done
