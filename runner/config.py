@@ -87,6 +87,12 @@ def check_draft(c: Checks) -> str | None:
     module = c.choice("draft.drafter", drafter_modules())
     if module is not None and (check := value_checks(module)) is not None:
         check(c)
+    if c.has("draft.ngram_branches"):  # any drafter's tree may get n-gram branches (runner/run.py); absent: none
+        from eaglet.engine.drafters.ngram_config import MAX_M
+
+        branches = c.integer("draft.ngram_branches", lo=0, hi=MAX_M)
+        if branches and module == "ngram":
+            c.bad("draft.ngram_branches", branches, "must be 0 with draft=ngram: its tree is n-gram matches already")
     return name
 
 

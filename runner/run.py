@@ -21,6 +21,7 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 from eaglet.data.chat import encode_turns
 from eaglet.engine.autoregressive import AREngine, GenStats
 from eaglet.engine.drafter import drafter_class
+from eaglet.engine.drafters.ngram import NgramBranches
 from eaglet.engine.requests import Request
 from eaglet.engine.sampling import SamplingParams
 from eaglet.engine.speculative import SimulatedAcceptance, SpeculativeEngine, StepStats, TreeSpec
@@ -170,6 +171,8 @@ def _run(cfg: DictConfig, out_dir: Path, interrupts: Interrupts) -> dict:
     if cfg.draft.name != "none":
         drafter = drafter_class(cfg.draft.drafter).from_config(cfg.draft, cfg.target, model, invariant=cfg.invariant,
                                                                fold_norms=cfg.fold_norms)
+        if cfg.draft.get("ngram_branches"):  # K n-gram branches grafted onto any drafter's tree
+            drafter = NgramBranches(drafter, cfg.draft.ngram_branches)
         tree = TreeSpec(cfg.tree.steps, cfg.tree.topk, cfg.tree.num_draft_tokens)
         sim = cfg.tree.get("simulate")
         engine = SpeculativeEngine(model, drafter, tree, max_batch=batch_size, max_context=max_context,

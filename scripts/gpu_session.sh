@@ -401,7 +401,7 @@ print(m['num_tokens'] / m['num_sequences'])")
       [[ $d == *+ng* ]] && draft+=(draft.ngram_branches=${d##*+ng})
       # the block drafter `block` trained (BLOCK_RUN's export), at BLOCK_TREE (steps/topk/tokens, default 7/4/16:
       # its fastest at B=1, results/block_drafter_h100)
-      if [[ $d == block ]]; then
+      if [[ ${d%+ng*} == block ]]; then
         IFS=/ read -r st k n <<< "${BLOCK_TREE:-7/4/16}"
         draft+=(draft.path="${BLOCK_RUN:-$KEEP/block_run}/head" tree.steps=$st tree.topk=$k tree.num_draft_tokens=$n)
       fi

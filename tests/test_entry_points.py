@@ -147,6 +147,8 @@ RUN_SPEC_BAD = [
     (["draft=block", "draft.random_init=true", "draft.draft_vocab_size=50000"], "draft.draft_vocab_size"),  # > 49,152
     (["draft.ngram_branches=-1"], "draft.ngram_branches"),
     (["draft.ngram_branches=17"], "draft.ngram_branches"),  # more matches than the n-gram kernel follows
+    (["draft=block", "draft.random_init=true", "draft.ngram_branches=17"], "draft.ngram_branches"),  # any drafter's
+    (["draft=ngram", "+draft.ngram_branches=2"], "draft.ngram_branches"),  # its tree is n-gram matches already
     (["draft.drafter=medusa"], "draft.drafter"),
     (["draft=eagle1", "draft.path={shipped_eagle3}"], "draft"),
     (["tree.num_draft_tokens=100"], "tree.num_draft_tokens"),

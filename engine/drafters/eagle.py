@@ -40,8 +40,7 @@ class EagleDrafter(ModelDrafter):
 
     @classmethod
     def from_config(cls, draft, target_cfg, target, *, invariant: bool, fold_norms: bool) -> Drafter:
-        """draft.path's head; else a random one (draft.random_init); else the head eaglet ships for the target. With
-        draft.ngram_branches=K > 0, its trees get K n-gram branches (engine/drafters/ngram.py's NgramBranches)."""
+        """draft.path's head; else a random one (draft.random_init); else the head eaglet ships for the target."""
         from eaglet.models.head_checkpoint import load_draft_head, new_draft_head
 
         path = head_dir(draft, target_cfg)
@@ -59,12 +58,7 @@ class EagleDrafter(ModelDrafter):
         if fold_norms:
             head.fold_norm_weights()
         head.set_invariant(invariant)  # the target's kernels (models/kernel_paths.py)
-        branches = draft.get("ngram_branches", 0)
-        if not branches:
-            return cls(head)
-        from eaglet.engine.drafters.ngram import NgramBranches
-
-        return NgramBranches(cls(head), branches)
+        return cls(head)
 
     @classmethod
     def check_config(cls, c, cfg, target) -> None:

@@ -8,7 +8,6 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]  # the checkout (eaglet installs editable): shipped heads live here
 HEAD_KINDS = ("eagle1", "eagle3", "multi_layer")  # models.eagle.KINDS, named here without importing torch
-MAX_M = 16  # kernels/ngram_match.py's MAX_M (the matches a program follows): n-gram branches at most
 
 
 def head_dir(draft, target_cfg) -> Path | None:
@@ -26,13 +25,10 @@ def no_head(draft: str, target: str) -> str:
 
 
 def check_values(c) -> None:
-    """Layer 1 (runner/checks.py's Checks `c`): the head kind, the random head's shape, the n-gram branches, where
-    its weights are."""
+    """Layer 1 (runner/checks.py's Checks `c`): the head kind, the random head's shape, where its weights are."""
     name = c.choice("draft.name", HEAD_KINDS)
     c.integer("draft.num_layers", lo=1)
     c.integer("draft.draft_vocab_size", lo=1, null=True)
-    if c.has("draft.ngram_branches"):  # absent: none (configs written before the key)
-        c.integer("draft.ngram_branches", lo=0, hi=MAX_M)
     if name is not None:
         check_head_source(c, name)
 

@@ -105,7 +105,7 @@ def check_ngram_tree(steps: int, topk: int, num_draft_tokens: int) -> None:
 
 
 class NgramBranches(Drafter):
-    """Another drafter's tree plus n-gram branches (`draft.ngram_branches=K` on the EAGLE configs): what followed the
+    """Another drafter's tree plus n-gram branches (`draft.ngram_branches=K` on any drafter's config): what followed the
     K most recent matches of the history's suffix, up to S = tree.steps tokens each, grafted onto the drafter's tree
     as a trie (engine/drafters/_trie.py), so a loop the drafter misses is still proposed. The verify sees
     `num_nodes(tree)` = the drafter's N + K*S nodes, the branch slots left over as padding. The history is the n-gram

@@ -4,6 +4,7 @@ the tree's fit is `NgramDrafter.check_config`'s, in the last layer."""
 from __future__ import annotations
 
 MAX_N = 16  # kernels/ngram_match.py's MAX_N (the suffix tokens a program holds), named here without torch
+MAX_M = 16  # kernels/ngram_match.py's MAX_M (the matches a program follows): n-gram branches at most
 
 
 def check_values(c) -> None:

@@ -27,6 +27,7 @@ FACTORIES = {
     "eagle": lambda target: EagleDrafter(oracle_like("eagle1", target)),
     "ngram": lambda target: NgramDrafter(n_max=3, n_min=1),
     "eagle+ngram": lambda target: NgramBranches(EagleDrafter(oracle_like("eagle1", target)), 2),
+    "block+ngram": lambda target: NgramBranches(BlockDrafter(oracle_block(target)), 2),
 }
 # prompts whose greedy continuations the random target repeats, so the n-gram drafter finds matches
 LOOPY = PROMPTS + [[9, 8, 7, 9, 8, 7, 9, 8, 7, 9, 8], [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 3, 1, 4, 1, 5]]
@@ -267,8 +268,7 @@ def test_sampling_runs_every_drafter(target, module):
 
 
 def test_ngram_config_names_the_kernels_limit():
-    from eaglet.engine.drafters.eagle_config import MAX_M
-    from eaglet.engine.drafters.ngram_config import MAX_N
+    from eaglet.engine.drafters.ngram_config import MAX_M, MAX_N
     from eaglet.kernels import ngram_match
 
     assert MAX_N == ngram_match.MAX_N and MAX_M == ngram_match.MAX_M
