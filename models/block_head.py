@@ -126,8 +126,10 @@ class BlockHead(DraftVocab, DraftHead):
                                                for k in res.missing_keys), res  # every old weight copied
         with torch.no_grad():
             for layer in twin.layers[L:]:
-                layer.self_attn.o_proj.weight.zero_()
-                layer.mlp.down_proj.weight.zero_()
+                for out in (layer.self_attn.o_proj, layer.mlp.down_proj):
+                    out.weight.zero_()
+                    if out.bias is not None:  # attention_bias configs
+                        out.bias.zero_()
         return twin.train(self.training)
 
     def fold_norm_weights(self) -> "BlockHead":
