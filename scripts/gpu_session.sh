@@ -36,8 +36,8 @@
 #              HumanEval and held-out ShareGPT (DATASETS) at B=1 and 8 (BATCHES), each run with its AR pass, defaults
 #              otherwise (invariant numerics, tree 5/4/8; DRAFTER_ARGS: more overrides), one line per run
 #              (summarize_runs.py); an entry <draft>+ng<K> is draft=<draft> draft.ngram_branches=K (K n-gram branches
-#              added to the head's tree); `block`: the drafter the `block` stage trained, at BLOCK_TREE (default
-#              7/4/16, its fastest)
+#              added to the head's tree), <draft>@S/K/N its tree; `block`: the drafter the `block` stage trained, at
+#              BLOCK_TREE (default 7/4/16, its fastest) unless named; PROFILE=1: each drafter's per-kernel graph times
 #   block      the block drafter (train/head=block; BLOCK_ARGS: more overrides) trained on every GPU for what is left of
 #              BUDGET_S minus EVAL_S, on the finished chunks of SELFGEN (a synthesize.py out_dir) or else regenerated
 #              ShareGPT, one held-out evaluation at its end, its cosine schedule BLOCK_STEPS long (unset: sized to the
@@ -396,27 +396,39 @@ print(m['num_tokens'] / m['num_sequences'])")
   drafters)
     train_setup >/dev/null 2>&1
     R=/tmp/drafters; mkdir -p $R
+    made=()  # this call's runs (an earlier call on the machine left its own in $R)
     for d in ${DRAFTERS:-eagle3 ngram eagle3+ng2}; do
-      draft=(draft=${d%+ng*})
-      [[ $d == *+ng* ]] && draft+=(draft.ngram_branches=${d##*+ng})
-      # the block drafter `block` trained (BLOCK_RUN's export), at BLOCK_TREE (steps/topk/tokens, default 7/4/16:
-      # its fastest at B=1, results/block_drafter_h100)
-      if [[ ${d%+ng*} == block ]]; then
-        IFS=/ read -r st k n <<< "${BLOCK_TREE:-7/4/16}"
-        draft+=(draft.path="${BLOCK_RUN:-$KEEP/block_run}/head" tree.steps=$st tree.topk=$k tree.num_draft_tokens=$n)
+      spec=${d%@*} tree=()  # <draft>[+ng<K>][@steps/topk/tokens]
+      draft=(draft=${spec%+ng*})
+      [[ $spec == *+ng* ]] && draft+=(draft.ngram_branches=${spec##*+ng})
+      # the block drafter `block` trained (BLOCK_RUN's export), at BLOCK_TREE unless the entry names a tree (default
+      # 7/4/16: its fastest at B=1, results/block_drafter_h100)
+      t=$([[ $d == *@* ]] && echo "${d#*@}")
+      [[ ${spec%+ng*} == block ]] && { draft+=(draft.path="${BLOCK_RUN:-$KEEP/block_run}/head"); t=${t:-${BLOCK_TREE:-7/4/16}}; }
+      if [[ -n $t ]]; then
+        IFS=/ read -r st k n <<< "$t"
+        tree=(tree.steps=$st tree.topk=$k tree.num_draft_tokens=$n)
       fi
+      label=$spec${t:+_${t//\//_}}
       for data in ${DATASETS:-mt_bench humaneval sharegpt}; do
         for b in ${BATCHES:-1 8}; do
-          name=${d}_${data}_b$b path=()
+          name=${label}_${data}_b$b path=(); made+=("$R/$name")
           [[ $data == sharegpt ]] && path=(data.path="$SHAREGPT")  # its held-out split, from the carried subset
           timeout ${RUN_S:-240} python run_spec.py hydra.run.dir=$R/$name logger=none print_answers=0 \
-            target.path="$smol" "${draft[@]}" data=$data data.max_turns=1 gen.batch_size=$b "${path[@]}" \
+            target.path="$smol" "${draft[@]}" "${tree[@]}" data=$data data.max_turns=1 gen.batch_size=$b "${path[@]}" \
             ${DRAFTER_ARGS:-} \
             > $R/$name.log 2>&1 || tail -3 $R/$name.log
         done
       done
+      # PROFILE=1: where each graph's time goes (4 MT-bench prompts at B=1, 5 profiled steps; graph_trace.py)
+      if [[ ${PROFILE:-0} == 1 ]]; then
+        timeout 90 python run_spec.py hydra.run.dir=$R/prof_$label logger=none print_answers=0 target.path="$smol" \
+          "${draft[@]}" "${tree[@]}" data=mt_bench data.limit=4 data.max_turns=1 gen.batch_size=1 gen.compare_ar=false \
+          profile_steps=5 > $R/prof_$label.log 2>&1 || tail -3 $R/prof_$label.log
+        python -m benchmarks.probes.graph_trace $R/prof_$label/trace.json --by-grid --top 30 > "$out/profile_$label.txt" 2>&1
+      fi
     done
-    python scripts/summarize_runs.py $R/* | tee "$out/drafters.md"
+    python scripts/summarize_runs.py "${made[@]}" | tee "$out/drafters.md"
     tar cz -C $R --exclude=wandb --exclude=trace.json . > "$out/drafters.tgz" ;;
   trees)
     train_setup >/dev/null 2>&1
