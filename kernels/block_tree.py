@@ -224,19 +224,21 @@ def grow_tree(base, dep_in, dep_out, roots, S: int, K: int, d2t=None):
     return scores, tokens, parents
 
 
-def _launch_meta(Vd: int, K: int, R: int) -> dict:
+def _launch_meta(Vd: int, K: int, R: int, block_v: int | None = None, num_warps: int | None = None) -> dict:
     """Chunk length and blocks for Vd draft ids, K children a node and rank R: chunks of 256 ids (a SmolLM2 8,192-id
-    vocabulary in 32 programs), longer where the merge's parents x chunks x K keys would pass _MERGE_KEYS."""
+    vocabulary in 32 programs), longer where the merge's parents x chunks x K keys would pass _MERGE_KEYS.
+    block_v / num_warps: other settings (benchmarks/probes/probe_block_tree.py times them)."""
     # at least 2: with one parent row, triton 3.6 turned the merge over 128+ chunks into 542 shared stores and 67
     # barriers (~50 µs a depth on an H100; results/block_tree_k1_sass.md)
     KP = max(2, triton.next_power_of_2(K))
     KD = max(16, KP)  # rows of the logits tile (tl.dot's least M)
-    block_v = max(256, triton.next_power_of_2(triton.cdiv(Vd * K * KP, _MERGE_KEYS)))
+    block_v = block_v or max(256, triton.next_power_of_2(triton.cdiv(Vd * K * KP, _MERGE_KEYS)))
     nc = triton.cdiv(Vd, block_v)
     block_ck = triton.next_power_of_2(nc * K)
     # 2 warps: fastest at every timed shape, 16 x 256 tiles and K <= 4 (H100, 7/1 over 49,152 ids 60 -> 44 µs from
     # 8; results/block_tree_dot_h100.md); K = 8 spills at 2 on sm_90 (tests/portability), so 8 there, untimed
-    num_warps = 2 if KP <= 4 and KD * block_v <= 4096 else 8
+    if num_warps is None:
+        num_warps = 2 if KP <= 4 and KD * block_v <= 4096 else 8
     return dict(R=R, K=K, KP=KP, KD=KD, RC=16, BLOCK_V=block_v, BLOCK_C=triton.next_power_of_2(nc), BLOCK_CK=block_ck,
                 num_warps=num_warps)
 

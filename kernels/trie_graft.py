@@ -23,13 +23,13 @@ the device). The result, M = N + extra nodes:
 the same in batched torch ops (no host sync), which runs where Triton does not (CPU without TRITON_INTERPRET=1).
 
 Kernel (`_graft_kernel`, grid (B,), one program per request). The sequential insertion itself, over vectors of
-BLOCK_M = next_power_of_2(M) <= 32 lanes, one a node slot, in registers: token, parent, depth, real, and the mask
+BLOCK_M = next_power_of_2(M) <= 64 lanes, one a node slot, in registers: token, parent, depth, real, and the mask
 row packed into an int64 (node j: bit j). Set-up, on [BLOCK_M, BLOCK_M] tiles: the tree's mask rows loaded (padding
 rows {root, self}), depth as row sums, parent as the ancestor one shallower, real as the link targets. Then one loop
 of P x S steps (each path token loaded a step ahead): a step looks for the current node's real child with the path's
 token (one block min) and, where there is none, creates it in the next free slot with the current node's row (one
 block sum) plus its own bit. Last, the links (two [BLOCK_M, BLOCK_M] mins), the rows unpacked and the stores. More
-than 32 nodes (MAX_NODES) run `graft_ref`.
+than 64 nodes (MAX_NODES) run `graft_ref`.
 
 Bytes: a request reads its tree (N*N mask bytes, 32N of int64) and paths (8PS) and writes the merged tree (M*M +
 32M): 0.5 KB at the n-gram drafter's default tree (N = 1, P = 4, S = 5, M = 8), 32 KB at B = 64, nanoseconds of HBM.
@@ -46,13 +46,13 @@ import triton
 import triton.language as tl
 
 from eaglet.kernels._compile_cases import TREES, CompileCase, Ptr
-from eaglet.kernels._utils import use_triton
+from eaglet.kernels._utils import is_hip, use_triton
 
-# Trees of more nodes are merged by `graft_ref`. The packed rows would hold 64, but 64 lanes need 8 warps for the
-# [64, 64] set-up tiles (4 warps: 250 registers on sm_90, SGPR spills on gfx942), where LLVM reports 7 waves a SIMD on
-# gfx942 against kernels/_aot.py's 8 (tests/portability's occupancy check). Every default tree fits 32: the n-gram
-# drafter's 8 nodes, the EAGLE default with two branches 18; the wide and paper trees with branches do not.
-MAX_NODES = 32
+# Trees of more nodes are merged by `graft_ref`, ~150 small ops: 0.35 ms of a 0.60 ms draft at the block drafter's
+# 7/4/24 with two branches (38 nodes) on an H100, where its 30-node 7/4/16 took 0.25 (results/block_drafter_h100).
+# 64 is what the packed rows hold; 64 lanes take 8 warps (at 4: 116 B of spills on sm_90 at 38 nodes, VGPR spills on
+# gfx942).
+MAX_NODES = 64
 # n-gram branches on an EAGLE tree that eaglet's configs and runs use (docs/drafters.md, scripts/gpu_session.sh's
 # eagle3+ng2): the compile cases' K.
 BRANCHES = (2,)
@@ -279,19 +279,25 @@ def _graft_kernel(TOK, POS, NEXT, SIB, MASK, PATHS, OUT_TOK, OUT_POS, OUT_NEXT, 
     tl.store(OUT_MASK + b * M * M + rows * M + cols, m, mask=valid[:, None] & valid[None, :])
 
 
-def _launch_meta(N: int, extra: int, P: int, S: int) -> dict:
+def _launch_meta(N: int, extra: int, P: int, S: int, hip: bool = False) -> dict:
     """Constexprs and warps for N + extra nodes and P paths of S tokens: the [BLOCK_M, BLOCK_M] tiles of the set-up
     and the links at 16 elements a thread at most, so one warp up to BLOCK_M = 16 (the n-gram drafter's default tree
     is 8 slots), whose step reductions are then shuffles without a barrier."""
     block_m = max(triton.next_power_of_2(N + extra), 2)
-    return dict(P=P, S=S, BLOCK_M=block_m, num_warps=max(1, block_m * block_m // 512))
+    meta = dict(P=P, S=S, BLOCK_M=block_m, num_warps=max(1, block_m * block_m // 512))
+    if hip and block_m == 64:
+        # MI300: 8 waves for one program a request, whose occupancy does not matter. Unhinted, LLVM reported 7 waves
+        # per SIMD where kernels/_aot.py's model (VGPRs, SGPRs, LDS) gives 8, a mismatch tests/portability fails on;
+        # hinted, LLVM reports the hint, which is what that test checks of hinted binaries
+        meta["waves_per_eu"] = 4
+    return meta
 
 
 def graft(tree, paths: torch.Tensor, extra: int) -> tuple[torch.Tensor, ...]:
     """tree (tokens [B, N], positions [B, N], next_token [B, N], next_sibling [B, N] int64, mask [B, N, N] bool: a
     DraftTree) and paths [B, P, S] int64 (-1 past a path's end) -> the merged tree of N + extra nodes, the same five
     tensors. Module docstring for the exact semantics. Triton on GPU (and on CPU under TRITON_INTERPRET=1) up to
-    MAX_NODES = 32 nodes, else `graft_ref`. No host sync: CUDA-graph capturable."""
+    MAX_NODES = 64 nodes, else `graft_ref`. No host sync: CUDA-graph capturable."""
     _check(tree, paths, extra)
     if not use_triton(*tree, paths) or tree[0].shape[1] + extra > MAX_NODES:
         return graft_ref(tree, paths, extra)
@@ -304,7 +310,7 @@ def graft(tree, paths: torch.Tensor, extra: int) -> tuple[torch.Tensor, ...]:
     out_mask = torch.empty(B, M, M, dtype=torch.bool, device=dev)  # [B, M, M]
     if B > 0:
         _graft_kernel[(B,)](tokens, positions, next_token, next_sibling, mask.view(torch.int8), paths, *out,
-                            out_mask.view(torch.int8), N, M, **_launch_meta(N, extra, P, S))
+                            out_mask.view(torch.int8), N, M, **_launch_meta(N, extra, P, S, is_hip()))
     return (*out, out_mask)
 
 
@@ -326,5 +332,5 @@ def compile_cases(hip: bool) -> list[CompileCase]:
     i64, i8 = Ptr(torch.int64), Ptr(torch.int8)
     return [CompileCase.of(_graft_kernel, (label,), TOK=i64, POS=i64, NEXT=i64, SIB=i64, MASK=i8, PATHS=i64,
                            OUT_TOK=i64, OUT_POS=i64, OUT_NEXT=i64, OUT_SIB=i64, OUT_MASK=i8, N=N, M=N + extra,
-                           **_launch_meta(N, extra, P, t.steps))
+                           **_launch_meta(N, extra, P, t.steps, hip))
             for label, t, N, P, extra in launched_shapes(TREES)]

@@ -395,7 +395,7 @@ print(m['num_tokens'] / m['num_sequences'])")
     python scripts/summarize_runs.py $R/* | tee "$out/block_l8b.md" ;;
   drafters)
     train_setup >/dev/null 2>&1
-    R=/tmp/drafters; mkdir -p $R
+    R=${DRAFTERS_DIR:-/tmp/drafters}; mkdir -p $R  # DRAFTERS_DIR: another, for a second BLOCK_RUN beside the first
     made=()  # this call's runs (an earlier call on the machine left its own in $R)
     for d in ${DRAFTERS:-eagle3 ngram eagle3+ng2}; do
       spec=${d%@*} tree=()  # <draft>[+ng<K>][@steps/topk/tokens]
@@ -425,7 +425,7 @@ print(m['num_tokens'] / m['num_sequences'])")
         timeout 90 python run_spec.py hydra.run.dir=$R/prof_$label logger=none print_answers=0 target.path="$smol" \
           "${draft[@]}" "${tree[@]}" data=mt_bench data.limit=4 data.max_turns=1 gen.batch_size=1 gen.compare_ar=false \
           profile_steps=5 > $R/prof_$label.log 2>&1 || tail -3 $R/prof_$label.log
-        python -m benchmarks.probes.graph_trace $R/prof_$label/trace.json --by-grid --top 30 > "$out/profile_$label.txt" 2>&1
+        python -m benchmarks.probes.graph_trace $R/prof_$label/trace.json --by-grid --top 30 > "$out/profile_${label//+/_}.txt" 2>&1
       fi
     done
     python scripts/summarize_runs.py "${made[@]}" | tee "$out/drafters.md"

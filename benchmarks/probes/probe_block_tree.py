@@ -34,12 +34,18 @@ CASES = (("SmolLM2", 49152, 49152, False), ("Llama-3.1-8B Vd", 128256, 32000, Tr
 TREES = ((1, 1), (7, 1), (1, 4), (5, 4), (7, 4), (1, 8), (7, 8))
 
 
-def variants(K: int) -> list[tuple[str, dict]]:
-    out = [("as is", {})]
+def variants(K: int) -> list[tuple[str, dict, dict]]:
+    """(label, _launch_meta's keyword arguments, constexprs set after it) of each launch setting timed at K."""
+    out = [("as is", {}, {})]
     if K == 1:  # the one parent row _launch_meta had (now at least 2)
-        out.append(("KP=1", dict(KP=1)))
+        out.append(("KP=1", {}, dict(KP=1)))
     # K = 8 spills at 2 warps on sm_90 (tests/portability); 4 does not under triton 3.6
-    out += [(f"num_warps={w}", dict(num_warps=w)) for w in ((4, 8) if K == 8 else (2, 8))]
+    out += [(f"num_warps={w}", dict(num_warps=w), {}) for w in ((4, 8) if K == 8 else (2, 8))]
+    # longer chunks: fewer programs and a shorter merge (parents x chunks x K keys), a larger logits tile each; the
+    # warps that keep them unspilled on sm_90 over 49,152 ids (512 at 2 warps and 1,024 at 4 spill under triton 3.6)
+    if K == 4:
+        out += [(f"BLOCK_V={v} num_warps={w}", dict(block_v=v, num_warps=w), {})
+                for v, w in ((512, 4), (512, 8), (1024, 8))]
     return out
 
 
@@ -56,18 +62,23 @@ def main() -> None:
     ap.add_argument("--md", default=None)
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--alt", default=None, help="another version's kernels/block_tree.py, timed beside this one")
+    ap.add_argument("--trees", default=None, help="S/K pairs to time, e.g. 1/4,7/4 (default: all of TREES)")
+    ap.add_argument("--cases", default=None, help="vocabularies to time by label prefix, e.g. 'SmolLM2'")
     args = ap.parse_args()
     modules = [("", bt)] + ([("alt ", load(args.alt))] if args.alt else [])
     rows, times = [], {}  # (vocabulary, S, K, variant) -> µs
-    for label, V, Vd, has_d2t in CASES:
-        for S, K in TREES:
+    trees = [tuple(map(int, t.split("/"))) for t in args.trees.split(",")] if args.trees else TREES
+    cases = [c for c in CASES if args.cases is None or any(c[0].startswith(p) for p in args.cases.split(","))]
+    for label, V, Vd, has_d2t in cases:
+        for S, K in trees:
             x = inputs(args.batch, S, V, Vd, has_d2t, "cuda")
             want = bt.grow_tree_ref(*x[:4], S, K, x[4])
             for prefix, mod in modules:
                 launch_meta = mod._launch_meta
-                for name, over in variants(K):
+                for name, kw, over in variants(K):
                     name = prefix + name
-                    mod._launch_meta = lambda Vd_, K_, R_, f=launch_meta, over=over: {**f(Vd_, K_, R_), **over}
+                    mod._launch_meta = lambda Vd_, K_, R_, f=launch_meta, kw=kw, over=over: {**f(Vd_, K_, R_, **kw),
+                                                                                             **over}
                     try:
                         got = mod.grow_tree(*x[:4], S, K, x[4])
                         ok = torch.equal(got[1], want[1]) and torch.equal(got[2], want[2])

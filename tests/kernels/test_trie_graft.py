@@ -70,6 +70,7 @@ EAGLE_CASES = [
     (3, 4, 5, 8, 2, 5, (10, 4)),  # eagle+ngram2 on the default 5/4/8 tree
     (4, 2, 3, 6, 4, 8, (32, 7)),  # P x S = 4 x 8
     (2, 8, 6, 32, 2, 6, (12, 32)),  # eagle2_wide + 2 branches; 32 + 32 = 64 slots
+    (2, 4, 7, 24, 2, 7, (14,)),  # the block drafter's 7/4/24 + 2 branches: 38 nodes, BLOCK_M = 64
     (2, 10, 6, 60, 2, 6, (4, 1)),  # the EAGLE-2 paper's 60-node tree
     (2, 8, 8, 64, 3, 8, (0,)),  # N = 64
 ]
