@@ -232,13 +232,18 @@ def _launch_meta(Vd: int, K: int, R: int, block_v: int | None = None, num_warps:
     # barriers (~50 µs a depth on an H100; results/block_tree_k1_sass.md)
     KP = max(2, triton.next_power_of_2(K))
     KD = max(16, KP)  # rows of the logits tile (tl.dot's least M)
-    block_v = block_v or max(256, triton.next_power_of_2(triton.cdiv(Vd * K * KP, _MERGE_KEYS)))
+    if block_v is None:
+        block_v = max(256, triton.next_power_of_2(triton.cdiv(Vd * K * KP, _MERGE_KEYS)))
+        if KP <= 4:  # at most 512 keys a parent to merge: 512-id chunks over SmolLM2's 49,152 ids at K = 4, where
+            # each depth took 10.3 µs against 12.0 with 256 (H100; results/block_drafter_h100/probe_block_tree_bv.md)
+            block_v = max(block_v, triton.next_power_of_2(triton.cdiv(Vd * K, 512)))
     nc = triton.cdiv(Vd, block_v)
     block_ck = triton.next_power_of_2(nc * K)
-    # 2 warps: fastest at every timed shape, 16 x 256 tiles and K <= 4 (H100, 7/1 over 49,152 ids 60 -> 44 µs from
-    # 8; results/block_tree_dot_h100.md); K = 8 spills at 2 on sm_90 (tests/portability), so 8 there, untimed
+    # K <= 4: 2 warps for 16 x 256 tiles, fastest at every timed shape (H100, 7/1 over 49,152 ids 60 -> 44 µs from 8;
+    # results/block_tree_dot_h100.md), 4 for 16 x 512 (69.8 µs a 7/4 tree against 92.7 at 8); K = 8 spills at 2 on
+    # sm_90 and, under triton 3.9, at 4 (tests/portability), so 8 there (175 µs a 7/8 tree over 49,152 ids)
     if num_warps is None:
-        num_warps = 2 if KP <= 4 and KD * block_v <= 4096 else 8
+        num_warps = 8 if KP > 4 else 2 if KD * block_v <= 4096 else 4 if KD * block_v <= 8192 else 8
     return dict(R=R, K=K, KP=KP, KD=KD, RC=16, BLOCK_V=block_v, BLOCK_C=triton.next_power_of_2(nc), BLOCK_CK=block_ck,
                 num_warps=num_warps)
 
