@@ -45,6 +45,12 @@ SOURCES = {
     "ngram_vs_lookup": "ngram_vs_prompt_lookup_cpu.md",  # the n-gram drafter against HF prompt lookup (CPU, fp32)
     # the drafter table (one H100): each drafter on the same verify, B=1 and 8 (runs <drafter>_<data set>_b<B>)
     "drafters": "drafters_h100/runs",
+    # the default drafter (the block drafter with two n-gram branches, tree 7/4/16) beside the EAGLE-3 head (one
+    # H100); the block drafter's draft phase at Llama-3.1-8B's shape (bench_draft) and its tree=simulate step
+    "block": "block_drafter_h100/branches",
+    "block_vocab": "block_drafter_h100/vocab8192",  # the shipped 8,192-id restriction beside the whole vocabulary
+    "block_draft": "block_drafter_h100/draft_phase.md",
+    "block_l8b": "block_drafter_h100/l8b_simulate.md",
 }
 
 
@@ -135,7 +141,7 @@ def readme_results(results: Path = REPO / "results") -> str:
 
     leaf = _runs(results, "e2e")
     first = [leaf[f"smol_b{b}"] for b in (1, 8)]
-    rows.append(("lossless EAGLE-3 with the defaults (invariant, tree 5/4/8), SmolLM2 + the shipped head, MT-bench "
+    rows.append(("lossless EAGLE-3 at its defaults (invariant, tree 5/4/8), SmolLM2 + the shipped head, MT-bench "
                  "first turns, B=1 / 8: decode tokens/s, × its AR pass, answers identical to it",
                  " / ".join(f"{m['decode_tokens_per_s']:,.0f}" for m in first) + "; "
                  + " / ".join(f"{m['speedup_vs_ar']:.2f}×" for m in first) + "; "
@@ -144,7 +150,7 @@ def readme_results(results: Path = REPO / "results") -> str:
                     and min(m["ar_identical_fraction"] for m in first) == 1,
                     "≥ 1,600 at B=1, faster than AR, identical: met",
                     "≥ 1,600 at B=1, faster than AR, identical: **not met**"),
-                 "`python run_spec.py data.max_turns=1` (B=8: `gen.batch_size=8`)"))
+                 "`python run_spec.py draft=eagle3 data.max_turns=1` (B=8: `gen.batch_size=8`)"))
     l8b = leaf["l8b_ar"]
     floor_ms, tok_s = l8b["weight_read_floor_ms"], l8b["decode_tokens_per_s"]
     rows.append(("plain decoding, random Llama-3.1-8B, B=1, 1k prefix, invariant numerics",
@@ -169,12 +175,12 @@ def readme_results(results: Path = REPO / "results") -> str:
     rows.append(("plain decoding, SmolLM2, MT-bench first turns, B=1 / 8, invariant numerics",
                  f"{inv[0]:,.0f} / {inv[1]:,.0f} tokens/s", "", "`python run_spec.py draft=none data.max_turns=1`"))
 
-    rows.append(("shipped EAGLE-3 head, MT-bench, B=1 / 8, the defaults: tau; speedup over plain decoding",
+    rows.append(("shipped EAGLE-3 head, MT-bench, B=1 / 8, its defaults: tau; speedup over plain decoding",
                  f"{first[0]['tau']:.2f} / {first[1]['tau']:.2f}; "
                  f"{first[0]['speedup_vs_ar']:.2f}× / {first[1]['speedup_vs_ar']:.2f}×",
                  ok(first[0]["tau"] >= 3.5 and first[0]["speedup_vs_ar"] >= 2.5, "tau ≥ 3.5, 2.5× at B=1: met",
                     "tau ≥ 3.5, 2.5× at B=1: **not met**"),
-                 "`python run_spec.py data.max_turns=1` (B=8: `gen.batch_size=8`)"))
+                 "`python run_spec.py draft=eagle3 data.max_turns=1` (B=8: `gen.batch_size=8`)"))
     taus = [_runs(results, "datasets")[d]["tau"] for d in ("humaneval_b8", "sharegpt_b8")]
     rows.append(("shipped head, B=8: tau on HumanEval / held-out ShareGPT", f"{taus[0]:.2f} / {taus[1]:.2f}",
                  "", "`python run_spec.py +experiment=datasets`"))
@@ -192,6 +198,69 @@ def readme_results(results: Path = REPO / "results") -> str:
                          for s in sets) for d, label in names),
                      ok(same, "answers identical: met", "answers identical: **not met**"),
                      f"`BATCHES={b} bash scripts/gpu_session.sh drafters`"))
+
+    block = _runs(results, "block")
+    for b, sets_b in ((1, sets), (8, ("mt_bench",))):
+        pairs = [(block[f"block+ng2_7_4_16_{s}_b{b}"], block[f"eagle3_{s}_b{b}"]) for s in sets_b]
+        same = all(m["ar_identical_fraction"] == 1.0 for pair in pairs for m in pair)
+        met = b == 1 and pairs[0][0]["speedup_vs_ar"] >= 2.5 and pairs[0][0]["decode_tokens_per_s"] >= \
+            1.3 * pairs[0][1]["decode_tokens_per_s"]
+        rows.append((f"the default drafter (block drafter + 2 n-gram branches, tree 7/4/16) beside the EAGLE-3 head "
+                     f"(5/4/8), one H100, SmolLM2, first turns, B={b}: decode tokens/s (× its AR pass), block / "
+                     f"EAGLE-3, on " + " / ".join({"mt_bench": "MT-bench", "humaneval": "HumanEval",
+                                                    "sharegpt": "held-out ShareGPT"}[s] for s in sets_b),
+                     " / ".join(f"{m['decode_tokens_per_s']:,.0f} ({m['speedup_vs_ar']:.2f}×) against "
+                                f"{e['decode_tokens_per_s']:,.0f} ({e['speedup_vs_ar']:.2f}×): "
+                                f"{m['decode_tokens_per_s'] / e['decode_tokens_per_s']:.2f}×" for m, e in pairs),
+                     ("MT-bench ≥ 2.5× AR and ≥ 1.3× EAGLE-3: " + ("met" if met else "**not met**") + "; "
+                      if b == 1 else "") + ("answers identical: met" if same else "answers identical: **not met**"),
+                     f'`DRAFTERS="eagle3 block+ng2@7/4/16" BATCHES={b} bash scripts/gpu_session.sh drafters`'))
+    vocab = _runs(results, "block_vocab")
+    v, w = vocab["vocab8192+ng2_7_4_16_mt_bench_b1"], vocab["block+ng2_7_4_16_mt_bench_b1"]
+    rows.append(("the shipped block drafter (its 8,192-id draft vocabulary) against the whole-vocabulary one it was "
+                 "restricted from, one H100, MT-bench first turns, B=1, 7/4/16 + 2 n-gram branches: decode tokens/s "
+                 "(× its AR pass), tau",
+                 f"{v['decode_tokens_per_s']:,.0f} ({v['speedup_vs_ar']:.2f}×), {v['tau']:.2f} against "
+                 f"{w['decode_tokens_per_s']:,.0f} ({w['speedup_vs_ar']:.2f}×), {w['tau']:.2f}",
+                 ok(v["ar_identical_fraction"] == w["ar_identical_fraction"] == 1.0, "answers identical: met",
+                    "answers identical: **not met**"),
+                 "`python run_spec.py data.max_turns=1`"))
+    m, e = vocab["vocab8192+ng2_7_4_16_mt_bench_b1"], block["eagle3_mt_bench_b1"]
+    phase = m["draft_ms"] + m["extend_ms"]
+    rows.append(("draft phase a step (draft + extend), SmolLM2, MT-bench, B=1: the default drafter / the EAGLE-3 head "
+                 "(another H100)",
+                 f"{m['draft_ms']:.2f} + {m['extend_ms']:.2f} / {e['draft_ms']:.2f} + {e['extend_ms']:.2f} ms",
+                 ok(phase <= 0.38 / 3, "≤ 0.127 ms (a third of EAGLE-3's 0.38): met",
+                    "≤ 0.127 ms (a third of EAGLE-3's 0.38): **not met**"),
+                 "`python run_spec.py data.max_turns=1`; `draft=eagle3`"))
+    head, body = md_table(results / SOURCES["block_draft"])
+    col = {h: i for i, h in enumerate(head)}
+    us = {(r[col["drafter"]], r[col["tree"]]): float(r[col["draft phase µs"]]) for r in body
+          if r[col["model"]] == "Llama-3.1-8B"}
+    own = {r[col["drafter"]]: float(r[col["weights read once µs"]]) / 1e3 for r in body}  # the drafter's floor, ms
+    one = us["block, 1 layer, Vd 32000", "7/4/16"]  # the two graphs alone, µs
+    head, body = md_table(results / SOURCES["block_l8b"])
+    runs = {r[0]: r for r in body}
+    sim = runs["l8b_block_sim"]
+    step, target = float(sim[head.index("step ms (median)")]), float(sim[head.index("weight floor ms")])
+    floors = target + own["block, 1 layer, Vd 32000"]
+    phases = head.index("draft / plan / verify / accept / extend ms")
+
+    def draft_phase(r):  # (draft, extend) ms of a run's row
+        d, _, _, _, x = (float(v) for v in r[phases].split(" / "))
+        return d, x
+
+    d, x = draft_phase(sim)
+    ed, ex = draft_phase(runs["l8b_eagle3_sim"])
+    rows.append(("block drafter (1 layer, 32,000-id draft vocabulary, random weights) at random Llama-3.1-8B's shape, "
+                 "one H100, B=1, `tree=simulate`, tree 7/4/16: draft phase a step (draft + extend); the step against "
+                 "the target's and the drafter's weight-read floors",
+                 f"{d:.2f} + {x:.2f} ms (EAGLE-3 {ed:.2f} + {ex:.2f}; the two graphs alone, `bench_draft`: "
+                 f"{one:.0f} µs, 2 layers {us['block, 2 layers, Vd 32000', '7/4/16']:.0f}); "
+                 f"{step / floors:.2f}× ({step:.2f} ms on {target:.2f} + {floors - target:.2f})",
+                 ok(d + x <= 0.6 and step <= 1.15 * floors, "≤ 0.6 ms, ≤ 1.15×: met", "≤ 0.6 ms, ≤ 1.15×: **not met**"),
+                 "`python -m benchmarks.bench_draft --batches 1 --trees 5/4/8,7/4/16 --block-layers 1,2`; "
+                 "`L8B_LAYERS=1 bash scripts/gpu_session.sh block_l8b`"))
 
     v8b = _metrics(results / SOURCES["verify_8b"])
     floor = v8b["weight_read_floor_ms"]

@@ -36,8 +36,9 @@
 #              HumanEval and held-out ShareGPT (DATASETS) at B=1 and 8 (BATCHES), each run with its AR pass, defaults
 #              otherwise (invariant numerics, tree 5/4/8; DRAFTER_ARGS: more overrides), one line per run
 #              (summarize_runs.py); an entry <draft>+ng<K> is draft=<draft> draft.ngram_branches=K (K n-gram branches
-#              added to the head's tree), <draft>@S/K/N its tree; `block`: the drafter the `block` stage trained, at
-#              BLOCK_TREE (default 7/4/16, its fastest) unless named; PROFILE=1: each drafter's per-kernel graph times
+#              added to the head's tree), <draft>@S/K/N its tree; `block`: the shipped block drafter or BLOCK_RUN's (a
+#              `block` stage's), at BLOCK_TREE (default 7/4/16, its fastest) unless named; PROFILE=1: each drafter's
+#              per-kernel graph times
 #   block      the block drafter (train/head=block; BLOCK_ARGS: more overrides) trained on every GPU for what is left of
 #              BUDGET_S minus EVAL_S, on the finished chunks of SELFGEN (a synthesize.py out_dir) or else regenerated
 #              ShareGPT, one held-out evaluation at its end, its cosine schedule BLOCK_STEPS long (unset: sized to the
@@ -366,7 +367,7 @@ print(m['num_tokens'] / m['num_sequences'])")
     run1() { local name=$1; shift; timeout ${RUN_S:-120} python run_spec.py hydra.run.dir=$R/$name logger=none \
                print_answers=0 target.path="$smol" data.max_turns=1 gen.batch_size=1 "$@" > $R/$name.log 2>&1 ||
                tail -3 $R/$name.log; }
-    run1 eagle3_b1
+    run1 eagle3_b1 draft=eagle3
     for t in ${BLOCK_TREES:-5/4/8 7/4/16 6/8/32}; do
       IFS=/ read -r st k n <<< "$t"
       run1 block_${st}_${k}_${n}_b1 draft=block draft.path="$run_dir/head" tree.steps=$st tree.topk=$k \
@@ -382,13 +383,15 @@ print(m['num_tokens'] / m['num_sequences'])")
     timeout 300 python -m benchmarks.probes.probe_block_tree ${PROBE_ALT:+--alt "$PROBE_ALT"} \
       --md "$out/probe_block_tree.md" 2>&1 | grep -E "^\||Error" | tail -80
     # the draft phase alone, each half a CUDA graph: EAGLE-3 against block drafters of 1-3 layers
-    timeout $(($(left) / 2)) python -m benchmarks.bench_draft --md "$out/draft.md" 2>&1 | grep -E "^\||Error" | tail -30
+    timeout $(($(left) / 2)) python -m benchmarks.bench_draft --md "$out/draft.md" ${DRAFT_ARGS:-} 2>&1 |
+      grep -E "^\||Error" | tail -30
     r8=(target=random_llama3_8b data=synthetic data.limit=1 data.prompt_len=1024 gen.max_new_tokens=256 gen.batch_size=1
         stream=serial tree=simulate logger=none)
     for d in block eagle3; do
       # 32,000 LM-head rows (0.26 GB) per draft, not all 128,256 (1.05 GB, ~0.3 ms of the 0.6 ms draft budget)
       extra=(draft=$d draft.random_init=true draft.draft_vocab_size=32000)
-      [[ $d == block ]] && extra+=(draft.num_layers=${L8B_LAYERS:-2})
+      # the block drafter at its own tree (tree=simulate alone would give it 7/1/8, a chain)
+      [[ $d == block ]] && extra+=(draft.num_layers=${L8B_LAYERS:-2} tree.steps=7 tree.topk=4 tree.num_draft_tokens=16)
       timeout ${RUN_S:-240} python run_spec.py hydra.run.dir=$R/l8b_${d}_sim "${r8[@]}" "${extra[@]}" \
         > $R/l8b_$d.log 2>&1 || tail -3 $R/l8b_$d.log
     done
@@ -401,10 +404,13 @@ print(m['num_tokens'] / m['num_sequences'])")
       spec=${d%@*} tree=()  # <draft>[+ng<K>][@steps/topk/tokens]
       draft=(draft=${spec%+ng*})
       [[ $spec == *+ng* ]] && draft+=(draft.ngram_branches=${spec##*+ng})
-      # the block drafter `block` trained (BLOCK_RUN's export), at BLOCK_TREE unless the entry names a tree (default
-      # 7/4/16: its fastest at B=1, results/block_drafter_h100)
+      # the block drafter: the shipped one, or BLOCK_RUN's export (a `block` stage's), at BLOCK_TREE unless the entry
+      # names a tree (default 7/4/16: its fastest at B=1, results/block_drafter_h100)
       t=$([[ $d == *@* ]] && echo "${d#*@}")
-      [[ ${spec%+ng*} == block ]] && { draft+=(draft.path="${BLOCK_RUN:-$KEEP/block_run}/head"); t=${t:-${BLOCK_TREE:-7/4/16}}; }
+      if [[ ${spec%+ng*} == block ]]; then
+        [[ -n ${BLOCK_RUN:-} ]] && draft+=(draft.path="$BLOCK_RUN/head")  # else the shipped drafter
+        t=${t:-${BLOCK_TREE:-7/4/16}}
+      fi
       if [[ -n $t ]]; then
         IFS=/ read -r st k n <<< "$t"
         tree=(tree.steps=$st tree.topk=$k tree.num_draft_tokens=$n)

@@ -30,12 +30,26 @@ def test_compose(group, option):
         assert cfg[group] is not None
 
 
-def test_the_default_serves_the_shipped_head():
-    """`python run_spec.py` decodes the embedded default target with the EAGLE-3 head eaglet ships for it."""
+def test_the_default_serves_the_shipped_drafter():
+    """`python run_spec.py` decodes the embedded default target with the block drafter eaglet ships for it, at its
+    own tree and with two n-gram branches (the fastest measured at B=1: conf/draft/block.yaml)."""
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         cfg = compose("run_spec")
     shipped = CONF.parent / cfg.target.heads[cfg.draft.name]
-    assert cfg.draft.name == "eagle3" and cfg.draft.path is None and (shipped / "model.safetensors").is_file()
+    assert cfg.draft.name == "block" and cfg.draft.path is None and (shipped / "model.safetensors").is_file()
+    assert (cfg.tree.steps, cfg.tree.topk, cfg.tree.num_draft_tokens, cfg.draft.ngram_branches) == (7, 4, 16, 2)
+
+
+@pytest.mark.parametrize("overrides, tree", [
+    (["draft=eagle3"], (5, 4, 8)),  # the other drafters keep the default tree
+    (["tree=eagle2"], (5, 4, 8)),  # a tree named on the command line wins over the drafter's
+    (["tree=chain", "draft=block"], (5, 1, 6)),
+    (["tree.steps=5"], (5, 4, 16)),
+])
+def test_a_drafter_picks_its_tree_unless_told(overrides, tree):
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose("run_spec", overrides=overrides)
+    assert (cfg.tree.steps, cfg.tree.topk, cfg.tree.num_draft_tokens) == tree
 
 
 def test_every_group_has_options():

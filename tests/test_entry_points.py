@@ -138,7 +138,7 @@ RUN_SPEC_BAD = [
     (["draft.path=/no/such/head"], "draft.path"),
     (["draft.path={empty_dir}"], "draft.path"),  # a folder without config.json and weights
     (["draft=ngram", "draft.n_min=5"], "draft.n_min"),  # above n_max
-    (["draft=block"], "draft.path"),  # eaglet ships no block drafter for SmolLM2 (yet)
+    (["target=random_llama3_8b", "data=synthetic", "draft=block"], "draft.path"),  # no block drafter shipped for it
     (["draft=block", "draft.path={empty_dir}"], "draft.path"),
     (["draft=block", "draft.path={shipped_eagle3}"], "draft"),  # an EAGLE-3 head
     (["draft=block", "draft.random_init=true", "draft.block_size=1"], "draft.block_size"),
@@ -151,7 +151,7 @@ RUN_SPEC_BAD = [
     (["draft=ngram", "+draft.ngram_branches=2"], "draft.ngram_branches"),  # its tree is n-gram matches already
     (["draft.drafter=medusa"], "draft.drafter"),
     (["draft=eagle1", "draft.path={shipped_eagle3}"], "draft"),
-    (["tree.num_draft_tokens=100"], "tree.num_draft_tokens"),
+    (["tree.num_draft_tokens=200"], "tree.num_draft_tokens"),  # 7/4 trees hold 101 at most
     (["tree=simulate", "tree.simulate.tau=9", "draft.random_init=true"], "tree.simulate.tau"),
     (["tree.steps=0"], "tree.steps"),
     (["stream=unsafe_no_sync"], "stream"),
