@@ -348,3 +348,44 @@ def _from_state_dict(cls: type[DraftHead], raw, sd, target, dtype, device, sourc
         head.d2t.zero_()
         head.t2d.fill_(True)
     return head.eval()
+
+
+# ----------------------------------------------------------------------------------------------------
+# Command line
+
+
+def restrict_vocab(src: str | Path, target: Transformer, vocab_of: str | Path, out: str | Path,
+                   dtype: torch.dtype = torch.bfloat16) -> Path:
+    """The head at `src` over the draft vocabulary of the head at `vocab_of` (its d2t), written to `out`: exact where
+    the head's rows are per token (a block drafter's dep_out; its logits are the target LM head's rows), so its
+    logits over those ids are the trained ones. How heads/smollm2_135m_block was made from the trained drafter."""
+    head = load_draft_head(src, target, torch.float32, "cpu")
+    if not isinstance(head, DraftVocab):
+        raise ValueError(f"{src} holds a {head.KIND} head, which has no draft vocabulary")
+    _, sd, source = _read_head_dir(vocab_of)
+    if "d2t" not in sd:
+        raise ValueError(f"{source} has no draft vocabulary (no d2t): take it from an EAGLE-3 head or a block drafter "
+                         f"with draft_vocab_size set")
+    d2t = sd["d2t"].long()  # [Vd] target id = draft id + d2t
+    return save_draft_head(head.with_draft_vocab(torch.arange(d2t.numel()) + d2t), out, dtype=dtype)
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m eaglet.models.head_checkpoint")
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    rv = sub.add_parser("restrict-vocab", help="a head over another head's draft vocabulary (bf16 safetensors)")
+    rv.add_argument("src", help="the head directory to restrict")
+    rv.add_argument("--target", required=True, help="the target's registry name, e.g. smollm2_135m (only its shape)")
+    rv.add_argument("--vocab-of", required=True, help="a head directory whose d2t is the draft vocabulary to take")
+    rv.add_argument("--out", required=True, help="the new head directory")
+    args = parser.parse_args(argv)
+    with torch.device("meta"):  # the target's shape only: no weights are made or read
+        target = Transformer(ModelArgs.from_name(args.target))
+    print(restrict_vocab(args.src, target, args.vocab_of, args.out))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

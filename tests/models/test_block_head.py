@@ -159,6 +159,29 @@ def test_with_draft_vocab_carries_dep_out_rows(target):
         assert torch.equal(twin.dep_out.weight[i], want), t
 
 
+def test_restrict_vocab_keeps_the_trained_logits(target, tmp_path):
+    """`python -m eaglet.models.head_checkpoint restrict-vocab` (how heads/smollm2_135m_block was made): a
+    whole-vocabulary drafter over another head's draft vocabulary: its logits and dependency term over the kept ids
+    are the whole drafter's, its map the other head's."""
+    from eaglet.models.head_checkpoint import restrict_vocab
+
+    full = block_head(target)
+    save_draft_head(full, tmp_path / "full", dtype=torch.float32)
+    other = block_head(target, VD)  # a head with a map (an EAGLE-3 head's needs a deeper target than this one)
+    save_draft_head(other, tmp_path / "other")
+    restrict_vocab(tmp_path / "full", target, tmp_path / "other", tmp_path / "out", dtype=torch.float32)
+    small = load_draft_head(tmp_path / "out", target, torch.float32, "cpu", kind="block")
+    ids = other.to_target_ids(torch.arange(VD))  # [VD] target ids, ascending
+    assert small.draft_vocab_size == VD and torch.equal(small.to_target_ids(torch.arange(VD)), ids)
+    x = torch.randn(3, ARGS.dim)  # [3, H]
+    parents = torch.tensor([5, 17, 60])
+    with torch.no_grad():
+        assert torch.equal(small.vocab_logits(x), full.vocab_logits(x)[:, ids])
+        assert torch.equal(small.dep_bias(parents), full.dep_bias(parents)[:, ids])
+    with pytest.raises(ValueError, match="no draft vocabulary"):
+        restrict_vocab(tmp_path / "full", target, tmp_path / "full", tmp_path / "again")
+
+
 @pytest.mark.parametrize("kw, msg", [({"target_layer_ids": [4, 2]}, "increasing"),
                                      ({"target_layer_ids": [9]}, r"\[0, 6\)"),
                                      ({"block_size": 1}, "block_size=1"),
