@@ -36,9 +36,9 @@
 #              HumanEval and held-out ShareGPT (DATASETS) at B=1 and 8 (BATCHES), each run with its AR pass, defaults
 #              otherwise (invariant numerics, tree 5/4/8; DRAFTER_ARGS: more overrides), one line per run
 #              (summarize_runs.py); an entry <draft>+ng<K> is draft=<draft> draft.ngram_branches=K (K n-gram branches
-#              added to the head's tree), <draft>@S/K/N its tree; `block`: the shipped block drafter or BLOCK_RUN's (a
-#              `block` stage's), at BLOCK_TREE (default 7/4/16, its fastest) unless named; PROFILE=1: each drafter's
-#              per-kernel graph times
+#              added to the head's tree; `block` has 2 unless `block+ng0`), <draft>@S/K/N its tree; `block`: the
+#              shipped block drafter or BLOCK_RUN's (a `block` stage's), at BLOCK_TREE (default 7/4/16) unless named;
+#              PROFILE=1: each drafter's per-kernel graph times
 #   block      the block drafter (train/head=block; BLOCK_ARGS: more overrides) trained on every GPU for what is left of
 #              BUDGET_S minus EVAL_S, on the finished chunks of SELFGEN (a synthesize.py out_dir) or else regenerated
 #              ShareGPT, one held-out evaluation at its end, its cosine schedule BLOCK_STEPS long (unset: sized to the
@@ -431,7 +431,8 @@ print(m['num_tokens'] / m['num_sequences'])")
         timeout 90 python run_spec.py hydra.run.dir=$R/prof_$label logger=none print_answers=0 target.path="$smol" \
           "${draft[@]}" "${tree[@]}" data=mt_bench data.limit=4 data.max_turns=1 gen.batch_size=1 gen.compare_ar=false \
           profile_steps=5 > $R/prof_$label.log 2>&1 || tail -3 $R/prof_$label.log
-        python -m benchmarks.probes.graph_trace $R/prof_$label/trace.json --by-grid --top 30 > "$out/profile_${label//+/_}.txt" 2>&1
+        python -m benchmarks.probes.graph_trace $R/prof_$label/trace.json --by-grid --top 30 \
+          > "$out/profile_${label//+/_}.txt" 2>&1  # no "+" in a returned file's name
       fi
     done
     python scripts/summarize_runs.py "${made[@]}" | tee "$out/drafters.md"
