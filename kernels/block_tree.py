@@ -226,7 +226,8 @@ def grow_tree(base, dep_in, dep_out, roots, S: int, K: int, d2t=None):
 
 def _launch_meta(Vd: int, K: int, R: int, block_v: int | None = None, num_warps: int | None = None) -> dict:
     """Chunk length and blocks for Vd draft ids, K children a node and rank R: chunks of 256 ids (a SmolLM2 8,192-id
-    vocabulary in 32 programs), longer where the merge's parents x chunks x K keys would pass _MERGE_KEYS.
+    vocabulary in 32 programs), longer where the merge's parents x chunks x K keys would pass _MERGE_KEYS or, for
+    K <= 4, where a parent's chunks x K keys would pass 512.
     block_v / num_warps: other settings (benchmarks/probes/probe_block_tree.py times them)."""
     # at least 2: with one parent row, triton 3.6 turned the merge over 128+ chunks into 542 shared stores and 67
     # barriers (~50 µs a depth on an H100; results/block_tree_k1_sass.md)

@@ -356,9 +356,10 @@ def _from_state_dict(cls: type[DraftHead], raw, sd, target, dtype, device, sourc
 
 def restrict_vocab(src: str | Path, target: Transformer, vocab_of: str | Path, out: str | Path,
                    dtype: torch.dtype = torch.bfloat16) -> Path:
-    """The head at `src` over the draft vocabulary of the head at `vocab_of` (its d2t), written to `out`: exact where
-    the head's rows are per token (a block drafter's dep_out; its logits are the target LM head's rows), so its
-    logits over those ids are the trained ones. How heads/smollm2_135m_block was made from the trained drafter."""
+    """The head at `src` over the draft vocabulary of the head at `vocab_of` (its d2t), written to `out`
+    (`with_draft_vocab`). Over a subset of its own vocabulary this is exact for a block drafter: its logits are the
+    target LM head's rows and dep_out has a row per id, so its logits over those ids are the trained ones; ids new to
+    it would get a fresh head's rows. How heads/smollm2_135m_block was made from the trained drafter."""
     head = load_draft_head(src, target, torch.float32, "cpu")
     if not isinstance(head, DraftVocab):
         raise ValueError(f"{src} holds a {head.KIND} head, which has no draft vocabulary")
