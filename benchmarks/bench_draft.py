@@ -19,10 +19,13 @@ head re-reads its layer at every step, so its floor is a lower bound of a lower 
 from __future__ import annotations
 
 import argparse
+import os
+import re
 
 import torch
 
 from benchmarks._common import BYTES, bench, fmt, provenance, random_model
+from benchmarks.probes.graph_trace import trace_graph
 from eaglet.engine.drafter import PrefillBatch
 from eaglet.engine.drafters.block import BlockDrafter
 from eaglet.engine.drafters.eagle import EagleDrafter
@@ -89,8 +92,9 @@ def time_us(fn, smoke: bool) -> float | str:
 
 
 @torch.inference_mode()
-def measure(target: Transformer, drafter, tree: TreeSpec, B: int, smoke: bool) -> tuple:
-    """(propose µs, update µs) of `drafter` for B requests of PREFIX cached tokens (64 under --smoke)."""
+def measure(target: Transformer, drafter, tree: TreeSpec, B: int, smoke: bool, trace: str | None = None) -> tuple:
+    """(propose µs, update µs) of `drafter` for B requests of PREFIX cached tokens (64 under --smoke). With `trace`
+    (a path prefix), also each graph's per-kernel times (graph_trace.py), printed and written as <trace>_*.json."""
     dev, dt, args = target.device, target.dtype, target.args
     P = 64 if smoke else PREFIX
     drafter.head.set_invariant(True)
@@ -114,7 +118,11 @@ def measure(target: Transformer, drafter, tree: TreeSpec, B: int, smoke: bool) -
     def propose():
         out["tree"] = drafter.propose(seq_lens, roots, rows, **state)
 
-    t_propose = time_us(graph_of(propose, smoke), smoke)
+    g_propose = graph_of(propose, smoke)
+    t_propose = time_us(g_propose, smoke)
+    if trace and not smoke:
+        print(f"{trace} propose\n" + trace_graph(g_propose.__self__, f"{trace}_propose.json", in_order=True),
+              flush=True)
     S, N = tree.steps, tree.num_draft_tokens
     feats = drafter.target_feature(hidden[:, :N], [c[:, :N] for c in captured]).clone()  # [B, N, F]
     index = torch.arange(S + 1, device=dev).clamp(max=N - 1).expand(B, S + 1).contiguous()  # [B, S+1]
@@ -124,7 +132,11 @@ def measure(target: Transformer, drafter, tree: TreeSpec, B: int, smoke: bool) -
     def update():
         drafter.update(tree_tokens, feats, index, accept_len, roots, seq_lens, rows, **state)
 
-    return t_propose, time_us(graph_of(update, smoke), smoke)
+    g_update = graph_of(update, smoke)
+    if trace and not smoke:
+        print(f"{trace} update\n" + trace_graph(g_update.__self__, f"{trace}_update.json", in_order=True),
+              flush=True)
+    return t_propose, time_us(g_update, smoke)
 
 
 def main() -> None:
@@ -134,6 +146,7 @@ def main() -> None:
     ap.add_argument("--batches", default="1,8")
     ap.add_argument("--trees", default="7/1/8,5/4/8", help="steps/topk/tokens, comma-separated")
     ap.add_argument("--block-layers", default="1,2,3")
+    ap.add_argument("--trace", default=None, help="a folder: also each graph's per-kernel times (traces written there)")
     ap.add_argument("--smoke", action="store_true", help="CPU, a tiny target, eager (no GPU numbers)")
     a = ap.parse_args()
     trees = [TreeSpec(*map(int, t.split("/"))) for t in a.trees.split(",")]
@@ -151,7 +164,10 @@ def main() -> None:
         for label, drafter in drafters(target, vocab, block_vocabs, layers):
             for B in map(int, a.batches.split(",")):
                 for tree in trees:
-                    p, u = measure(target, drafter, tree, B, a.smoke)
+                    tag = None if a.trace is None else os.path.join(
+                        a.trace, re.sub(r"[^A-Za-z0-9]+", "_", f"{model}_{label}_b{B}_{tree.steps}_{tree.topk}_"
+                                                              f"{tree.num_draft_tokens}"))
+                    p, u = measure(target, drafter, tree, B, a.smoke, tag)
                     total = p + u if isinstance(p, float) else p
                     read = weight_bytes(target, drafter)  # after `measure`: the tables are made by setup
                     floor = f"n/a ({read / 2**20:.1f} MiB)" if bw is None else read / bw * 1e6

@@ -1,11 +1,16 @@
 """KV-pool operations: the pool slots of positions, and the commit of the accepted path's KV.
 
     pool_slots(page_table, positions, page_size, valid=None) -> slots [B, T] int64
+    step_slots(req_to_page, rows, seq_lens, T, page_size, index=None) -> (page_table, positions, slots)
     commit_kv(kv_cache, page_table, page_size, seq_lens, accept_index, accept_len)
 
 pool_slots: one launch for what torch does in five to seven (the division, the gather, two casts, the product, the
 remainder, the sum, the mask), each a few µs inside a CUDA graph; every store of a decode step asks for slots (the
 verify, each drafter's propose and update).
+
+step_slots: a drafter's step stores at seq_len .. seq_len + T - 1 of its requests: their page tables (gathered by
+row), those positions and their slots in one launch, for the four a step took (the row gather, the add, the mask,
+pool_slots); a drafter's propose and update each ask once.
 
 commit_kv: move the accepted path's KV to contiguous positions and advance seq_lens.
 
@@ -81,6 +86,67 @@ def pool_slots(page_table: torch.Tensor, positions: torch.Tensor, page_size: int
         pt, pt.stride(0), pos, pos.stride(0), v, v.stride(0), out, T, page_size, HAS_VALID=valid is not None, **meta,
     )
     return out
+
+
+def step_slots_ref(req_to_page: torch.Tensor, rows: torch.Tensor, seq_lens: torch.Tensor, T: int, page_size: int,
+                   index: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Torch reference (the spec) of `step_slots`."""
+    page_table = req_to_page[rows]  # [B, P]
+    positions = seq_lens.long()[:, None] + torch.arange(T, device=seq_lens.device)  # [B, T]
+    valid = None if index is None else index >= 0  # [B, T]
+    return page_table, positions, pool_slots_ref(page_table, torch.where(valid, positions, 0) if valid is not None
+                                                 else positions, page_size, valid)
+
+
+@triton.jit
+def _step_slots_kernel(R2P, stride_r2p, ROWS, SEQ, INDEX, stride_index, PT, POS, OUT, P, T, page_size,
+                       HAS_INDEX: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_P: tl.constexpr):
+    b = tl.program_id(0).to(tl.int64)
+    src = R2P + tl.load(ROWS + b).to(tl.int64) * stride_r2p
+    for p0 in range(0, P, BLOCK_P):  # the request's page table, copied
+        p = p0 + tl.arange(0, BLOCK_P)  # [BLOCK_P]
+        tl.store(PT + b * P + p, tl.load(src + p, mask=p < P), mask=p < P)
+    t = tl.arange(0, BLOCK_T)  # [BLOCK_T]
+    inside = t < T
+    pos = tl.load(SEQ + b).to(tl.int64) + t  # [BLOCK_T]
+    ok = inside
+    if HAS_INDEX:  # index -1: no position (slot 0, the dummy page's first), the page table not read
+        ok = ok & (tl.load(INDEX + b * stride_index + t, mask=inside, other=-1) >= 0)
+    page = tl.load(src + pos // page_size, mask=ok & (pos // page_size < P), other=0).to(tl.int64)  # [BLOCK_T]
+    tl.store(POS + b * T + t, pos, mask=inside)
+    tl.store(OUT + b * T + t, tl.where(ok, page * page_size + pos % page_size, 0), mask=inside)
+
+
+def step_slots(req_to_page: torch.Tensor, rows: torch.Tensor, seq_lens: torch.Tensor, T: int, page_size: int,
+               index: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """req_to_page [R, P] int32 (a pool's pages by request row), rows [B] int64, seq_lens [B] int32, T >= 1, index
+    [B, T] int64 or None (e.g. accept_index: -1 marks a position with no store) -> (page_table [B, P] =
+    req_to_page[rows], positions [B, T] int64 = seq_len + t, slots [B, T] int64: `pool_slots` of those positions, 0
+    where index < 0). One launch, no host sync."""
+    B = rows.shape[0]
+    if req_to_page.dim() != 2 or rows.dim() != 1 or tuple(seq_lens.shape) != (B,):
+        raise ValueError(f"req_to_page [R, P], rows [B] and seq_lens [B] expected, got {tuple(req_to_page.shape)}, "
+                         f"{tuple(rows.shape)} and {tuple(seq_lens.shape)}")
+    if index is not None and tuple(index.shape) != (B, T):
+        raise ValueError(f"index must be [B, T] = [{B}, {T}], got {tuple(index.shape)}")
+    tensors = [req_to_page, rows, seq_lens] + ([index] if index is not None else [])
+    if not use_triton(*tensors):
+        return step_slots_ref(req_to_page, rows, seq_lens, T, page_size, index)
+    P, dev = req_to_page.shape[1], rows.device
+    page_table = torch.empty(B, P, dtype=req_to_page.dtype, device=dev)  # [B, P]
+    positions = torch.empty(B, T, dtype=torch.int64, device=dev)  # [B, T]
+    slots = torch.empty(B, T, dtype=torch.int64, device=dev)  # [B, T]
+    if B > 0:
+        r2p = req_to_page if req_to_page.stride(1) == 1 else req_to_page.contiguous()
+        idx = positions if index is None else index if index.stride(1) == 1 else index.contiguous()
+        _step_slots_kernel[(B,)](r2p, r2p.stride(0), rows, seq_lens, idx, idx.stride(0), page_table, positions, slots,
+                                 P, T, page_size, HAS_INDEX=index is not None, **_step_meta(T))
+    return page_table, positions, slots
+
+
+def _step_meta(T: int) -> dict:
+    """One program a request: its page table in chunks of 512, its T positions in one block."""
+    return dict(BLOCK_T=triton.next_power_of_2(T), BLOCK_P=512, num_warps=4)
 
 
 def _slots_meta(T: int) -> dict:
@@ -220,6 +286,13 @@ def compile_cases(hip: bool) -> list[CompileCase]:
                     _pool_slots_kernel, (f"slots {use}",), PT=Ptr(torch.int32), stride_pt=256, POS=Ptr(pos_dtype),
                     stride_pos=T, VALID=Ptr(torch.int8), stride_valid=T, OUT=Ptr(torch.int64), T=T, page_size=16,
                     HAS_VALID=has_valid, **_slots_meta(T)))
+    for T in sorted({8} | {t.steps + 1 for t in TREES} | {(t.steps - 1) * t.topk for t in TREES if t.steps > 1}):
+        for has_index in (False, True):  # the block drafter's block and every tree's path (update), EAGLE's scratch
+            cases.append(CompileCase.of(
+                _step_slots_kernel, (f"step slots T={T}",), R2P=Ptr(torch.int32), stride_r2p=256, ROWS=Ptr(torch.int64),
+                SEQ=Ptr(torch.int32), INDEX=Ptr(torch.int64), stride_index=T, PT=Ptr(torch.int32),
+                POS=Ptr(torch.int64), OUT=Ptr(torch.int64), P=256, T=T, page_size=16, HAS_INDEX=has_index,
+                **_step_meta(T)))
     for s in model_shapes():
         HD = s.n_kv_heads * s.head_dim
         for t in TREES:

@@ -2,12 +2,17 @@
 
     ngram_match(history [R, L], rows [B], lengths [B], *, n_max, n_min, num_matches)
         -> (starts [B, M] int32, ngram [B] int32)
+    ngram_continuations(history, rows, lengths, *, n_max, n_min, num_matches, steps) -> [B, M, steps] int64
+    append_accepted(history, tokens, accept_index, accept_len, bonus, seq_lens, rows)   (in place)
 
 Request b's history is h = history[rows[b], :lengths[b]] (prompt, then generated tokens; h[-1] is the token the next
 draft continues from). For the largest n in [n_min, n_max] for which the suffix s = h[len-n:] occurs earlier, at a
 start i with i + n < len (its continuation h[i+n] exists; the suffix's own occurrence i = len-n is excluded) and
 h[i:i+n] == s, starts[b] holds the continuation starts i + n of up to M such occurrences, most recent (largest i)
 first, -1 past the matches found; ngram[b] is that n (0 and all -1: no n matches). `ngram_match_ref` is the spec.
+`ngram_continuations` is what follows those starts, h[start .. start + steps - 1] (-1 past len and for a start of
+-1), written by the same launch: an n-gram drafter's proposals without a gather launch after it (the gather was 8
+launches of a ~40-launch draft graph, each ~3 µs at decode sizes).
 
 Kernel (`_ngram_match_kernel`, grid (B,), one program per request). An occurrence of the n-suffix is named by its
 continuation c = i + n, and it matches iff h[c-1-j] == h[len-1-j] for j < n: the candidates of every n live at the
@@ -28,6 +33,10 @@ block reductions (ml's max; while the list fills, one more and one per start tak
 be bound by that chain's latency rather than by HBM bandwidth (benchmarks/bench_ngram_match.py measures both); B
 programs run side by side, one per SM up to the SM count.
 No host sync and fixed shapes: CUDA-graph capturable.
+
+`append_accepted` keeps a history after a verify: the accepted path (tree nodes accept_index, the root first) and the
+bonus written at seq_len .. seq_len + accept_len, one launch (the torch version was 13 launches of the draft-extend
+graph).
 """
 
 from __future__ import annotations
@@ -36,7 +45,7 @@ import torch
 import triton
 import triton.language as tl
 
-from eaglet.kernels._compile_cases import CompileCase, Ptr
+from eaglet.kernels._compile_cases import TREES, CompileCase, Ptr
 from eaglet.kernels._utils import use_triton
 
 # The kernel keeps N_MAX shifted loads of a block and M starts in registers: these bound both.
@@ -103,8 +112,10 @@ def _load_tile(hist, c, j, N_MAX: tl.constexpr):
 
 
 @triton.jit
-def _ngram_match_kernel(H, stride_h, L, ROWS, LENS, STARTS, NGRAM, N_MIN: tl.constexpr, N_MAX: tl.constexpr,
-                        M: tl.constexpr, MP: tl.constexpr, NJ: tl.constexpr, BLOCK: tl.constexpr):
+def _ngram_match_kernel(H, stride_h, L, ROWS, LENS, STARTS, NGRAM, CONT, N_MIN: tl.constexpr, N_MAX: tl.constexpr,
+                        M: tl.constexpr, MP: tl.constexpr, NJ: tl.constexpr, BLOCK: tl.constexpr,
+                        STEPS: tl.constexpr, SP: tl.constexpr):
+    """Grid (B,). STEPS > 0: also CONT [B, M, STEPS] int64, the tokens after each start (module doc)."""
     b = tl.program_id(0).to(tl.int64)
     hist = H + tl.load(ROWS + b) * stride_h
     length = tl.minimum(tl.maximum(tl.load(LENS + b), 0), L)  # clamped: no load outside the row
@@ -143,16 +154,23 @@ def _ngram_match_kernel(H, stride_h, L, ROWS, LENS, STARTS, NGRAM, N_MIN: tl.con
         c_end -= BLOCK
     tl.store(STARTS + b * M + slot, found, mask=slot < M)
     tl.store(NGRAM + b, tl.where(nbest >= N_MIN, nbest, 0))
+    if STEPS > 0:
+        s = tl.arange(0, SP)  # [SP]
+        at = found[:, None] + s[None, :]  # [MP, SP] history positions
+        ok = (found[:, None] >= 0) & (at < length) & (s[None, :] < STEPS)  # [MP, SP]
+        tok = tl.load(hist + at, mask=ok, other=-1).to(tl.int64)  # [MP, SP]
+        tl.store(CONT + (b * M + slot[:, None]) * STEPS + s[None, :], tok, mask=(slot[:, None] < M) &
+                 (s[None, :] < STEPS))
 
 
-def _launch_meta(L: int, n_max: int, n_min: int, num_matches: int, tile: int | None = None) -> dict:
+def _launch_meta(L: int, n_max: int, n_min: int, num_matches: int, tile: int | None = None, steps: int = 0) -> dict:
     """Constexprs and warps for histories of L tokens: a block of BLOCK continuations holds `tile` (default _TILE)
-    elements at most."""
+    elements at most; steps > 0: the continuations of that many tokens are written too."""
     NJ = triton.next_power_of_2(n_max)
     tile = tile or _TILE
     block = min(max(tile // NJ, 16), max(triton.next_power_of_2(L), 16))
     return dict(N_MIN=n_min, N_MAX=n_max, M=num_matches, MP=triton.next_power_of_2(num_matches), NJ=NJ,
-                BLOCK=block, num_warps=_NUM_WARPS)
+                BLOCK=block, STEPS=steps, SP=triton.next_power_of_2(max(steps, 1)), num_warps=_NUM_WARPS)
 
 
 def ngram_match(history: torch.Tensor, rows: torch.Tensor, lengths: torch.Tensor, *, n_max: int, n_min: int,
@@ -165,20 +183,53 @@ def ngram_match(history: torch.Tensor, rows: torch.Tensor, lengths: torch.Tensor
     _check(history, rows, lengths, n_max, n_min, num_matches)
     if not use_triton(history, rows, lengths):
         return ngram_match_ref(history, rows, lengths, n_max=n_max, n_min=n_min, num_matches=num_matches)
+    return _launch(history, rows, lengths, n_max, n_min, num_matches, 0)[:2]
+
+
+def ngram_continuations_ref(history: torch.Tensor, rows: torch.Tensor, lengths: torch.Tensor, *, n_max: int,
+                            n_min: int, num_matches: int, steps: int) -> torch.Tensor:
+    """Reference of `ngram_continuations`: `ngram_match_ref`'s starts, then the history gathered after them."""
+    starts, _ = ngram_match_ref(history, rows, lengths, n_max=n_max, n_min=n_min, num_matches=num_matches)
+    length = lengths.long().clamp(0, history.shape[1])[:, None, None]  # [B, 1, 1]
+    at = starts.long()[:, :, None] + torch.arange(steps, device=history.device)  # [B, M, steps] history positions
+    ok = (starts[:, :, None] >= 0) & (at < length)  # [B, M, steps]
+    tok = history[rows[:, None, None], at.clamp(0, history.shape[1] - 1)].long()  # [B, M, steps]
+    return torch.where(ok, tok, -1)
+
+
+def ngram_continuations(history: torch.Tensor, rows: torch.Tensor, lengths: torch.Tensor, *, n_max: int, n_min: int,
+                        num_matches: int, steps: int) -> torch.Tensor:
+    """`ngram_match`'s arguments and steps >= 1 -> [B, num_matches, steps] int64: the tokens that followed each match
+    start, -1 past the request's history and for matches not found. One launch (the match's), no host sync."""
+    _check(history, rows, lengths, n_max, n_min, num_matches)
+    if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
+        raise ValueError(f"steps={steps!r} must be an int >= 1")
+    if not use_triton(history, rows, lengths):
+        return ngram_continuations_ref(history, rows, lengths, n_max=n_max, n_min=n_min, num_matches=num_matches,
+                                       steps=steps)
+    return _launch(history, rows, lengths, n_max, n_min, num_matches, steps)[2]
+
+
+def _launch(history, rows, lengths, n_max, n_min, num_matches, steps):
+    """(starts [B, M] int32, ngram [B] int32, continuations [B, M, steps] int64 or None) from one launch."""
     if history.stride(1) != 1:
         history = history.contiguous()
     B, L = rows.shape[0], history.shape[1]
-    starts = torch.empty(B, num_matches, dtype=torch.int32, device=history.device)  # [B, M]
-    ngram = torch.empty(B, dtype=torch.int32, device=history.device)  # [B]
+    dev = history.device
+    starts = torch.empty(B, num_matches, dtype=torch.int32, device=dev)  # [B, M]
+    ngram = torch.empty(B, dtype=torch.int32, device=dev)  # [B]
+    cont = torch.empty(B, num_matches, steps, dtype=torch.int64, device=dev) if steps else None  # [B, M, steps]
     if B > 0:
         _ngram_match_kernel[(B,)](history, history.stride(0), L, rows, lengths, starts, ngram,
-                                  **_launch_meta(L, n_max, n_min, num_matches))
-    return starts, ngram
+                                  starts if cont is None else cont, **_launch_meta(L, n_max, n_min, num_matches,
+                                                                                  steps=steps))
+    return starts, ngram, cont
 
 
 def compile_cases(hip: bool) -> list[CompileCase]:
     """kernels/_compile_cases.py: int32 and int64 histories over SmolLM2's context (8,192) and half of it, 1 and 4
-    matches, n-gram sizes 1..3 and 1..4; the same on both vendors."""
+    matches, n-gram sizes 1..3 and 1..4, without continuations and with those of the trees' depths (the drafter's
+    int64 history: engine/drafters/ngram.py); the same on both vendors."""
     i32, i64 = Ptr(torch.int32), Ptr(torch.int64)
     cases = []
     for dtype in (torch.int32, torch.int64):
@@ -187,6 +238,58 @@ def compile_cases(hip: bool) -> list[CompileCase]:
                 for M in (1, 4):
                     used = (f"smollm2_135m {str(dtype).removeprefix('torch.')} L={L} n={n_min}..{n_max} M={M}",)
                     cases.append(CompileCase.of(_ngram_match_kernel, used, H=Ptr(dtype), stride_h=L, L=L, ROWS=i64,
-                                                LENS=i32, STARTS=i32, NGRAM=i32,
+                                                LENS=i32, STARTS=i32, NGRAM=i32, CONT=i32,
                                                 **_launch_meta(L, n_max, n_min, M)))
+    for steps in sorted({t.steps for t in TREES}):
+        for M in (2, 4):
+            used = (f"smollm2_135m int64 L=8192 n=1..4 M={M} continuations of {steps}",)
+            cases.append(CompileCase.of(_ngram_match_kernel, used, H=i64, stride_h=8192, L=8192, ROWS=i64, LENS=i32,
+                                        STARTS=i32, NGRAM=i32, CONT=i64, **_launch_meta(8192, 4, 1, M, steps=steps)))
+        cases.append(CompileCase.of(_append_kernel, (f"append_accepted S={steps}",), H=i64, stride_h=8192, L=8192,
+                                    TOK=i64, stride_tok=16, IDX=i64, stride_idx=steps + 1, ALEN=i32, BONUS=i64, SEQ=i32,
+                                    ROWS=i64, S1=steps + 1, SP=triton.next_power_of_2(steps + 2), num_warps=1))
     return cases
+
+
+def append_accepted_ref(history, tokens, accept_index, accept_len, bonus, seq_lens, rows) -> None:
+    """Reference of `append_accepted` (in place): for each request with accept_len n > 0, history[row, seq_len + j] =
+    tokens[accept_index[j]] for j < n, then the bonus at seq_len + n; padding rows (n = 0) write nothing."""
+    B, S1 = accept_index.shape
+    j = torch.arange(S1 + 1, device=tokens.device)  # [S+2]
+    path = torch.cat([tokens.gather(1, accept_index.clamp(min=0)), bonus[:, None]], dim=1)  # [B, S+2]
+    n = accept_len.long()[:, None]  # [B, 1]
+    value = torch.where(j == n, bonus[:, None], path)  # [B, S+2]
+    pos = (seq_lens.long()[:, None] + j).clamp(max=history.shape[1] - 1)  # [B, S+2]
+    keep = (j <= n) & (n > 0) & (seq_lens.long()[:, None] + j < history.shape[1])  # [B, S+2]
+    r = rows[:, None].expand(B, S1 + 1)  # [B, S+2]
+    history[r[keep], pos[keep]] = value[keep].to(history.dtype)
+
+
+@triton.jit
+def _append_kernel(H, stride_h, L, TOK, stride_tok, IDX, stride_idx, ALEN, BONUS, SEQ, ROWS, S1, SP: tl.constexpr):
+    b = tl.program_id(0).to(tl.int64)
+    j = tl.arange(0, SP)  # [SP] the path's nodes, then the bonus
+    n = tl.load(ALEN + b)
+    node = tl.load(IDX + b * stride_idx + j, mask=j < tl.minimum(n, S1), other=0)  # [SP]
+    tok = tl.load(TOK + b * stride_tok + node, mask=j < n, other=0)  # [SP]
+    tok = tl.where(j == n, tl.load(BONUS + b), tok)  # [SP]
+    pos = tl.load(SEQ + b).to(tl.int64) + j  # [SP]
+    row = tl.load(ROWS + b)
+    ok = (j < n + (n > 0)) & (pos < L)  # [SP] j <= n: the path and the bonus; nothing for a padding row (n = 0)
+    tl.store(H + row * stride_h + pos, tok.to(H.dtype.element_ty), mask=ok)
+
+
+def append_accepted(history, tokens, accept_index, accept_len, bonus, seq_lens, rows) -> None:
+    """history [R, L] int64 (in place), tokens [B, N] int64 (the verified tree), accept_index [B, S+1] int64 (-1
+    padded), accept_len [B] int32, bonus [B] int64, seq_lens [B] int32, rows [B] int64 -> the accepted path and the
+    bonus written at seq_len .. seq_len + accept_len (module doc). One launch; no host sync."""
+    if history.dim() != 2 or history.stride(1) != 1:
+        raise ValueError(f"history must be [R, L] with contiguous rows (written in place), got shape "
+                         f"{tuple(history.shape)} strides {history.stride()}")
+    if not use_triton(history, tokens, accept_index):
+        return append_accepted_ref(history, tokens, accept_index, accept_len, bonus, seq_lens, rows)
+    B, S1 = accept_index.shape
+    if B > 0:
+        _append_kernel[(B,)](history, history.stride(0), history.shape[1], tokens, tokens.stride(0), accept_index,
+                             accept_index.stride(0), accept_len, bonus, seq_lens, rows, S1,
+                             SP=triton.next_power_of_2(S1 + 1), num_warps=1)

@@ -53,9 +53,9 @@ def sequence(rep: list[dict], first: int) -> str:
     return "\n".join(f"{e['ts'] - t0:9.1f} {e['dur']:7.2f}  {e['name'][:100]}" for e in rep[:first])
 
 
-def trace_graph(graph, path: str, replays_n: int = 5) -> str:
+def trace_graph(graph, path: str, replays_n: int = 5, top: int = 16, in_order: bool = False) -> str:
     """Per-kernel time of a captured CUDA graph's replays: a torch.profiler trace written to `path`, summarised as
-    `summarise` does (span, kernel time, gaps, µs per kernel)."""
+    `summarise` does (span, kernel time, gaps, µs per kernel); with `in_order`, also one replay's kernels in order."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -67,7 +67,9 @@ def trace_graph(graph, path: str, replays_n: int = 5) -> str:
     groups = replays(json.load(open(path))["traceEvents"])
     if not groups:
         return f"{path}: no graph kernels in the trace"
-    return summarise(list(groups.values()), top=16, by_grid=True)
+    reps = list(groups.values())
+    out = summarise(reps, top=top, by_grid=True)
+    return out + ("\n" + sequence(reps[-1], len(reps[-1])) if in_order else "")
 
 
 def main() -> None:

@@ -25,6 +25,7 @@ from eaglet.engine.drafters.eagle import check_eagle_tree
 from eaglet.engine.drafters.eagle_config import head_dir, no_head
 from eaglet.kernels.block_tree import grow_tree
 from eaglet.kernels.build_tree import build_tree
+from eaglet.kernels.kv_ops import step_slots
 from eaglet.models.kv_cache import ForwardBatch, slots_for
 
 
@@ -125,9 +126,8 @@ class BlockDrafter(ModelDrafter):
         S, K, N = self.tree.steps, self.tree.topk, self.tree.num_draft_tokens
         Kb = self.head.block_size
         B = seq_lens.shape[0]
-        pt = self.kv.req_to_page[rows]  # [B, P]
-        pos = seq_lens[:, None] + self._offsets[:Kb]  # [B, Kb] int64 (int32 + int64: no cast launch)
-        batch = ForwardBatch(pt, seq_lens, slots_for(pt, pos, self.kv.page_size), self._full[:B], self.max_context)
+        pt, pos, slots = step_slots(self.kv.req_to_page, rows, seq_lens, Kb, self.kv.page_size)  # [B, P], [B, Kb] x2
+        batch = ForwardBatch(pt, seq_lens, slots, self._full[:B], self.max_context)
         x = self.head.forward_block(roots, pos, batch, self.kv)  # [B, Kb, H]
         base = self.head.block_logits(x[:, 1:S + 1])  # [B, S, Vd]
         scores, tokens, parents = grow_tree(base, self.dep_in, self.dep_out, roots.long(), S, K,
@@ -141,8 +141,6 @@ class BlockDrafter(ModelDrafter):
         B, S1 = accept_index.shape
         idx = accept_index.clamp(min=0)  # [B, S+1]
         feat = feats.gather(1, idx[:, :, None].expand(B, S1, feats.shape[-1]))  # [B, S+1, F]
-        pos = seq_lens[:, None] + self._offsets[:S1]  # [B, S+1] int64
-        pt = self.kv.req_to_page[rows]  # [B, P]
-        slots = slots_for(pt, pos, self.kv.page_size, accept_index >= 0)  # [B, S+1]
-        self.head.store_context(feat, pos, slots, self.kv)
+        _, pos, slots = step_slots(self.kv.req_to_page, rows, seq_lens, S1, self.kv.page_size, accept_index)
+        self.head.store_context(feat, pos, slots, self.kv)  # pos, slots [B, S+1]
         return {}

@@ -20,6 +20,7 @@ from eaglet.engine.drafter import Drafter, DraftTree, ModelDrafter, PrefillBatch
 from eaglet.engine.drafters.eagle_config import head_dir, no_head
 from eaglet.kernels.build_tree import build_tree, num_candidates
 from eaglet.kernels.draft_expand import expand_step
+from eaglet.kernels.kv_ops import step_slots
 from eaglet.kernels.topk import topk_logprobs
 from eaglet.models.kv_cache import ForwardBatch, slots_for
 
@@ -91,7 +92,7 @@ class EagleDrafter(ModelDrafter):
                                      num_pages=num_pages, dtype=target.dtype, device=device)
         # constants the steps slice instead of building (each a launch in the step's graph, five a step)
         S, K = tree.steps, tree.topk
-        self._iota = torch.arange(max((S - 1) * K, S + 1, K), device=device)  # [max((S-1)*K, S+1, K)]
+        self._iota = torch.arange(max(S + 1, K), device=device)  # [max(S+1, K)]
         self._eye = torch.eye(K, dtype=torch.bool, device=device)  # [K, K]
 
     def reserve(self, bounds: list[tuple[int, int]]) -> None:
@@ -129,7 +130,6 @@ class EagleDrafter(ModelDrafter):
         S, K, N = self.tree.steps, self.tree.topk, self.tree.num_draft_tokens
         B = seq_lens.shape[0]
         dev = seq_lens.device
-        page_table = self.kv.req_to_page[rows]  # [B, P]
         # the candidates (kernels/build_tree.py's layout), written in place by each step
         C = num_candidates(K, S)
         scores = torch.empty(B, C, dtype=torch.float32, device=dev)  # [B, C]
@@ -142,8 +142,8 @@ class EagleDrafter(ModelDrafter):
         # nodes of depth i sit at draft position seq_len + i - 1; their KV goes to the scratch block
         # seq_len + (i-1)*K + k (overwritten by the next update). All steps' at once: per step, this metadata
         # would be a dozen small kernels in the draft graph.
-        scratch = seq_lens[:, None] + self._iota[:(S - 1) * K]  # [B, (S-1)*K] int64
-        slots = slots_for(page_table, scratch, self.kv.page_size).view(B, S - 1, K)  # [B, S-1, K]
+        page_table, _, slots = step_slots(self.kv.req_to_page, rows, seq_lens, (S - 1) * K, self.kv.page_size)
+        slots = slots.view(B, S - 1, K)  # [B, S-1, K]
         slots = slots.transpose(0, 1).contiguous()  # [S-1, B, K]
         depth = self._iota[:S - 1, None, None]  # [S-1, 1, 1]
         pos = (seq_lens[None, :, None] + depth).expand(S - 1, B, K).contiguous()  # [S-1, B, K] int64
@@ -163,16 +163,14 @@ class EagleDrafter(ModelDrafter):
         S = self.tree.steps
         B = tokens.shape[0]
         j = self._iota[:S + 1]  # [S+1]
-        valid = accept_index >= 0  # [B, S+1]
         idx = accept_index.clamp(min=0)  # [B, S+1]
         path = tokens.gather(1, idx)  # [B, S+1] root, a1, ..., am
         last = (accept_len.long() - 1).clamp(min=0)[:, None]  # [B, 1]; padded rows (accept_len 0) read row 0
         nxt = torch.cat([path[:, 1:], path[:, :1]], dim=1)  # [B, S+1] a1..am, junk
         pair_tok = torch.where(j == last, bonus[:, None], nxt)  # [B, S+1] a1..am, bonus
         pair_feat = feats.gather(1, idx[:, :, None].expand(B, S + 1, feats.shape[-1]))  # [B, S+1, F]
-        pos = seq_lens[:, None] + j  # [B, S+1] int64 (int32 + int64: no cast launch)
-        page_table = self.kv.req_to_page[rows]  # [B, P]
-        slots = slots_for(page_table, pos, self.kv.page_size, valid)  # [B, S+1]
+        page_table, pos, slots = step_slots(self.kv.req_to_page, rows, seq_lens, S + 1, self.kv.page_size,
+                                            accept_index)  # [B, P], [B, S+1] x2
         batch = ForwardBatch(page_table, seq_lens, slots, None, self.max_context)
         h, logits = self.head(pair_tok, pair_feat, pos, batch, self.kv, step=None)  # [B, S+1, H], [B, S+1, Vd]
         return self._next(h, logits, last)

@@ -22,7 +22,7 @@ import torch
 
 from eaglet.engine.drafter import Drafter, DraftTree, PrefillBatch, register
 from eaglet.engine.drafters._trie import graft, root_tree
-from eaglet.kernels.ngram_match import MAX_M, MAX_N, ngram_match
+from eaglet.kernels.ngram_match import MAX_M, MAX_N, append_accepted, ngram_continuations
 
 
 @register("ngram")
@@ -48,10 +48,9 @@ class NgramDrafter(Drafter):
 
     def setup(self, *, target, tree, max_batch, max_context, page_size, num_pages, device) -> None:
         self.tree = tree
-        # a step writes the accepted path and the bonus at seq_len .. seq_len + S + 1, seq_len < max_context; the
-        # last row takes the writes of a graph's padding rows, which would otherwise land in row 0
-        self.history = torch.zeros(max_batch + 1, max_context + tree.steps + 2, dtype=torch.long,
-                                   device=device)  # [R + 1, W]
+        # a step writes the accepted path and the bonus at seq_len .. seq_len + S + 1, seq_len < max_context (a
+        # graph's padding rows, accept_len 0, write nothing)
+        self.history = torch.zeros(max_batch, max_context + tree.steps + 2, dtype=torch.long, device=device)  # [R, W]
 
     def state_spec(self, device):
         return {}  # the history buffer holds everything, by row
@@ -70,27 +69,12 @@ class NgramDrafter(Drafter):
     def continuations(self, seq_lens, rows, num: int) -> torch.Tensor:
         """What followed the `num` most recent matches of each request's history suffix -> [B, num, S] int64, up to
         S = tree.steps tokens each, -1 past the history's end and for matches not found."""
-        S = self.tree.steps
-        length = seq_lens + 1  # [B] int32: the cached tokens and the root
-        starts, _ = ngram_match(self.history, rows, length, n_max=self.n_max, n_min=self.n_min,
-                                num_matches=num)  # [B, num]
-        at = starts.long()[:, :, None] + torch.arange(S, device=seq_lens.device)  # [B, num, S] history positions
-        ok = (starts[:, :, None] >= 0) & (at < length[:, None, None])  # [B, num, S]
-        at = at.clamp(0, self.history.shape[1] - 1)
-        return torch.where(ok, self.history[rows[:, None, None], at], -1)  # [B, num, S]
+        return ngram_continuations(self.history, rows, seq_lens + 1, n_max=self.n_max, n_min=self.n_min,
+                                   num_matches=num, steps=self.tree.steps)  # [B, num, S]; + 1: the root
 
     def update(self, tokens, feats, accept_index, accept_len, bonus, seq_lens, rows):
         """Write the accepted path (root, a1..am) and the bonus at seq_len .. seq_len + accept_len."""
-        S1 = accept_index.shape[1]
-        j = torch.arange(S1 + 1, device=tokens.device)  # [S+2]
-        path = tokens.gather(1, accept_index.clamp(min=0))  # [B, S+1]
-        path = torch.cat([path, bonus[:, None]], dim=1)  # [B, S+2]
-        n = accept_len.long()[:, None]  # [B, 1]
-        value = torch.where(j == n, bonus[:, None], path)  # [B, S+2]: path, the bonus at accept_len
-        pos = seq_lens.long()[:, None] + j  # [B, S+2]
-        row = torch.where(n > 0, rows[:, None], self.history.shape[0] - 1)  # [B, 1]; padding (accept_len 0) apart
-        cur = self.history[row, pos]  # [B, S+2]
-        self.history[row, pos] = torch.where(j <= n, value, cur)
+        append_accepted(self.history, tokens, accept_index, accept_len, bonus, seq_lens, rows)
         return {}
 
 

@@ -1,4 +1,4 @@
-"""kernels/kv_ops.py: commit_kv and pool_slots, the Triton kernels equal the torch references bit for bit.
+"""kernels/kv_ops.py: commit_kv, pool_slots and step_slots, the Triton kernels equal the torch references bit for bit.
 
 On CPU run with TRITON_INTERPRET=1 (CI does) so the kernel itself is tested; without it the
 launcher falls back to the reference and the kernel-vs-reference tests are skipped.
@@ -10,7 +10,7 @@ import pytest
 import torch
 from kernel_testing import DEVICE, gpu_only, needs_kernel
 
-from eaglet.kernels.kv_ops import commit_kv, commit_kv_ref, pool_slots, pool_slots_ref
+from eaglet.kernels.kv_ops import commit_kv, commit_kv_ref, pool_slots, pool_slots_ref, step_slots, step_slots_ref
 
 
 def random_paths(B, S, N, gen):
@@ -189,3 +189,65 @@ def test_pool_slots_in_a_cuda_graph():
     pt.copy_(pt.flip(1))
     graph.replay()
     assert torch.equal(out, pool_slots_ref(pt, pos, 16, valid))
+
+
+# ---- step_slots --------------------------------------------------------------------------------------------------
+@needs_kernel
+@pytest.mark.parametrize("with_index", [False, True], ids=["all", "index"])
+@pytest.mark.parametrize("page_size", [1, 5, 16])
+@pytest.mark.parametrize("B,T,P", [(1, 1, 3), (3, 8, 40), (5, 24, 700)])
+def test_step_slots_matches_reference(B, T, P, page_size, with_index):
+    """Rows out of order among more requests, page tables longer than a copy chunk (700 > 512), accept-index-like
+    masks (-1 past a path's end), and a request whose last positions lie past its page table (where masked)."""
+    gen = torch.Generator().manual_seed(B * 100 + T + page_size)
+    R = B + 2
+    req_to_page = torch.randperm(R * P + 5, generator=gen)[: R * P].view(R, P).int()  # [R, P]
+    rows = torch.randperm(R, generator=gen)[:B]  # [B]
+    seq_lens = torch.randint(0, P * page_size - T + 1, (B,), generator=gen).int()  # [B]
+    index = None
+    if with_index:
+        lens = torch.randint(0, T + 1, (B,), generator=gen)  # [B]
+        index = torch.where(torch.arange(T) < lens[:, None], torch.arange(T), -1)  # [B, T]
+        seq_lens[0] = P * page_size - int(lens[0])  # its valid positions end at the table's last slot
+    want = step_slots_ref(req_to_page, rows, seq_lens, T, page_size, index)
+    got = step_slots(req_to_page.to(DEVICE), rows.to(DEVICE), seq_lens.to(DEVICE), T, page_size,
+                     None if index is None else index.to(DEVICE))
+    for g, w, dtype in zip(got, want, (torch.int32, torch.int64, torch.int64)):
+        assert g.dtype == dtype and torch.equal(g.cpu(), w)
+    # the spec by hand: positions seq_len + t, slot = page * page_size + offset, 0 where index < 0
+    for b in range(B):
+        for t in range(T):
+            p = int(seq_lens[b]) + t
+            ok = index is None or index[b, t] >= 0
+            slot = int(req_to_page[rows[b], p // page_size]) * page_size + p % page_size if ok else 0
+            assert int(got[1][b, t]) == p and int(got[2][b, t]) == slot
+
+
+def test_step_slots_rejects_bad_input():
+    r2p, rows, lens = torch.zeros(4, 3, dtype=torch.int32), torch.zeros(2, dtype=torch.int64), torch.zeros(
+        2, dtype=torch.int32)
+    with pytest.raises(ValueError, match="seq_lens .B."):
+        step_slots(r2p, rows, lens[:1], 4, 16)
+    with pytest.raises(ValueError, match=r"index must be \[B, T\] = \[2, 4\]"):
+        step_slots(r2p, rows, lens, 4, 16, torch.zeros(2, 3, dtype=torch.int64))
+
+
+@gpu_only
+def test_step_slots_in_a_cuda_graph():
+    """Captured once, replayed after the rows, lengths, index and pages changed in place."""
+    gen = torch.Generator().manual_seed(6)
+    r2p = torch.randperm(300, generator=gen)[:96].view(6, 16).int().to(DEVICE)  # [6, 16]
+    rows = torch.tensor([4, 1, 2], device=DEVICE)  # [3]
+    lens = torch.tensor([3, 100, 200], dtype=torch.int32, device=DEVICE)  # [3]
+    index = torch.tensor([[0, 1, -1, -1], [0, -1, -1, -1], [0, 1, 2, 3]], device=DEVICE)  # [3, 4]
+    step_slots(r2p, rows, lens, 4, 16, index)  # compile before capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = step_slots(r2p, rows, lens, 4, 16, index)
+    rows.copy_(torch.tensor([0, 5, 3]))
+    lens.copy_(torch.tensor([50, 7, 150]))
+    index.copy_(index.flip(0))
+    r2p.copy_(r2p.flip(1))
+    graph.replay()
+    for g, w in zip(out, step_slots_ref(r2p, rows, lens, 4, 16, index)):
+        assert torch.equal(g, w)

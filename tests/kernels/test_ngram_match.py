@@ -1,5 +1,5 @@
-"""ngram_match (kernels/ngram_match.py) against its plain-Python reference, exactly: random histories with planted
-repeats, a hand-built case written out, edge lengths, and the launcher's input checks.
+"""ngram_match and ngram_continuations (kernels/ngram_match.py) against their references, exactly: random histories
+with planted repeats, a hand-built case written out, edge lengths, and the launchers' input checks.
 
 On CPU run with TRITON_INTERPRET=1 (CI does) so the Triton kernel itself is tested; on a GPU the same tests run there,
 plus a CUDA graph.
@@ -15,17 +15,39 @@ import torch
 from kernel_testing import CUDA, DEVICE, gpu_only, needs_kernel
 
 import eaglet.kernels.ngram_match as ngm
-from eaglet.kernels.ngram_match import ngram_match, ngram_match_ref
+from eaglet.kernels.ngram_match import (
+    append_accepted,
+    append_accepted_ref,
+    ngram_continuations,
+    ngram_continuations_ref,
+    ngram_match,
+    ngram_match_ref,
+)
 
 
-def check(history, rows, lengths, n_max, n_min, M):
+def check(history, rows, lengths, n_max, n_min, M, steps=3):
+    """Both launchers against their references; steps: the continuations' length (3: a padded power of 2)."""
     starts, ngram = ngram_match(history, rows, lengths, n_max=n_max, n_min=n_min, num_matches=M)
     want_starts, want_ngram = ngram_match_ref(history, rows, lengths, n_max=n_max, n_min=n_min, num_matches=M)
     assert starts.shape == (rows.shape[0], M) and ngram.shape == (rows.shape[0],)
     assert starts.dtype == ngram.dtype == torch.int32
     assert torch.equal(ngram.cpu(), want_ngram.cpu()), (ngram, want_ngram)
     assert torch.equal(starts.cpu(), want_starts.cpu()), (starts, want_starts)
+    kw = dict(n_max=n_max, n_min=n_min, num_matches=M, steps=steps)
+    cont, want_cont = ngram_continuations(history, rows, lengths, **kw), ngram_continuations_ref(history, rows,
+                                                                                                  lengths, **kw)
+    assert cont.shape == (rows.shape[0], M, steps) and cont.dtype == torch.int64
+    assert torch.equal(cont.cpu(), want_cont.cpu()), (cont, want_cont)
     return starts.cpu(), ngram.cpu()
+
+
+def continuations_by_hand(history, rows, lengths, starts, steps):
+    """What follows each start, in plain Python (the continuations' spec without tensors)."""
+    h, out = history.tolist(), []
+    for row, length, ss in zip(rows.tolist(), lengths.tolist(), starts.tolist()):
+        length = max(0, min(length, len(h[row])))
+        out.append([[h[row][s + j] if s >= 0 and s + j < length else -1 for j in range(steps)] for s in ss])
+    return out
 
 
 def planted_row(g: random.Random, L: int, vocab: int) -> tuple[list[int], int]:
@@ -116,10 +138,13 @@ def test_golden():
     history = torch.tensor(H, dtype=torch.int64, device=DEVICE)  # [7, 15]
     rows = torch.tensor([1, 0, 2, 3, 4, 4, 5, 6], device=DEVICE)  # [8]
     lengths = torch.tensor([5, 13, 4, 3, 1, 0, 6, 3], dtype=torch.int32, device=DEVICE)  # [8]
-    starts, ngram = check(history, rows, lengths, 3, 1, 3)
+    starts, ngram = check(history, rows, lengths, 3, 1, 3, steps=5)
     assert ngram.tolist() == [3, 3, 0, 1, 0, 0, 3, 1]
     assert starts.tolist() == [[4, 3, -1], [9, 3, -1], [-1, -1, -1], [1, -1, -1], [-1, -1, -1], [-1, -1, -1],
                                [3, -1, -1], [2, -1, -1]]
+    cont = ngram_continuations(history, rows, lengths, n_max=3, n_min=1, num_matches=3, steps=5)
+    assert cont.tolist() == continuations_by_hand(history, rows, lengths, starts, 5)
+    assert cont[1].tolist() == [[9, 5, 6, 7, -1], [5, 6, 8, 5, 6], [-1] * 5]  # len 13: cut at the history's end
     # n = 2..3: len 3 cannot match at n = 3, and its 9 4 9 has no earlier 4 9; the run still matches at n = 3.
     starts, ngram = check(history, rows[:4], lengths[:4], 3, 2, 2)
     assert ngram.tolist() == [3, 3, 0, 0] and starts.tolist() == [[4, 3], [9, 3], [-1, -1], [-1, -1]]
@@ -141,6 +166,40 @@ def test_strided_history_and_empty_batch():
     check(wide[:, 10:70], rows, lengths.clamp(max=60), 3, 1, 4)  # a column slice: row stride 90
     starts, ngram = ngram_match(wide, rows[:0], lengths[:0], n_max=3, n_min=1, num_matches=2)
     assert starts.shape == (0, 2) and ngram.shape == (0,)
+
+
+@needs_kernel
+@pytest.mark.parametrize("S", [1, 4, 7])
+def test_append_accepted(S):
+    """The kernel, the torch reference and a plain-Python construction write the same histories: accepted paths of
+    every length (0: a padding row, which writes nothing), a path reaching the history's end, rows out of order."""
+    g = torch.Generator().manual_seed(S)
+    B, N, R, L = 6, 12, 8, 40
+    history = torch.randint(0, 100, (R, L), generator=g)  # [R, L]
+    tokens = torch.randint(100, 200, (B, N), generator=g)  # [B, N]
+    accept_len = torch.tensor([0, 1, S + 1, 2, S + 1, 1][:B], dtype=torch.int32).clamp(max=S + 1)  # [B]
+    accept_index = torch.full((B, S + 1), -1, dtype=torch.int64)  # [B, S+1]
+    for b, n in enumerate(accept_len.tolist()):
+        if n:  # the root (node 0), then distinct nodes
+            accept_index[b, :n] = torch.cat([torch.zeros(1, dtype=torch.int64), torch.randperm(N - 1, generator=g)[
+                :n - 1] + 1])
+    bonus = torch.randint(200, 300, (B,), generator=g)  # [B]
+    seq_lens = torch.tensor([5, 0, 17, L - 2, 30, 9][:B], dtype=torch.int32)  # [B]
+    rows = torch.tensor([3, 0, 7, 5, 1, 2][:B])  # [B]
+    want = history.tolist()
+    for b in range(B):
+        n = int(accept_len[b])
+        if n == 0:
+            continue
+        vals = [int(tokens[b, accept_index[b, j]]) for j in range(n)] + [int(bonus[b])]
+        for j, v in enumerate(vals):
+            if seq_lens[b] + j < L:
+                want[rows[b]][seq_lens[b] + j] = v
+    args = [t.to(DEVICE) for t in (tokens, accept_index, accept_len, bonus, seq_lens, rows)]
+    for fn in (append_accepted, append_accepted_ref):
+        h = history.to(DEVICE).clone()
+        fn(h, *args)
+        assert h.cpu().tolist() == want, fn.__name__
 
 
 I64 = torch.zeros(2, dtype=torch.int64)
@@ -172,18 +231,30 @@ def test_bad_input(history, rows, lengths, kw, match):
     for fn in (ngram_match, ngram_match_ref):
         with pytest.raises(ValueError, match=match):
             fn(history, rows, lengths, **kw)
+    with pytest.raises(ValueError, match=match):
+        ngram_continuations(history, rows, lengths, steps=2, **kw)
+
+
+@pytest.mark.parametrize("steps", [0, -1, 2.0, True])
+def test_bad_steps(steps):
+    with pytest.raises(ValueError, match=f"steps={steps!r} must be an int >= 1"):
+        ngram_continuations(H, I64, I32, n_max=2, n_min=1, num_matches=2, steps=steps)
 
 
 @gpu_only
 def test_cuda_graph():
     history, rows, lengths = planted(11, 8, 4096, torch.int64)
     ngram_match(history, rows, lengths, n_max=3, n_min=1, num_matches=4)  # compile before capture
+    ngram_continuations(history, rows, lengths, n_max=3, n_min=1, num_matches=4, steps=7)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         starts, ngram = ngram_match(history, rows, lengths, n_max=3, n_min=1, num_matches=4)
+        cont = ngram_continuations(history, rows, lengths, n_max=3, n_min=1, num_matches=4, steps=7)
     new, _, new_lengths = planted(12, 8, 4096, torch.int64)
     history.copy_(new)
     lengths.copy_(new_lengths)
     graph.replay()
     want_starts, want_ngram = ngram_match_ref(history, rows, lengths, n_max=3, n_min=1, num_matches=4)
+    want_cont = ngram_continuations_ref(history, rows, lengths, n_max=3, n_min=1, num_matches=4, steps=7)
     assert CUDA and torch.equal(starts, want_starts) and torch.equal(ngram, want_ngram)
+    assert torch.equal(cont, want_cont)
