@@ -15,6 +15,10 @@ kernel's worst case (a suffix that recurs near the end stops the scan within a b
   * HBM floor: the histories read once (B * L * 8 bytes) / measured device-to-device copy bandwidth
     (`copy_bandwidth`).
 Correctness per row: eaglet and unfold both equal `ngram_match_ref` (the plain-Python spec) exactly.
+A second table times a drafter step's history work in CUDA graphs, B requests of 4,096 tokens, M = 2 branches of
+S = 7 tokens: `ngram_continuations` (the match and the continuations in one launch) against `ngram_match` followed by
+the torch gather it replaced (`ngram_continuations_ref`'s after the kernel's starts), and `append_accepted` (one
+launch) against its torch reference; each equal to its reference.
 --smoke runs on CPU under TRITON_INTERPRET=1 (the kernel in Triton's interpreter): its times are the
 interpreter's, not a GPU's; it proves that the script and the check run.
 """
@@ -29,7 +33,14 @@ import torch
 import eaglet.kernels.ngram_match as ngm
 from benchmarks._common import SMOKE_HEADER, fmt, graph_us, provenance, report, timed
 from eaglet.kernels._utils import copy_bandwidth
-from eaglet.kernels.ngram_match import ngram_match, ngram_match_ref
+from eaglet.kernels.ngram_match import (
+    append_accepted,
+    append_accepted_ref,
+    ngram_continuations,
+    ngram_continuations_ref,
+    ngram_match,
+    ngram_match_ref,
+)
 
 N_MIN, N_MAX = 1, 3
 VOCAB = 49152
@@ -81,6 +92,48 @@ def run(B: int, L: int, M: int, dev: str, bw: float | None, smoke: bool) -> dict
     return r
 
 
+def gather_after(history, rows, lengths, starts, steps: int) -> torch.Tensor:
+    """The torch gather after `ngram_match` that `ngram_continuations` replaced (8 launches): [B, M, steps]."""
+    at = starts.long()[:, :, None] + torch.arange(steps, device=history.device)  # [B, M, steps]
+    ok = (starts[:, :, None] >= 0) & (at < lengths[:, None, None])  # [B, M, steps]
+    return torch.where(ok, history[rows[:, None, None], at.clamp(0, history.shape[1] - 1)], -1)
+
+
+def run_step(B: int, dev: str, smoke: bool, L: int = 4096, M: int = 2, S: int = 7) -> dict:
+    """A drafter step's history work (module doc), in graphs."""
+    gen = torch.Generator().manual_seed(B)
+    vocab = SMOKE_VOCAB if smoke else 64  # a small vocabulary: the suffixes recur, the continuations are read
+    history = torch.randint(0, vocab, (B, L + S + 2), generator=gen).to(dev)  # [B, W]
+    rows, lengths = torch.arange(B, device=dev), torch.full((B,), L, dtype=torch.int32, device=dev)  # [B] each
+    kw = dict(n_max=4, n_min=1, num_matches=M)
+    two = lambda: gather_after(history, rows, lengths, ngram_match(history, rows, lengths, **kw)[0], S)  # noqa: E731
+    one = lambda: ngram_continuations(history, rows, lengths, steps=S, **kw)  # noqa: E731
+    N = 16
+    tokens = torch.randint(0, vocab, (B, N), generator=gen).to(dev)  # [B, N]
+    index = torch.arange(S + 1).clamp(max=N - 1).expand(B, S + 1).contiguous().to(dev)  # [B, S+1]
+    accept_len = torch.randint(1, S + 2, (B,), generator=gen).int().to(dev)  # [B]
+    bonus, seq = tokens[:, -1].clone(), lengths.clone()  # [B] each
+    hist2 = history.clone()
+    append_accepted(history, tokens, index, accept_len, bonus, seq, rows)
+    append_accepted_ref(hist2, tokens, index, accept_len, bonus, seq, rows)
+    equal = torch.equal(one(), ngram_continuations_ref(history, rows, lengths, steps=S, **kw)) and torch.equal(
+        one(), two()) and torch.equal(history, hist2)
+    return dict(B=B, err=0.0 if equal else 1.0, cont=graph_us(one, smoke), cont_torch=graph_us(two, smoke),
+                append=graph_us(lambda: append_accepted(history, tokens, index, accept_len, bonus, seq, rows), smoke),
+                append_torch=graph_us(lambda: append_accepted_ref(hist2, tokens, index, accept_len, bonus, seq, rows),
+                                      smoke))
+
+
+def step_table(rows: list[dict]) -> str:
+    head = ("| B | continuations graph µs | match + torch gather graph µs | append graph µs | torch append graph µs "
+            "| equal to the references |")
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for r in rows:
+        lines.append(f"| {r['B']} | {fmt(r['cont'])} | {fmt(r['cont_torch'])} | {fmt(r['append'])} | "
+                     f"{fmt(r['append_torch'])} | {'yes' if r['err'] == 0 else 'NO'} |")
+    return "\n".join(lines)
+
+
 def table(rows: list[dict]) -> str:
     head = ("| B | L | M | largest n matched | HBM floor µs | eaglet µs | eaglet graph µs | unfold µs "
             "| unfold graph µs | floor / eaglet graph | eaglet vs unfold (graphs) | equal to the reference |")
@@ -112,7 +165,9 @@ def main() -> None:
               provenance() + f"Measured copy bandwidth {bw / 1e12:.2f} TB/s (read+write); int64 histories, n = "
               f"{N_MIN}..{N_MAX}, kernel tile {ngm._TILE}; median µs via triton.testing.do_bench (cold L2), "
               "'graph' = CUDA-graph replay.\n")
-    report(header, table(rows), args.md, rows)
+    steps = [run_step(B, dev, args.smoke) for B in ((2,) if args.smoke else (1, 8, 64))]
+    report(header, table(rows) + "\n\nA drafter step's history work (CUDA graphs)\n\n" + step_table(steps), args.md,
+           rows + steps)
 
 
 if __name__ == "__main__":
