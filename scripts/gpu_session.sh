@@ -52,13 +52,17 @@
 #              tree=simulate, B=1: a random block drafter
 #              (L8B_LAYERS layers, default 2) beside the EAGLE-3 head, both over a draft vocabulary of 32,000 tokens
 #              (the public 8B EAGLE-3 heads'), step and draft times against the weight floors
+#   smol_sim   random SmolLM2-135M weights, tree=simulate (mean accepted SIM_TAU, default 3.3), B=1, no model file: the
+#              block drafter (2 layers, 8,192 draft ids, tree 7/4/16, its 2 n-gram branches) and EAGLE-3 (5/4/8, 8,192
+#              ids), REPS (default 2) runs each: step, draft and extend times; then the block drafter's per-kernel graph
+#              times. ALT=<dir>: its files overlaid on a copy of this tree run the same beside (an A/B on one machine)
 #   lossless   bf16 greedy speculative vs plain decoding on the 80 MT-bench first turns (invariant numerics):
 #              each head kind of LOSSLESS_HEADS (default eagle3 eagle1 multi_layer) x chain/eagle2 x B 1/8; the
 #              shipped EAGLE-3 head, EAGLE-1 and multi-layer heads trained here for HEAD_S seconds each
 # Results go to OUT (default $OUT, else ./gpu_out); tables are printed last.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-stage=${1:?stage: tests | invariant | e2e | ar | kernels | ablation | regen | synth | train | experiments | trees | scaling | lossless | drafters | block | block_l8b}
+stage=${1:?stage: tests | invariant | e2e | ar | kernels | ablation | regen | synth | train | experiments | trees | scaling | lossless | drafters | block | block_l8b | smol_sim}
 out=${2:-${OUT:-gpu_out}}
 mkdir -p "$out"
 source scripts/offline_gpu_env.sh
@@ -396,6 +400,47 @@ print(m['num_tokens'] / m['num_sequences'])")
         > $R/l8b_$d.log 2>&1 || tail -3 $R/l8b_$d.log
     done
     python scripts/summarize_runs.py $R/* | tee "$out/block_l8b.md" ;;
+  smol_sim)
+    R=/tmp/smol_sim; mkdir -p $R
+    rs=(target=random_llama3_8b target.random=smollm2_135m target.name=random_smollm2 data=synthetic data.limit=4
+        tree=simulate tree.simulate.tau=${SIM_TAU:-3.3} gen.max_new_tokens=256 gen.compare_ar=false logger=none
+        print_answers=0)
+    blk=(tree.topk=4 tree.num_draft_tokens=16 draft=block draft.random_init=true draft.draft_vocab_size=8192)
+    eag=(tree.steps=5 tree.topk=4 tree.num_draft_tokens=8 draft=eagle3 draft.random_init=true draft.draft_vocab_size=8192)
+    codes=(here)
+    if [[ -n ${ALT:-} ]]; then  # another version: ALT's files over a copy of this tree, imported from there
+      rm -rf /tmp/alt && mkdir -p /tmp/alt/ns/eaglet && cp -a . /tmp/alt/tree && cp -a "$ALT"/. /tmp/alt/tree/
+      for d in kernels models engine runner training data experiments; do ln -sfn /tmp/alt/tree/$d /tmp/alt/ns/eaglet/$d; done
+      codes+=(alt)
+    fi
+    sim() {  # code (here | alt), run name, overrides...
+      local code=$1 name=$2; shift 2
+      if [[ $code == alt ]]; then
+        (cd /tmp/alt/tree && PYTHONPATH=/tmp/alt/ns timeout ${RUN_S:-120} python run_spec.py hydra.run.dir=$R/$name \
+          "${rs[@]}" "$@") > $R/$name.log 2>&1 || tail -3 $R/$name.log
+      else
+        timeout ${RUN_S:-120} python run_spec.py hydra.run.dir=$R/$name "${rs[@]}" "$@" > $R/$name.log 2>&1 ||
+          tail -3 $R/$name.log
+      fi
+      python - $R/$name <<'PY' | tee -a "$out/smol_sim.md"
+import json, sys
+from pathlib import Path
+m = json.loads((Path(sys.argv[1]) / "metrics.json").read_text())
+print(f"| {Path(sys.argv[1]).name} | {m['decode_tokens_per_s']:,.0f} | {m['step_ms']:.3f} | " + " | ".join(
+    f"{m[p + '_ms']:.3f}" for p in ("draft", "plan", "verify", "accept", "extend")) + f" | {m['tau']:.2f} |")
+PY
+    }
+    echo "| run | decode tok/s | step ms | draft | plan | verify | accept | extend ms | tau |" | tee "$out/smol_sim.md"
+    echo "|---|---|---|---|---|---|---|---|---|" | tee -a "$out/smol_sim.md"
+    for c in "${codes[@]}"; do sim $c warm_$c "${blk[@]}" gen.max_new_tokens=32; done  # the first run compiles
+    for rep in $(seq ${REPS:-2}); do
+      for c in "${codes[@]}"; do sim $c block_${c}_$rep "${blk[@]}"; sim $c eagle3_${c}_$rep "${eag[@]}"; done
+    done
+    for c in "${codes[@]}"; do
+      sim $c prof_block_$c "${blk[@]}" data.limit=1 profile_steps=5
+      python -m benchmarks.probes.graph_trace $R/prof_block_$c/trace.json --by-grid --top 40 --graphs 4 \
+        --sequence 80 > "$out/prof_block_$c.txt" 2>&1
+    done ;;
   drafters)
     train_setup >/dev/null 2>&1
     R=${DRAFTERS_DIR:-/tmp/drafters}; mkdir -p $R  # DRAFTERS_DIR: another, for a second BLOCK_RUN beside the first
