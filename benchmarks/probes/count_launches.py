@@ -39,7 +39,8 @@ stack: list[str] = []
 
 
 def where() -> str:
-    frames = [f for f in traceback.extract_stack()[:-2] if "/eaglet/" in f.filename or "/work/" in f.filename]
+    frames = [f for f in traceback.extract_stack()[:-2] if f.filename != __file__ and any(
+        f"/{d}/" in f.filename for d in ("engine", "models", "kernels"))]
     f = frames[-1] if frames else None
     return "" if f is None else f"{f.filename.rsplit('/', 2)[-2]}/{f.filename.rsplit('/', 1)[-1]}:{f.lineno}"
 
