@@ -119,7 +119,7 @@ def _step_slots_kernel(R2P, stride_r2p, ROWS, SEQ, INDEX, stride_index, PT, POS,
 
 def step_slots(req_to_page: torch.Tensor, rows: torch.Tensor, seq_lens: torch.Tensor, T: int, page_size: int,
                index: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """req_to_page [R, P] int32 (a pool's pages by request row), rows [B] int64, seq_lens [B] int32, T >= 1, index
+    """req_to_page [R, P] int32 (a pool's pages by request row), rows [B] int64, seq_lens [B] int32, T >= 0, index
     [B, T] int64 or None (e.g. accept_index: -1 marks a position with no store) -> (page_table [B, P] =
     req_to_page[rows], positions [B, T] int64 = seq_len + t, slots [B, T] int64: `pool_slots` of those positions, 0
     where index < 0). One launch, no host sync."""
@@ -145,8 +145,9 @@ def step_slots(req_to_page: torch.Tensor, rows: torch.Tensor, seq_lens: torch.Te
 
 
 def _step_meta(T: int) -> dict:
-    """One program a request: its page table in chunks of 512, its T positions in one block."""
-    return dict(BLOCK_T=triton.next_power_of_2(T), BLOCK_P=512, num_warps=4)
+    """One program a request: its page table in chunks of 512, its T positions in one block (T = 0: EAGLE's scratch
+    at tree.steps = 1, the page table alone)."""
+    return dict(BLOCK_T=max(triton.next_power_of_2(T), 1), BLOCK_P=512, num_warps=4)
 
 
 def _slots_meta(T: int) -> dict:

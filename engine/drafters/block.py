@@ -102,10 +102,9 @@ class BlockDrafter(ModelDrafter):
             self.dep_in = h.dep_in(h.embed(torch.arange(target.args.vocab_size, device=device))).float()  # [V, r]
             self.dep_out = h.dep_out.weight.t().float().contiguous()  # [r, Vd]
             h.lm_head_rows()  # the draft vocabulary's LM-head rows, made now: not inside a captured graph
-        # constants the steps slice rather than build (each a launch inside the step's graph): block offsets, and the
-        # block's own attention mask, all True (non-causal inside the block)
+        # a constant the steps slice rather than build (a launch inside the step's graph): the block's own attention
+        # mask, all True (non-causal inside the block)
         Kb = self.head.block_size
-        self._offsets = torch.arange(max(Kb, tree.steps + 1), device=device)  # [max(Kb, S+1)]
         self._full = torch.ones(max_batch, Kb, Kb, dtype=torch.bool, device=device)  # [max_batch, Kb, Kb]
 
     def reserve(self, bounds: list[tuple[int, int]]) -> None:

@@ -195,7 +195,7 @@ def test_pool_slots_in_a_cuda_graph():
 @needs_kernel
 @pytest.mark.parametrize("with_index", [False, True], ids=["all", "index"])
 @pytest.mark.parametrize("page_size", [1, 5, 16])
-@pytest.mark.parametrize("B,T,P", [(1, 1, 3), (3, 8, 40), (5, 24, 700)])
+@pytest.mark.parametrize("B,T,P", [(1, 1, 3), (3, 8, 40), (5, 24, 700), (2, 0, 5)])
 def test_step_slots_matches_reference(B, T, P, page_size, with_index):
     """Rows out of order among more requests, page tables longer than a copy chunk (700 > 512), accept-index-like
     masks (-1 past a path's end), and a request whose last positions lie past its page table (where masked)."""
