@@ -1,5 +1,5 @@
 """Device launches of each drafter's propose and update, counted on the CPU: at decode sizes a launch inside a CUDA
-graph costs ~3-4 µs however small (BENCHMARKS.md), so a draft graph's launch count bounds its time from below.
+graph costs 2-4 µs however small (BENCHMARKS.md), so a draft graph's launch count bounds its time from below.
 
     TRITON_INTERPRET=1 python benchmarks/probes/count_launches.py [run_spec.py overrides]
     # e.g. the default drafter's graphs on random SmolLM2 weights, 4 new tokens:
