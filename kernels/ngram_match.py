@@ -11,8 +11,8 @@ start i with i + n < len (its continuation h[i+n] exists; the suffix's own occur
 h[i:i+n] == s, starts[b] holds the continuation starts i + n of up to M such occurrences, most recent (largest i)
 first, -1 past the matches found; ngram[b] is that n (0 and all -1: no n matches). `ngram_match_ref` is the spec.
 `ngram_continuations` is what follows those starts, h[start .. start + steps - 1] (-1 past len and for a start of
--1), written by the same launch: an n-gram drafter's proposals without a gather launch after it (the gather was 8
-launches of a ~40-launch draft graph, each ~3 µs at decode sizes).
+-1), written by the same launch: an n-gram drafter's proposals need no gather after the match (a launch in a draft
+graph costs 2-4 µs however small; BENCHMARKS.md).
 
 Kernel (`_ngram_match_kernel`, grid (B,), one program per request). An occurrence of the n-suffix is named by its
 continuation c = i + n, and it matches iff h[c-1-j] == h[len-1-j] for j < n: the candidates of every n live at the
@@ -35,8 +35,7 @@ programs run side by side, one per SM up to the SM count.
 No host sync and fixed shapes: CUDA-graph capturable.
 
 `append_accepted` keeps a history after a verify: the accepted path (tree nodes accept_index, the root first) and the
-bonus written at seq_len .. seq_len + accept_len, one launch (the torch version was 13 launches of the draft-extend
-graph).
+bonus written at seq_len .. seq_len + accept_len, in one launch of the draft-extend graph.
 """
 
 from __future__ import annotations
