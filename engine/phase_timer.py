@@ -1,4 +1,4 @@
-"""Device time per phase of a speculative step (draft, plan, verify, accept, extend), the breakdown the overlap
+"""Device time per phase of a speculative step (draft, plan, verify, extend), the breakdown the overlap
 report compares stream plans by (experiments/report.py, overlap.md).
 
 SpeculativeEngine creates one PhaseTimer and its step records into it: an event at each phase boundary, on the stream
@@ -12,8 +12,7 @@ The phases, as `StepStats.summary` reports them:
   plan_beside  the planning that ran beside the draft (on the plan stream, off the critical path), up to the
                draft's end at most
   plan_wait    the gap on main between the draft's end and the verify's start: the plan time left exposed
-  verify       the target forward over the tree
-  accept       the accepted path and its KV commit
+  verify       the target forward over the tree, then the accepted path and its KV commit (one graph)
   extend       the draft head over the accepted tokens
 
 Two phases that meet share one event, and no event lies between the draft's end and the verify's start: each
@@ -28,7 +27,7 @@ import time
 
 import torch
 
-PHASES = ("draft", "plan_beside", "plan_wait", "verify", "accept", "extend")
+PHASES = ("draft", "plan_beside", "plan_wait", "verify", "extend")
 
 
 class PhaseTimer:

@@ -87,7 +87,8 @@ class PendingTokens:
 
     def __init__(self, tokens: torch.Tensor, reqs: list[Request]):
         self.reqs = reqs
-        self.host = tokens.to("cpu", non_blocking=True)  # tokens' shape: [B] or [B, ...]
+        # copy=True: on a CPU `to` would return the tensor itself, a graph's output buffer the next step overwrites
+        self.host = tokens.to("cpu", non_blocking=True, copy=True)  # tokens' shape: [B] or [B, ...]
         self.event = None
         if tokens.device.type != "cpu":
             self.event = torch.get_device_module(tokens.device).Event()

@@ -5,9 +5,13 @@ only (no host sync), replayed as a CUDA graph on GPU:
 
   draft   the drafter's `propose` -> N tree tokens, positions, mask, child / sibling links (engine/drafter.py)
   plan    KV slots and page tables for the verify (the part a plan stream can run)
-  verify  one target forward over the B*N tree tokens with tree attention
-  accept  greedy or tree speculative sampling -> accepted path; `commit_kv` compacts its KV
-  extend  the drafter's `update` with the accepted path (EAGLE: the draft-extend)
+  verify  one target forward over the B*N tree tokens with tree attention, then in the same graph the accept:
+          greedy or tree speculative sampling -> accepted path, `commit_kv` compacting its KV
+  extend  the drafter's `update` with the accepted path (EAGLE: the draft-extend), and the new seq_lens
+
+Three graphs a step, and between them only the inputs' copies and the plan (6 launches at B=1): the accept has no
+graph of its own, and no phase's outputs are cloned. Each graph's outputs stay valid until its next replay, and every
+reader of them (the next step's staging, the plan, the host's copy of the emitted tokens) is enqueued before that.
 
 After a step a request has `seq_lens` cached tokens and a `root` (the bonus token) that is emitted but not yet
 cached. The engine names no drafter: what it knows of one is engine/drafter.py's interface.
@@ -42,7 +46,7 @@ from eaglet.engine.requests import (
 )
 from eaglet.engine.sampling import SamplingParams, probs_from_logits, sample
 from eaglet.engine.stream_plan import ResolvedPlan, StreamPlan
-from eaglet.kernels.kv_ops import commit_kv
+from eaglet.kernels.kv_ops import commit_kv, step_slots
 from eaglet.kernels.verify import VerifyResult, verify_greedy, verify_sampling
 from eaglet.models.kv_cache import ForwardBatch, KVCache, slots_for, to_device
 from eaglet.models.llama import Transformer
@@ -151,7 +155,6 @@ class SpeculativeEngine:
         self.max_batch, self.device = max_batch, target.device
         S, K, N = tree.steps, tree.topk, drafter.num_nodes(tree)
         self.num_nodes = N  # the verify's width: the drafter's trees can hold more nodes than tree.num_draft_tokens
-        self._nodes = torch.arange(N, device=self.device)  # [N] the plan slices it (an arange is a launch a step)
         # room past the longest sequence for the speculative tokens of one step (a drafter may write up to
         # (S-1)*K draft positions past it, as EAGLE-2's draft steps do)
         self.lookahead = max(N, (S - 1) * K, S + 1)
@@ -170,7 +173,7 @@ class SpeculativeEngine:
         def z(*shape, dtype=torch.long):  # a maker of zero inputs [B, *shape]
             return lambda B: torch.zeros(B, *shape, dtype=dtype, device=self.device)
 
-        dt, i32, f32, b8 = target.dtype, torch.int32, torch.float32, torch.bool
+        dt, i32, b8 = target.dtype, torch.int32, torch.bool
 
         def runner(fn, **makers):  # one static input per parameter of fn, [B, *shape] each
             return GraphRunner(fn, lambda B: {name: m(B) for name, m in makers.items()}, max_batch=max_batch,
@@ -180,16 +183,13 @@ class SpeculativeEngine:
         state = {k: z(*shape, dtype=dtype) for k, (shape, dtype) in drafter.state_spec(self.device).items()}
         self._draft = runner(self._draft_fn, seq_lens=z(dtype=i32), roots=z(), rows=z(), **state)
         self._verify = runner(self._verify_fn, out_slots=z(N), seq_lens=z(dtype=i32), page_table=z(P_t, dtype=i32),
-                              tokens=z(N), positions=z(N), mask=z(N, N, dtype=b8))
-        probs = {} if sampling.greedy else {"probs": z(N, target.args.vocab_size, dtype=f32)}
-        self._accept = runner(self._accept_fn, tokens=z(N), logits_or_pred=z(N), next_tok=z(N), next_sib=z(N),
-                              mask=z(N, N, dtype=b8), seq_lens=z(dtype=i32), page_table=z(P_t, dtype=i32), **probs)
+                              tokens=z(N), positions=z(N), mask=z(N, N, dtype=b8), next_tok=z(N), next_sib=z(N))
         self._extend = runner(self._extend_fn, tokens=z(N), feats=z(N, F, dtype=dt), accept_index=z(S + 1),
                               accept_len=z(dtype=i32), bonus=z(), seq_lens=z(dtype=i32), rows=z(), **state)
 
     def warmup(self) -> None:
         """Capture every phase's graphs for every batch bucket before anything is timed."""
-        for runner in (self._draft, self._verify, self._accept, self._extend):
+        for runner in (self._draft, self._verify, self._extend):
             runner.warmup()
 
     # ---- phases (device only) -------------------------------------------------------------
@@ -200,40 +200,39 @@ class SpeculativeEngine:
         return tree.tokens, tree.positions, tree.next_token, tree.next_sibling, tree.mask
 
     def _plan(self, seq_lens: torch.Tensor, rows: torch.Tensor):
-        """Verify metadata: tree node j of request b is written at position seq_len + j."""
-        page_table = self.kv_t.req_to_page[rows]  # [B, P]
-        positions = seq_lens[:, None] + self._nodes  # [B, N] int64
-        slots = slots_for(page_table, positions, self.kv_t.page_size)
-        return slots, page_table  # [B, N], [B, P]
+        """Verify metadata: tree node j of request b is written at position seq_len + j. -> slots [B, N], page table
+        [B, P], in one launch."""
+        page_table, _, slots = step_slots(self.kv_t.req_to_page, rows, seq_lens, self.num_nodes, self.kv_t.page_size)
+        return slots, page_table
 
     @torch.inference_mode()
-    def _verify_fn(self, out_slots, seq_lens, page_table, tokens, positions, mask):
-        """-> target logits [B, N, V] fp32 and draft features at every tree node [B, N, F]. The plan stages
-        out_slots, seq_lens and page_table (they need only the previous step) before it waits for the draft, and the
-        draft's tokens, positions and mask after."""
+    def _verify_fn(self, out_slots, seq_lens, page_table, tokens, positions, mask, next_tok, next_sib):
+        """The target forward over the tree, then the accept -> emitted [B, 1 + S+1] (accept_len, then the accepted
+        tokens after the root and the bonus, -1 padded), accept_index [B, S+1], accept_len [B], bonus [B], the draft
+        features at every tree node [B, N, F]; the accepted path's KV committed. The plan stages out_slots, seq_lens
+        and page_table (they need only the previous step) before it waits for the draft, and the draft's tree
+        after."""
         batch = ForwardBatch(page_table, seq_lens, out_slots, mask, self.max_context)
         hidden, captured = self.target(tokens, positions, batch, self.kv_t, capture_layers=self.capture)
         feats = self.drafter.target_feature(hidden, captured)  # [B, N, F]
         if feats is None:  # a drafter without target features: an empty static output
             feats = hidden.new_empty(*hidden.shape[:2], 0)  # [B, N, 0]
-        return self.target.logits(hidden), feats
-
-    @torch.inference_mode()
-    def _accept_fn(self, tokens, logits_or_pred, next_tok, next_sib, mask, seq_lens, page_table, probs=None):
-        """-> accept_index [B, S+1], accept_len [B], bonus [B], new seq_lens [B] (KV committed), emitted [B, S+1]
-        (the accepted tokens after the root, then the bonus; -1 padded)."""
+        logits = self.target.logits(hidden)  # [B, N, V] fp32
         S = self.tree.steps
         if self.simulate is not None:
-            res = self._simulated_accept(logits_or_pred, mask)
-        elif probs is None:
-            res = verify_greedy(tokens, logits_or_pred, next_tok, next_sib, S)
+            res = self._simulated_accept(logits.argmax(-1), mask)
+        elif self.sampling.greedy:
+            res = verify_greedy(tokens, logits.argmax(-1), next_tok, next_sib, S)
         else:
             B, N = tokens.shape
             u = torch.rand(B, N, device=tokens.device)  # [B, N]
-            res = verify_sampling(tokens, next_tok, next_sib, probs, u, torch.rand(B, device=tokens.device), S)
-        new_lens = seq_lens.clone()
-        commit_kv(self.kv_t.kv, page_table, self.kv_t.page_size, new_lens, res.accept_index, res.accept_len)
-        return res.accept_index, res.accept_len, res.bonus, new_lens, emitted_tokens(tokens, res)
+            res = verify_sampling(tokens, next_tok, next_sib, probs_from_logits(logits, self.sampling), u,
+                                  torch.rand(B, device=tokens.device), S)
+        # seq_lens is this graph's own input buffer, staged anew each step and read by nothing after this: the
+        # commit advances it in place (the extend computes the new lengths itself)
+        commit_kv(self.kv_t.kv, page_table, self.kv_t.page_size, seq_lens, res.accept_index, res.accept_len)
+        emitted = torch.cat([res.accept_len[:, None].long(), emitted_tokens(tokens, res)], dim=1)  # [B, 1 + S+1]
+        return emitted, res.accept_index, res.accept_len, res.bonus, feats
 
     def _simulated_accept(self, pred: torch.Tensor, mask: torch.Tensor) -> VerifyResult:
         """Accept a drawn number of tokens along the tree's deepest path (shorter where it is)."""
@@ -254,9 +253,10 @@ class SpeculativeEngine:
 
     @torch.inference_mode()
     def _extend_fn(self, tokens, feats, accept_index, accept_len, bonus, seq_lens, rows, **state):
-        """The drafter's update over the accepted path -> its next state, in `state_names` order."""
+        """The drafter's update over the accepted path -> the new seq_lens [B], then the drafter's next state in
+        `state_names` order."""
         new = self.drafter.update(tokens, feats, accept_index, accept_len, bonus, seq_lens, rows, **state)
-        return tuple(new[k] for k in self.state_names)
+        return (seq_lens + accept_len,) + tuple(new[k] for k in self.state_names)  # [B] int32, ...
 
     # ---- prefill -----------------------------------------------------------------------------
     @torch.inference_mode()
@@ -300,30 +300,23 @@ class SpeculativeEngine:
             B = self._verify.stage(out_slots=out_slots, seq_lens=seq_lens, page_table=pt_t)
             t_beside = timer.mark() if plan.draft_edge == "dependent" else None
             plan.wait_for_draft()
-            self._verify.stage(tokens=tokens, positions=positions, mask=mask)
+            self._verify.stage(tokens=tokens, positions=positions, mask=mask, next_tok=next_tok, next_sib=next_sib)
             if beside:
                 timer.span("plan_beside", t_plan, (t_beside if t_beside is not None else timer.mark(), t_drafted))
         plan.before_verify(out_slots, pt_t)
         t_verify = timer.mark()
         timer.span("plan_wait", t_drafted, t_verify)
-        logits, feats = self._verify.replay(B)
+        emitted, accept_index, accept_len, bonus, feats = self._verify.replay(B)
         t_verified = timer.mark()
         timer.span("verify", t_verify, t_verified)
-        if self.sampling.greedy:
-            acc = self._accept(tokens, logits.argmax(-1), next_tok, next_sib, mask, seq_lens, pt_t)
-        else:
-            probs = probs_from_logits(logits, self.sampling)  # [B, N, V]
-            acc = self._accept(tokens, tokens, next_tok, next_sib, mask, seq_lens, pt_t, probs)
-        accept_index, accept_len, bonus, new_lens, emitted = (t.clone() for t in acc)
-        t_accepted = timer.mark()
-        timer.span("accept", t_verified, t_accepted)
         self._extend.stage(tokens=tokens, feats=feats, accept_index=accept_index, accept_len=accept_len, bonus=bonus,
                            seq_lens=seq_lens, rows=rows, **{k: state[k] for k in self.state_names})
-        new = self._extend.replay(B)
-        new = new if isinstance(new, tuple) else (new,)
-        timer.span("extend", t_accepted, timer.mark())
-        state.update(roots=bonus, seq_lens=new_lens, **{k: t.clone() for k, t in zip(self.state_names, new)})
-        return torch.cat([accept_len[:, None].long(), emitted], dim=1)  # [B, 1 + S+1]
+        out = self._extend.replay(B)  # a tensor alone when the drafter keeps no state
+        new_lens, *new = out if isinstance(out, tuple) else (out,)
+        timer.span("extend", t_verified, timer.mark())
+        # views of the graphs' static outputs, not copies: see the module doc
+        state.update(roots=bonus, seq_lens=new_lens, **dict(zip(self.state_names, new)))
+        return emitted  # [B, 1 + S+1]
 
     # ---- host loop ---------------------------------------------------------------------------
     def generate(self, requests: list[Request], on_token: Callable[[Request, int], None] | None = None,
@@ -352,6 +345,7 @@ class SpeculativeEngine:
         waiting, active = deque(requests), []
         state: dict[str, torch.Tensor] = {}
         inflight: deque[tuple[PendingTokens, bool]] = deque()  # (tokens, of a step rather than a prefill)
+        rows, rows_key = None, None  # the active requests' rows on the device [B], and on the host
         S = self.tree.steps
         while waiting or active or inflight:
             new = admit(waiting, len(active), self.max_batch, self.min_admit)
@@ -378,7 +372,9 @@ class SpeculativeEngine:
                 bounds = [(row, min(bound, self.kv_t.max_context)) for row, bound in bounds]
                 self.kv_t.reserve_many(bounds)
                 self.drafter.reserve(bounds)
-                rows = to_device([r.row for r in active], self.device)  # [B]
+                key = tuple(r.row for r in active)
+                if key != rows_key:  # a host-to-device copy only when the batch changed, not every step
+                    rows, rows_key = to_device(list(key), self.device), key  # [B]
                 out = self._step(state, rows)
                 stats.steps += 1
                 if on_step is not None:

@@ -403,10 +403,12 @@ print(m['num_tokens'] / m['num_sequences'])")
   smol_sim)
     R=/tmp/smol_sim; mkdir -p $R
     rs=(target=random_llama3_8b target.random=smollm2_135m target.name=random_smollm2 data=synthetic data.limit=4
-        tree=simulate tree.simulate.tau=${SIM_TAU:-3.3} gen.max_new_tokens=256 gen.compare_ar=false logger=none
-        print_answers=0)
-    blk=(tree.topk=4 tree.num_draft_tokens=16 draft=block draft.random_init=true draft.draft_vocab_size=8192)
-    eag=(tree.steps=5 tree.topk=4 tree.num_draft_tokens=8 draft=eagle3 draft.random_init=true draft.draft_vocab_size=8192)
+        tree=simulate tree.simulate.tau=${SIM_TAU:-3.3} gen.max_new_tokens=256 logger=none print_answers=0)
+    # the block runs also time plain decoding (AR tok/s: the same shapes as the real SmolLM2)
+    blk=(tree.topk=4 tree.num_draft_tokens=16 draft=block draft.random_init=true draft.draft_vocab_size=8192
+         gen.compare_ar=true)
+    eag=(tree.steps=5 tree.topk=4 tree.num_draft_tokens=8 draft=eagle3 draft.random_init=true draft.draft_vocab_size=8192
+         gen.compare_ar=false)
     codes=(here)
     if [[ -n ${ALT:-} ]]; then  # another version: ALT's files over a copy of this tree, imported from there
       rm -rf /tmp/alt && mkdir -p /tmp/alt/ns/eaglet && cp -a . /tmp/alt/tree && cp -a "$ALT"/. /tmp/alt/tree/
@@ -427,18 +429,19 @@ import json, sys
 from pathlib import Path
 m = json.loads((Path(sys.argv[1]) / "metrics.json").read_text())
 print(f"| {Path(sys.argv[1]).name} | {m['decode_tokens_per_s']:,.0f} | {m['step_ms']:.3f} | " + " | ".join(
-    f"{m[p + '_ms']:.3f}" for p in ("draft", "plan", "verify", "accept", "extend")) + f" | {m['tau']:.2f} |")
+    f"{m.get(p + '_ms', 0.0):.3f}" for p in ("draft", "plan", "verify", "accept", "extend")) + f" | {m['tau']:.2f} | "
+    + (f"{m['ar_decode_tokens_per_s']:,.0f} |" if m.get("ar_decode_tokens_per_s") else "|"))
 PY
     }
-    echo "| run | decode tok/s | step ms | draft | plan | verify | accept | extend ms | tau |" | tee "$out/smol_sim.md"
-    echo "|---|---|---|---|---|---|---|---|---|" | tee -a "$out/smol_sim.md"
+    echo "| run | decode tok/s | step ms | draft | plan | verify | accept | extend ms | tau | AR tok/s |" | tee "$out/smol_sim.md"
+    echo "|---|---|---|---|---|---|---|---|---|---|" | tee -a "$out/smol_sim.md"
     for c in "${codes[@]}"; do sim $c warm_$c "${blk[@]}" gen.max_new_tokens=32; done  # the first run compiles
     for rep in $(seq ${REPS:-2}); do
       for c in "${codes[@]}"; do sim $c block_${c}_$rep "${blk[@]}"; sim $c eagle3_${c}_$rep "${eag[@]}"; done
     done
     for c in "${codes[@]}"; do
-      sim $c prof_block_$c "${blk[@]}" data.limit=1 profile_steps=5
-      python -m benchmarks.probes.graph_trace $R/prof_block_$c/trace.json --by-grid --top 40 --graphs 4 \
+      sim $c prof_block_$c "${blk[@]}" gen.compare_ar=false data.limit=1 profile_steps=5
+      python -m benchmarks.probes.graph_trace $R/prof_block_$c/trace.json --by-grid --top 40 --graphs 4 --timeline \
         --sequence 80 > "$out/prof_block_$c.txt" 2>&1
     done ;;
   drafters)

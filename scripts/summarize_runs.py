@@ -17,7 +17,7 @@ def row(d: Path) -> str | None:
         return None
     m = json.loads(f.read_text())
     get = lambda k, spec=".3f": format(m[k], spec) if isinstance(m.get(k), (int, float)) else ""  # noqa: E731
-    phases = " / ".join(get(f"{p}_ms", ".2f") for p in ("draft", "plan", "verify", "accept", "extend"))
+    phases = " / ".join(get(f"{p}_ms", ".2f") for p in ("draft", "plan", "verify", "extend"))
     return (f"| {d.name} | {m.get('target')} | {m.get('draft')} | {m.get('batch_size')} | {m.get('invariant')} | "
             f"{get('decode_tokens_per_s', ',.0f')} | {get('tau', '.2f')} | {get('ar_decode_tokens_per_s', ',.0f')} | "
             f"{get('speedup_vs_ar', '.2f')} | {get('ar_identical_fraction')} | {get('step_median_ms')} | "
@@ -26,7 +26,7 @@ def row(d: Path) -> str | None:
 
 def main() -> None:
     print("| run | target | draft | B | invariant | decode tok/s | tau | AR decode tok/s (same run) | speedup vs AR | "
-          "identical to AR | step ms (median) | draft / plan / verify / accept / extend ms | weight floor ms |")
+          "identical to AR | step ms (median) | draft / plan / verify / extend ms | weight floor ms |")
     print("|" + "---|" * 13)
     for d in sorted(Path(a) for a in sys.argv[1:]):
         r = row(d) if d.is_dir() else None

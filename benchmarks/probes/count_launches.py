@@ -10,9 +10,11 @@ graph costs 2-4 µs however small (BENCHMARKS.md), so a draft graph's launch cou
 
 A run_spec.py run whose drafter methods are wrapped: inside them every Triton launch and every aten op that is not a
 view or an allocation is counted (what a GPU would run as a kernel), per method and call, with the source line of
-the first call's launches. Under the interpreter the Triton kernels run (their launches are counted as one each;
-the interpreter's own tensor copies are not counted); without it the torch references run, whose ops are counted
-instead.
+the latest call's launches. The speculative engine's step is wrapped too: its own launches (`SpeculativeEngine._step`)
+are those outside its phase functions (`_*_fn`), i.e. what a GPU runs eagerly between the CUDA graphs every step;
+the phase functions' own are the graphs' engine-side launches (the verify's include the target forward). Under the
+interpreter the Triton kernels run (their launches are counted as one each; the interpreter's own tensor copies are
+not counted); without it the torch references run, whose ops are counted instead.
 """
 
 from __future__ import annotations
@@ -25,17 +27,21 @@ import traceback
 import triton
 from torch.utils._python_dispatch import TorchDispatchMode
 
+import eaglet.engine.cuda_graph as cuda_graph
 import eaglet.engine.drafters.block as block
 import eaglet.engine.drafters.eagle as eagle
 import eaglet.engine.drafters.ngram as ngram
+import eaglet.engine.speculative as speculative
 
 # not kernels: allocations, metadata, and what Triton's interpreter does to move its arguments
 NOT_LAUNCHES = {"detach", "lift_fresh", "lift_fresh_copy", "empty", "empty_strided", "alias", "set_", "new_empty",
                 "_local_scalar_dense", "is_same_size", "copy_"}
 counts = collections.Counter()  # (method, launch) -> total
 calls = collections.Counter()  # method -> calls
-first = collections.defaultdict(list)  # method -> launches of its first call, in order, with the source line
+last = collections.defaultdict(list)  # method -> launches of its latest call, in order, with the source line
 stack: list[str] = []
+in_triton = [False]  # inside an interpreted Triton launch: its argument copies are not launches
+STEP = "SpeculativeEngine._step"
 
 
 def where() -> str:
@@ -48,15 +54,15 @@ def where() -> str:
 def note(name: str) -> None:
     tag = stack[-1]
     counts[tag, name] += 1
-    if calls[tag] == 0:
-        first[tag].append(f"{name:36s} {where()}")
+    last[tag].append(f"{name:36s} {where()}")
 
 
 class Count(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         name = func.overloadpacket.__name__
-        if stack and not func.is_view and name not in NOT_LAUNCHES:
+        if stack and not func.is_view and (name not in NOT_LAUNCHES or (
+                name == "copy_" and stack[-1] == STEP and not in_triton[0])):  # the step's copies are real
             note("aten." + name)
         return out
 
@@ -66,6 +72,7 @@ def wrap(cls, method: str) -> None:
 
     def counted(self, *args, **kwargs):
         outer = not stack
+        last[tag] = []
         stack.append(tag)
         try:
             if outer:  # one mode for the outermost call: nested modes would count an op once per level
@@ -87,12 +94,22 @@ def main() -> None:
         def launch(self, *args, **kwargs):
             if stack:
                 note("triton." + self.fn.__name__)
-            return run(self, *args, **kwargs)
+            in_triton[0] = True
+            try:
+                return run(self, *args, **kwargs)
+            finally:
+                in_triton[0] = False
 
         interp.InterpretedFunction.run = launch
     for cls in (ngram.NgramBranches, ngram.NgramDrafter, block.BlockDrafter, eagle.EagleDrafter):
         for method in ("propose", "update"):
             wrap(cls, method)
+    for method in ("_step", "_draft_fn", "_verify_fn", "_extend_fn"):
+        wrap(speculative.SpeculativeEngine, method)
+    # what only runs without CUDA graphs (a CPU run): the static buffers' first allocation and the copy of a phase's
+    # outputs into them; counted apart, so the step's own are what a GPU runs between its graphs
+    for method in ("_static", "_to_static"):
+        wrap(cuda_graph.GraphRunner, method)
     sys.argv = ["run_spec.py"] + sys.argv[1:]
     try:
         runpy.run_path("run_spec.py", run_name="__main__")
@@ -101,8 +118,8 @@ def main() -> None:
     for tag in sorted(calls):
         own = {k: v / calls[tag] for (t, k), v in counts.items() if t == tag}
         print(f"\n== {tag}: {calls[tag]} calls, {sum(own.values()):.1f} launches a call of its own (nested methods "
-              f"apart); the first call's, in order:")
-        print("\n".join(f"   {line}" for line in first[tag]))
+              f"apart); the latest call's, in order:")
+        print("\n".join(f"   {line}" for line in last[tag]))
 
 
 if __name__ == "__main__":

@@ -53,6 +53,36 @@ def sequence(rep: list[dict], first: int) -> str:
     return "\n".join(f"{e['ts'] - t0:9.1f} {e['dur']:7.2f}  {e['name'][:100]}" for e in rep[:first])
 
 
+def timeline(events: list[dict], steps: int) -> str:
+    """Where a profiled window's GPU time goes, per step: kernels of graph replays, kernels (and copies) launched
+    eagerly between the graphs, and idle time (no GPU work at all: the host had not launched the next yet). The
+    profiler's own host overhead (a few µs an op) makes the idle time an upper bound."""
+    launches = {e["args"]["correlation"] for e in events
+                if e.get("cat") == "cuda_runtime" and "GraphLaunch" in e.get("name", "") and "args" in e}
+    gpu = sorted((e for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")), key=lambda e: e["ts"])
+    if not gpu or steps <= 0:
+        return "no GPU events"
+    t0, t1 = gpu[0]["ts"], max(e["ts"] + e["dur"] for e in gpu)
+    busy, end = 0.0, t0  # the union of the events' intervals
+    for e in gpu:
+        busy += max(0.0, e["ts"] + e["dur"] - max(end, e["ts"]))
+        end = max(end, e["ts"] + e["dur"])
+    eager = [e for e in gpu if e.get("args", {}).get("correlation") not in launches]
+    in_graphs = sum(e["dur"] for e in gpu) - sum(e["dur"] for e in eager)
+    by = collections.Counter()  # name -> [calls]
+    dur = collections.Counter()
+    for e in eager:
+        by[e["name"][:80]] += 1
+        dur[e["name"][:80]] += e["dur"]
+    lines = [f"== the window, per step ({steps} steps, {(t1 - t0) / steps:.1f} us a step): graph kernels "
+             f"{in_graphs / steps:.1f} us, eager kernels and copies {sum(e['dur'] for e in eager) / steps:.1f} us "
+             f"({len(eager) / steps:.1f} launches), GPU idle {((t1 - t0) - busy) / steps:.1f} us",
+             f"{'eager kernel or copy':80s} {'a step':>7s} {'us/call':>8s}"]
+    for name, c in by.most_common(30):
+        lines.append(f"{name:80s} {c / steps:7.1f} {dur[name] / c:8.2f}")
+    return "\n".join(lines)
+
+
 def trace_graph(graph, path: str, replays_n: int = 5, top: int = 16, in_order: bool = False) -> str:
     """Per-kernel time of a captured CUDA graph's replays: a torch.profiler trace written to `path`, summarised as
     `summarise` does (span, kernel time, gaps, µs per kernel); with `in_order`, also one replay's kernels in order."""
@@ -79,8 +109,11 @@ def main() -> None:
     ap.add_argument("--top", type=int, default=25, help="kernel names per graph")
     ap.add_argument("--sequence", type=int, default=0, help="also print this many kernels of one replay, in order")
     ap.add_argument("--by-grid", action="store_true", help="one row per kernel name and launch grid")
+    ap.add_argument("--timeline", action="store_true", help="also the window's GPU time per step: graph kernels, "
+                    "eager launches between the graphs, idle (steps: replays of the largest graph)")
     a = ap.parse_args()
-    groups = replays(json.load(open(a.trace))["traceEvents"])
+    events = json.load(open(a.trace))["traceEvents"]
+    groups = replays(events)
     if not groups:
         raise SystemExit(f"{a.trace}: no kernels from CUDA-graph launches (was gen.cuda_graph on, on a GPU?)")
     sizes = collections.Counter(len(v) for v in groups.values())
@@ -91,6 +124,9 @@ def main() -> None:
         print(summarise(reps, a.top, a.by_grid))
         if a.sequence:
             print(sequence(reps[-1], a.sequence))
+    if a.timeline:
+        print()
+        print(timeline(events, sizes[max(sizes)]))
 
 
 if __name__ == "__main__":

@@ -37,3 +37,21 @@ def test_replays_group_by_launch_and_gaps_are_span_minus_kernel_time():
     # --sequence: one replay's kernels in launch order, start offsets from its first kernel
     seq = gt.sequence(groups[2], 2).splitlines()
     assert [line.split() for line in seq] == [["0.0", "2.00", "norm"], ["10.0", "12.00", "gemm"]]
+
+
+def test_timeline_splits_a_step_into_graph_kernels_eager_launches_and_idle():
+    # two steps: a graph launch (kernels 0-10, 10-20) then an eager copy (25-27) and an eager kernel (30-34), the
+    # second step the same 100 us later; overlapping events count once toward busy time
+    events = [{"cat": "cuda_runtime", "name": "cudaGraphLaunch", "ts": 0, "dur": 3, "args": {"correlation": c}}
+              for c in (1, 2)]
+    for c, t in ((1, 0), (2, 100)):
+        events += [kernel("layer", c, t, 10), kernel("layer", c, t + 10, 10)]
+        copy = {"cat": "gpu_memcpy", "name": "Memcpy DtoD", "ts": t + 25, "dur": 2, "args": {"correlation": 50 + c}}
+        events += [copy, kernel("argmax", 60 + c, t + 30, 4), kernel("argmax_overlap", 70 + c, t + 31, 2)]
+    text = gt.timeline(events, steps=2)
+    head = text.splitlines()[0]
+    # window 0..134: 67 a step; graph kernels 20, eager 2 + 4 + 2 = 8 over 3 launches; busy 20 + 2 + 4 = 26, idle 41
+    assert "(2 steps, 67.0 us a step): graph kernels 20.0 us, eager kernels and copies 8.0 us (3.0 launches), " \
+           "GPU idle 41.0 us" in head
+    rows = {line.split()[0]: line.split()[-2:] for line in text.splitlines()[2:]}
+    assert rows["argmax"] == ["1.0", "4.00"] and rows["Memcpy"] == ["1.0", "2.00"]

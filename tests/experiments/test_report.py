@@ -23,7 +23,7 @@ def test_overlap_table_compares_each_plan_with_serial(tmp_path):
     build([SAMPLES / "ablate_overlap_cpu"], tmp_path)
     rows = [r for r in (tmp_path / "overlap.md").read_text().splitlines()[2:]]
     assert len(rows) == 4
-    assert all(r.split("|")[15].strip() == "1.000" for r in rows if "| serial |" in r)  # speedup vs serial
+    assert all(r.split("|")[14].strip() == "1.000" for r in rows if "| serial |" in r)  # speedup vs serial
 
 
 def test_repeats_merge_into_medians_and_a_noise_verdict():
@@ -35,7 +35,7 @@ def test_repeats_merge_into_medians_and_a_noise_verdict():
         return {"target": "t", "tree": {"name": "simulate", "steps": 7, "topk": 1, "num_draft_tokens": 8},
                 "batch_size": B, "stream_plan": plan, "config": {"stream": {"name": plan}, "repeat": repeat},
                 "step_ms": step, "draft_ms": 1.0, "plan_ms": 0.1, "plan_wait_ms": 0.0, "verify_ms": 2.0,
-                "accept_ms": 0.1, "extend_ms": 0.1, "plan_hidden_fraction": 1.0}
+                "extend_ms": 0.1, "plan_hidden_fraction": 1.0}
 
     runs = [run("serial", s, i) for i, s in enumerate((10.0, 10.2, 10.1))]
     runs += [run("overlap_event", s, i) for i, s in enumerate((11.0, 10.9, 11.1))]  # 9% slower: ~5 SE
@@ -51,7 +51,7 @@ def test_repeats_merge_into_medians_and_a_noise_verdict():
     assert 0.01 < sigma[("t", "simulate (7/1/8)", 1)] < 0.03  # ~2% per run: the B=8 outlier (30%) did not inflate it
     # the B=8 point's own spread, wider than the pooled one, is what its plans are judged by
     assert sigma[("t", "simulate (7/1/8)", 8)] > 0.05
-    verdicts = {(r.split("|")[3].strip(), r.split("|")[4].strip()): r.split("|")[16].strip()
+    verdicts = {(r.split("|")[3].strip(), r.split("|")[4].strip()): r.split("|")[15].strip()
                 for r in overlap_table(groups).splitlines()[2:] if r.startswith("| t ")}
     assert verdicts == {("1", "serial"): "-", ("1", "overlap_event"): "slower", ("1", "overlap_split"): "within noise",
                         ("1", "overlap_wait_stream"): "faster", ("8", "serial"): "-",
