@@ -55,7 +55,8 @@
 #   smol_sim   random SmolLM2-135M weights, tree=simulate (mean accepted SIM_TAU, default 3.3), B=1, no model file: the
 #              block drafter (2 layers, 8,192 draft ids, tree 7/4/16, its 2 n-gram branches) and EAGLE-3 (5/4/8, 8,192
 #              ids), REPS (default 2) runs each: step, draft and extend times; then the block drafter's per-kernel graph
-#              times. ALT=<dir>: its files overlaid on a copy of this tree run the same beside (an A/B on one machine)
+#              times. ALT=<dir>: its files overlaid on a copy of this tree run the same beside (an A/B on one machine);
+#              TAUS (default "3.75 4.2"): the block runs again at those simulated taus; accept 0: inside the verify
 #   lossless   bf16 greedy speculative vs plain decoding on the 80 MT-bench first turns (invariant numerics):
 #              each head kind of LOSSLESS_HEADS (default eagle3 eagle1 multi_layer) x chain/eagle2 x B 1/8; the
 #              shipped EAGLE-3 head, EAGLE-1 and multi-layer heads trained here for HEAD_S seconds each
@@ -439,6 +440,9 @@ PY
     for rep in $(seq ${REPS:-2}); do
       for c in "${codes[@]}"; do sim $c block_${c}_$rep "${blk[@]}"; sim $c eagle3_${c}_$rep "${eag[@]}"; done
     done
+    # the tau the block drafter would need for a target speedup at today's step costs: the same runs at higher
+    # simulated acceptance (TAUS; the AR rate is the rows above)
+    for t in ${TAUS:-3.75 4.2}; do sim here block_here_tau${t//./_} "${blk[@]}" tree.simulate.tau=$t gen.compare_ar=false; done
     for c in "${codes[@]}"; do
       sim $c prof_block_$c "${blk[@]}" gen.compare_ar=false data.limit=1 profile_steps=5
       python -m benchmarks.probes.graph_trace $R/prof_block_$c/trace.json --by-grid --top 40 --graphs 4 --timeline \
