@@ -14,7 +14,8 @@ reference's.
     python -m benchmarks.probes.probe_block_tree --alt /path/to/block_tree.py
 
 --alt times another version of kernels/block_tree.py beside this one (a branch's, carried to the GPU machine as a
-file): the A/B of a kernel change before it lands.
+file): the A/B of a kernel change before it lands. benchmarks/probes/block_tree_fma.py is such a version: the logits
+tile of the kept parents' rows alone, by broadcast multiply-adds (a quarter of tl.dot's 16-row tile at K = 4).
 """
 
 from __future__ import annotations
@@ -46,6 +47,9 @@ def variants(K: int) -> list[tuple[str, dict, dict]]:
     if K == 4:
         out += [(f"BLOCK_V={v} num_warps={w}", dict(block_v=v, num_warps=w), {})
                 for v, w in ((512, 4), (512, 8), (1024, 8))]
+    # shorter chunks: more programs (32 over 8,192 ids at 256), each a quarter of the logits tile at 64 ids
+    if K <= 4:
+        out += [(f"BLOCK_V={v} num_warps=2", dict(block_v=v, num_warps=2), {}) for v in (128, 64)]
     return out
 
 

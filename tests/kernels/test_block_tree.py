@@ -10,6 +10,8 @@ reference.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from kernel_testing import CUDA, DEVICE, gpu_only, needs_kernel
@@ -99,3 +101,22 @@ def test_cuda_graph():
     graph.replay()
     want = grow_tree_ref(base, dep_in, dep_out, roots, 5, 4, d2t)
     assert CUDA and torch.equal(out[1], want[1]) and torch.equal(out[2], want[2])
+
+
+@needs_kernel
+@pytest.mark.parametrize("S, K, block_v", [(1, 1, None), (3, 4, None), (3, 4, 64), (2, MAX_K, None)])
+@pytest.mark.parametrize("d2t", [False, True])
+def test_probe_candidate_equals_reference(S, K, block_v, d2t):
+    """benchmarks/probes/block_tree_fma.py, the candidate `probe_block_tree --alt` times beside the kernel (the kept
+    parents' rows alone, by broadcast multiply-adds), holds to the same reference; also at 64-id chunks."""
+    from benchmarks.probes.probe_block_tree import load
+
+    alt = load(str(Path(__file__).resolve().parents[2] / "benchmarks" / "probes" / "block_tree_fma.py"))
+    base, dep_in, dep_out, roots, d2t_offsets = inputs(2, S, 700, 900, 20, d2t, seed=S * 10 + K)
+    dev = [t.to(DEVICE) if t is not None else None for t in (base, dep_in, dep_out, roots, d2t_offsets)]
+    meta = alt._launch_meta
+    alt._launch_meta = lambda Vd, K_, R: meta(Vd, K_, R, block_v=block_v)
+    got = [t.cpu() for t in alt.grow_tree(dev[0], dev[1], dev[2], dev[3], S, K, dev[4])]
+    want = grow_tree_ref(base, dep_in, dep_out, roots, S, K, d2t_offsets)
+    assert torch.equal(got[1], want[1]) and torch.equal(got[2], want[2])
+    torch.testing.assert_close(got[0], want[0], rtol=1e-5, atol=1e-5)
