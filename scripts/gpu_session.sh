@@ -58,7 +58,7 @@
 #              ids), REPS (default 2) runs each: step, draft and extend times; then the block drafter's per-kernel graph
 #              times. ALT=<dir>: its files overlaid on a copy of this tree run the same beside (an A/B on one machine);
 #              TAUS (default "3.75 4.2"): the block runs again at those simulated taus; accept 0: inside the verify;
-#              last, plain decoding's per-kernel graph times (prof_ar.txt)
+#              last, plain decoding's per-kernel graph times (prof_ar.txt) and benchmarks/probes/probe_pdl.py
 #   lossless   bf16 greedy speculative vs plain decoding on the 80 MT-bench first turns (invariant numerics):
 #              each head kind of LOSSLESS_HEADS (default eagle3 eagle1 multi_layer) x chain/eagle2 x B 1/8; the
 #              shipped EAGLE-3 head, EAGLE-1 and multi-layer heads trained here for HEAD_S seconds each
@@ -454,7 +454,9 @@ PY
     timeout ${RUN_S:-120} python run_spec.py hydra.run.dir=$R/prof_ar "${rs[@]}" draft=none data.limit=1 profile_steps=5 \
       gen.compare_ar=false > $R/prof_ar.log 2>&1 || tail -3 $R/prof_ar.log
     python -m benchmarks.probes.graph_trace $R/prof_ar/trace.json --by-grid --top 40 --graphs 1 --timeline \
-      > "$out/prof_ar.txt" 2>&1 ;;
+      > "$out/prof_ar.txt" 2>&1
+    # what programmatic dependent launch takes off a chain of decode-sized kernels (a lead, not eaglet's kernels)
+    timeout 120 python -m benchmarks.probes.probe_pdl --md "$out/probe_pdl.md" 2>&1 | grep -E "^\||Error" | tail -12 ;;
   drafters)
     train_setup >/dev/null 2>&1
     R=${DRAFTERS_DIR:-/tmp/drafters}; mkdir -p $R  # DRAFTERS_DIR: another, for a second BLOCK_RUN beside the first
