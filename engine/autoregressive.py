@@ -27,6 +27,7 @@ from eaglet.engine.requests import (
     synchronizer,
 )
 from eaglet.engine.sampling import SamplingParams, sample
+from eaglet.kernels.kv_ops import step_slots
 from eaglet.models.kv_cache import ForwardBatch, KVCache, slots_for, to_device
 from eaglet.models.llama import Transformer
 
@@ -55,12 +56,11 @@ class AREngine:
         self.reseed(seed)
         if use_cuda_graph is None:
             use_cuda_graph = self.device.type == "cuda"
-        P = kv.pages_per_req
         self._decode = GraphRunner(
             self._decode_fn,
             lambda B: dict(tokens=torch.zeros(B, dtype=torch.long, device=self.device),  # [B]
-                           positions=torch.zeros(B, dtype=torch.long, device=self.device),  # [B]
-                           page_table=torch.zeros(B, P, dtype=torch.int32, device=self.device)),  # [B, P]
+                           positions=torch.zeros(B, dtype=torch.int32, device=self.device),  # [B]
+                           rows=torch.zeros(B, dtype=torch.long, device=self.device)),  # [B]
             max_batch=max_batch, enabled=use_cuda_graph)
 
     def reseed(self, seed: int) -> None:
@@ -79,13 +79,16 @@ class AREngine:
 
     # ---- device work --------------------------------------------------------------------
     @torch.inference_mode()
-    def _decode_fn(self, tokens: torch.Tensor, positions: torch.Tensor, page_table: torch.Tensor) -> torch.Tensor:
-        """One decode step: tokens/positions [B], page_table [B, P] -> next tokens [B]."""
-        pos = positions[:, None]  # [B, 1]
-        batch = ForwardBatch(page_table, positions.int(), slots_for(page_table, pos, self.kv.page_size),
-                             None, self.kv.max_context - 1)
+    def _decode_fn(self, tokens: torch.Tensor, positions: torch.Tensor, rows: torch.Tensor):
+        """One decode step: tokens [B], positions [B] int32 (each token's, its request's cached length), rows [B]
+        (the requests' KV rows) -> (next tokens [B], their positions [B] int32). The page table and the slot come
+        from one `step_slots` launch inside the graph; the outputs are the graph's own buffers, read (staged, copied
+        to the host) before the next replay, so the loop does not clone them (as engine/speculative.py)."""
+        page_table, pos, slots = step_slots(self.kv.req_to_page, rows, positions, 1,
+                                            self.kv.page_size)  # [B, P], [B, 1], [B, 1]
+        batch = ForwardBatch(page_table, positions, slots, None, self.kv.max_context - 1)
         hidden, _ = self.model(tokens[:, None], pos, batch, self.kv)  # [B, 1, dim]
-        return sample(self.model.logits(hidden[:, -1]), self.sampling, self.generator)  # [B]
+        return sample(self.model.logits(hidden[:, -1]), self.sampling, self.generator), positions + 1  # [B] x2
 
     @torch.inference_mode()
     def _prefill(self, reqs: list[Request]) -> torch.Tensor:
@@ -139,7 +142,8 @@ class AREngine:
         waiting = deque(requests)
         active: list[Request] = []
         tokens = torch.empty(0, dtype=torch.long, device=self.device)  # [B] next input token
-        positions = torch.empty(0, dtype=torch.long, device=self.device)  # [B] its position
+        positions = torch.empty(0, dtype=torch.int32, device=self.device)  # [B] its position
+        rows, rows_key = None, None  # the active requests' rows on the device [B], and on the host
         inflight: deque[PendingTokens] = deque()
         while waiting or active or inflight:
             new = admit(waiting, len(active), self.max_batch, self.min_admit)
@@ -153,7 +157,8 @@ class AREngine:
                 inflight.append(PendingTokens(first, new))
                 active += new
                 tokens = torch.cat([tokens, first])
-                positions = torch.cat([positions, to_device([len(r.prompt_ids) for r in new], self.device)])
+                positions = torch.cat([positions, to_device([len(r.prompt_ids) for r in new], self.device,
+                                                            torch.int32)])
                 sync()
                 stats.prefill_s += time.perf_counter() - tp
             active, tokens, positions = self._retire(active, tokens, positions)
@@ -161,13 +166,15 @@ class AREngine:
                 self.kv.reserve_many([(r.row, len(r.prompt_ids) + r.launched + 1) for r in active])
                 for r in active:
                     r.launched += 1
-                rows = to_device([r.row for r in active], self.device)  # [B]
-                nxt = self._decode(tokens, positions, self.kv.req_to_page[rows]).clone()  # [B]
+                key = tuple(r.row for r in active)
+                if key != rows_key:  # a host-to-device copy only when the batch changed, not every step
+                    rows, rows_key = to_device(list(key), self.device), key  # [B]
+                nxt, nxt_positions = self._decode(tokens, positions, rows)  # [B] x2
                 stats.decode_steps += 1
                 if on_step is not None:
                     on_step()
                 inflight.append(PendingTokens(nxt, list(active)))
-                tokens, positions = nxt, positions + 1
+                tokens, positions = nxt, nxt_positions
             # read the older copies (lag 1 keeps a step queued on the GPU); all of them when idle
             while len(inflight) > (1 if active else 0):
                 self._record(inflight.popleft(), on_token)

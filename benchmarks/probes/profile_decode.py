@@ -43,16 +43,16 @@ def main():
     r = kv.alloc_request()
     kv.reserve(r, args.prompt + 8)
     tok = torch.ones(args.batch, dtype=torch.long, device="cuda")
-    pos = torch.full((args.batch,), args.prompt, device="cuda")
-    pt = kv.req_to_page[[r] * args.batch]
+    pos = torch.full((args.batch,), args.prompt, dtype=torch.int32, device="cuda")
+    rows = torch.full((args.batch,), r, dtype=torch.long, device="cuda")
     for _ in range(3):
-        eng._decode_fn(tok, pos, pt)
+        eng._decode_fn(tok, pos, rows)
     torch.cuda.synchronize()
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(10):
-            eng._decode_fn(tok, pos, pt)
+            eng._decode_fn(tok, pos, rows)
         torch.cuda.synchronize()
     rows = sorted(prof.key_averages(), key=lambda e: -e.self_device_time_total)
     total = sum(e.self_device_time_total for e in rows)
