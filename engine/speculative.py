@@ -289,7 +289,7 @@ class SpeculativeEngine:
         t_drafted = timer.mark()
         timer.span("draft", t_draft, t_drafted)
         plan.after_draft()
-        plan.read_on_plan_stream(seq_lens, rows, tokens, positions, mask)
+        plan.read_on_plan_stream(seq_lens, rows, tokens, positions, mask, next_tok, next_sib)
         with plan.context():
             # the verify's static inputs: first what needs only the previous step, then, after overlap_split's
             # wait, the draft's tree. Only the planning that runs beside the draft is timed on the plan stream

@@ -48,7 +48,7 @@
 #              BLOCK_TREES (steps/topk/tokens) beside the EAGLE-3 head's default run; OUT/block.tgz.* parts
 #   block_l8b  benchmarks/probes/probe_block_tree.py (grow_tree's launch variants; PROBE_ALT: another version's
 #              kernels/block_tree.py beside it, e.g. benchmarks/probes/block_tree_fma.py; PROBE_ARGS: e.g.
-#              --trees 1/4,7/4), benchmarks/bench_draft.py (the draft phase of EAGLE-3 and block
+#              --cases SmolLM2_Vd,Llama --trees 7/4), benchmarks/bench_draft.py (the draft phase of EAGLE-3 and block
 #              drafters at SmolLM2's and Llama-3.1-8B's shapes, B 1 and 8), then random Llama-3.1-8B weights,
 #              tree=simulate, B=1: a random block drafter
 #              (L8B_LAYERS layers, default 2) beside the EAGLE-3 head, both over a draft vocabulary of 32,000 tokens

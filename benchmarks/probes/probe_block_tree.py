@@ -67,12 +67,14 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--alt", default=None, help="another version's kernels/block_tree.py, timed beside this one")
     ap.add_argument("--trees", default=None, help="S/K pairs to time, e.g. 1/4,7/4 (default: all of TREES)")
-    ap.add_argument("--cases", default=None, help="vocabularies to time by label prefix, e.g. 'SmolLM2'")
+    ap.add_argument("--cases", default=None, help="vocabularies to time by label prefix, e.g. 'SmolLM2' (both "
+                    "SmolLM2 cases) or 'SmolLM2_Vd,Llama' (spaces as _)")
     args = ap.parse_args()
     modules = [("", bt)] + ([("alt ", load(args.alt))] if args.alt else [])
     rows, times = [], {}  # (vocabulary, S, K, variant) -> µs
     trees = [tuple(map(int, t.split("/"))) for t in args.trees.split(",")] if args.trees else TREES
-    cases = [c for c in CASES if args.cases is None or any(c[0].startswith(p) for p in args.cases.split(","))]
+    cases = [c for c in CASES
+             if args.cases is None or any(c[0].replace(" ", "_").startswith(p) for p in args.cases.split(","))]
     for label, V, Vd, has_d2t in cases:
         for S, K in trees:
             x = inputs(args.batch, S, V, Vd, has_d2t, "cuda")
