@@ -611,14 +611,19 @@ def linear_add_(out: torch.Tensor, a: torch.Tensor, weight: torch.Tensor, bias: 
 
 
 def linear_add(res: torch.Tensor, a: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-               cfg: dict | None = None) -> torch.Tensor:
-    """res [M, N] + a [M, K] @ weight [N, K].T (+ bias) as a new tensor [M, N]: `linear_add_` for a residual the caller
-    still needs (a draft layer's input)."""
+               cfg: dict | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+    """res [M, N] + a [M, K] @ weight [N, K].T (+ bias) as a new tensor [M, N], or into `out` [M, N] (any row stride:
+    a slice of a wider buffer, e.g. the target's captured layers): `linear_add_` for a residual the caller still needs
+    (a draft layer's input, a stream kept as a feature)."""
     _check_proj(a, weight, bias, x_name="a")
     _check_add("res", res, a, weight)
+    if out is not None:
+        _check_add("out", out, a, weight)
     if not use_triton(a, weight, res, *([bias] if bias is not None else [])):
-        return linear_add_ref(res, a, weight, bias)
-    out = torch.empty(res.shape, dtype=res.dtype, device=res.device)  # [M, N]
+        y = linear_add_ref(res, a, weight, bias)  # [M, N]
+        return y if out is None else out.copy_(y)
+    if out is None:
+        out = torch.empty(res.shape, dtype=res.dtype, device=res.device)  # [M, N]
     if a.shape[0]:
         _launch(_ADD, a, weight, out, bias=bias, res=res, cfg=cfg)
     return out

@@ -41,7 +41,7 @@ from eaglet.models.draft_layers import DraftLayer, draft_linear
 from eaglet.models.eagle import DraftHead, DraftVocab
 from eaglet.models.kernel_paths import KernelPath, path_for
 from eaglet.models.kv_cache import ForwardBatch, KVCache
-from eaglet.models.llama import RMSNorm
+from eaglet.models.llama import RMSNorm, concat_captured
 from eaglet.models.ttt_attention import SDPA_BACKENDS, rope_dense
 
 ARCH_BLOCK = "EagletBlockDrafter"
@@ -106,7 +106,7 @@ class BlockHead(DraftVocab, DraftHead):
         return tuple(ids)
 
     def target_feature(self, final_hidden, captured):
-        return torch.cat(captured, dim=-1)  # [B, T, n*Ht]
+        return concat_captured(captured)  # [B, T, n*Ht]
 
     def with_layers(self, n: int) -> "BlockHead":
         """A copy of this drafter with n >= its layers, the new ones appended with their output projections (o_proj,

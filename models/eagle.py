@@ -41,7 +41,7 @@ from eaglet.kernels.tree_attention import SUPPORTED_HEAD_DIMS
 from eaglet.models.draft_layers import DraftLayer, FcLayer, draft_linear
 from eaglet.models.kernel_paths import KernelPath, path_for
 from eaglet.models.kv_cache import ForwardBatch, KVCache
-from eaglet.models.llama import ModelArgs, RMSNorm, Transformer, rope_inv_freq
+from eaglet.models.llama import ModelArgs, RMSNorm, Transformer, concat_captured, rope_inv_freq
 from eaglet.models.ttt_attention import DenseKV, TTTPattern
 
 ARCH_EAGLE1 = "LlamaForCausalLMEagle"  # SGLang's name; EAGLE's own configs say LlamaForCausalLM
@@ -442,7 +442,7 @@ class Eagle3Head(DraftVocab, DraftHead):
         if len(captured) != 3:
             raise ValueError(f"EAGLE-3 needs the 3 captured target layers (capture_layers="
                              f"head.capture_layers(L)), got {len(captured)}")
-        return torch.cat(captured, dim=-1)  # [B, T, 3*Ht] low, mid, high
+        return concat_captured(captured)  # [B, T, 3*Ht] low, mid, high
 
     def _forward(self, tokens, hidden, positions, batch, kv, step):
         if hidden.shape[-1] == self.fc.in_features:  # target features: project; own output: already H-wide

@@ -251,12 +251,15 @@ class TransformerBlock(nn.Module):
         self.invariant = False  # Transformer.set_invariant
         self.norms_folded = False  # Transformer.fold_norm_weights
 
-    def forward(self, x, residual, positions, inv_freq, batch, kv):
+    def forward(self, x, residual, positions, inv_freq, batch, kv, capture=None, owned=True):
         """Pre-norm block: takes and returns (block output, residual) whose sum is the residual stream; residual=None
         at layer 0. The path is models/kernel_paths.py's: the stock one fuses the residual adds into the norms
-        (vLLM/SGLang style); the invariant one returns (the residual stream, None), x updated in place."""
+        (vLLM/SGLang style); the invariant one returns (the residual stream, None), x updated in place when `owned`
+        (capture, owned: `_forward_invariant`'s, the invariant path's only)."""
         if path_for(self.invariant) is KernelPath.INVARIANT:
-            return self._forward_invariant(x if residual is None else x + residual, positions, inv_freq, batch, kv)
+            if residual is not None:
+                x, owned = x + residual, True
+            return self._forward_invariant(x, positions, inv_freq, batch, kv, capture, owned)
         if residual is None:
             h, residual = self.input_layernorm(x), x
         else:
@@ -265,22 +268,44 @@ class TransformerBlock(nn.Module):
         h, residual = self.post_attention_layernorm(h, residual)
         return self.mlp(h), residual
 
-    def _forward_invariant(self, x, positions, inv_freq, batch, kv):
-        """The batch-invariant block (module doc): x [B, T, H] is the residual stream, updated in place, returned as
-        (stream, None). Four projection launches (kernels/projection.py: each norm inside the projection after it,
-        RoPE and the K/V store in qkv's epilogue, SiLU·mul in gate_up's, the residual adds in o's and down's) around
-        the tree attention."""
+    def _forward_invariant(self, x, positions, inv_freq, batch, kv, capture=None, owned=True):
+        """The batch-invariant block (module doc): x [B, T, H] is the residual stream, returned as (stream, None).
+        Four projection launches (kernels/projection.py: each norm inside the projection after it, RoPE and the K/V
+        store in qkv's epilogue, SiLU·mul in gate_up's, the residual adds in o's and down's) around the tree
+        attention. x is updated in place when `owned`; otherwise (the caller's embeds, a captured layer's stream) o's
+        residual add writes a new stream. capture [B, T, H] (a slice of the captured layers' buffer, rows strided):
+        down's residual add writes the stream there, which is then both the feature and the next layer's input: a
+        captured layer costs no copy."""
         attn, mlp = self.self_attn, self.mlp
-        B = x.shape[0]
-        x2d = x.view(-1, x.shape[-1])  # [B*T, H]
+        B, T, H = x.shape
+        x2d = x.view(B * T, H)  # [B*T, H]
         folded = self.norms_folded  # the norm weights are inside qkv_proj and gate_up_proj: only the row scale
         g1 = proj.FOLDED if folded else self.input_layernorm.weight
         g2 = proj.FOLDED if folded else self.post_attention_layernorm.weight
         o = attn.forward_stream(x2d, g1, positions, inv_freq, batch, kv, B)  # [B*T, Hq*D]
-        proj.linear_add_(x2d, o, attn.o_proj.weight, attn.o_proj.bias)
+        if owned:
+            proj.linear_add_(x2d, o, attn.o_proj.weight, attn.o_proj.bias)
+        else:
+            x2d = proj.linear_add(x2d, o, attn.o_proj.weight, attn.o_proj.bias)  # [B*T, H], x left as it was
         a = proj.gate_up_silu(x2d, g2, mlp.gate_up_proj.weight, mlp.norm_eps)  # [B*T, I]
-        proj.linear_add_(x2d, a, mlp.down_proj.weight)
-        return x, None
+        if capture is None:
+            proj.linear_add_(x2d, a, mlp.down_proj.weight)
+            return x2d.view(B, T, H), None
+        proj.linear_add(x2d, a, mlp.down_proj.weight, out=capture.view(B * T, H))
+        return capture, None
+
+
+def concat_captured(captured: list[torch.Tensor]) -> torch.Tensor:
+    """The captured layers' streams [B, T, H] each, side by side -> [B, T, n*H] (a drafter's features): without a copy
+    when they are the consecutive slices of one [B, T, n, H] buffer, as the invariant forward writes them; else
+    concatenated."""
+    c0, n = captured[0], len(captured)
+    B, T, H = c0.shape
+    strides = (T * n * H, n * H, 1)
+    if all(c.shape == c0.shape and c.stride() == strides and c.data_ptr() == c0.data_ptr() + j * H * c0.element_size()
+           for j, c in enumerate(captured)):
+        return c0.as_strided((B, T, n * H), strides)  # [B, T, n*H]
+    return torch.cat(captured, dim=-1)  # [B, T, n*H]
 
 
 class _Body(nn.Module):
@@ -387,13 +412,25 @@ class Transformer(nn.Module):
         if self._inv_freq.device != positions.device:
             self._inv_freq = self._inv_freq.to(positions.device)
         x = self.model.embed_tokens(tokens) if embeds is None else embeds  # [B, T, dim]
-        if embeds is not None and path_for(self.invariant) is KernelPath.INVARIANT:
-            x = embeds.clone()  # the invariant blocks update the stream in place: the caller's tensor stays as it was
         residual, captured = None, []
+        if path_for(self.invariant) is KernelPath.INVARIANT:
+            # the blocks update the stream in place, except the caller's embeds and a captured layer's stream, which
+            # each next block leaves as they are; the captured layers' streams are written where they are kept
+            # (`concat_captured` then takes them without a copy): 6 launches fewer a verify at 5 captured layers
+            L = self.args.n_layers
+            caps = x.new_empty(*x.shape[:2], sum(i in capture_layers for i in range(L)), x.shape[-1])  # [B, T, n, dim]
+            owned = embeds is None
+            for i, layer in enumerate(self.model.layers):
+                cap = caps[:, :, len(captured)] if i in capture_layers else None  # [B, T, dim] or None
+                x, _ = layer(x, None, positions, self._inv_freq, batch, kv, capture=cap, owned=owned)  # [B, T, dim]
+                owned = cap is None
+                if cap is not None:
+                    captured.append(cap)
+            return self.model.norm(x.contiguous()), captured  # a copy only when the last layer is captured
         for i, layer in enumerate(self.model.layers):
             x, residual = layer(x, residual, positions, self._inv_freq, batch, kv)  # [B, T, dim] each
             if i in capture_layers:
-                captured.append(x.clone() if residual is None else x + residual)  # invariant: later layers update x
+                captured.append(x + residual)
         return (self.model.norm(x) if residual is None else self.model.norm(x, residual)[0]), captured
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

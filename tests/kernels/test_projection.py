@@ -92,6 +92,10 @@ def test_linear_and_adds_match_reference(M, N, K, splits):
     assert rel_err(out, P.linear_add_ref(res, x, w)) < 1e-5
     x_strided = torch.cat([x, x], dim=1)[:, :K]  # rows with a stride != K
     assert torch.equal(P.linear(x_strided, w, cfg=c), P.linear(x, w, cfg=c))
+    # into a slice of a wider buffer (the target's captured layers): the same values, the rest of the buffer untouched
+    wide = torch.full((M, 3 * N), 7.0)
+    assert P.linear_add(res, x, w, b, cfg=c, out=wide[:, N:2 * N]).data_ptr() == wide[:, N:].data_ptr()
+    assert torch.equal(wide[:, N:2 * N], got) and (wide[:, :N] == 7).all() and (wide[:, 2 * N:] == 7).all()
 
 
 @needs_kernel

@@ -152,6 +152,38 @@ def test_capture_layers_returns_residual_stream():
     assert torch.allclose(model.model.norm(cap[1]), h)
 
 
+@pytest.mark.parametrize("invariant", [False, True], ids=["stock", "invariant"])
+@pytest.mark.parametrize("layers", [(0,), (0, 1), (1,)], ids=["first", "both", "last"])
+def test_capturing_changes_nothing_and_its_features_need_no_copy(invariant, layers):
+    """The invariant forward writes a captured layer's stream where it is kept and the next layer reads it there
+    (no clone): the final hidden is bitwise the uncaptured forward's, each capture is the stream after its layer
+    (the last one normed is the hidden), and `concat_captured` puts them side by side without a copy."""
+    from eaglet.models.llama import concat_captured
+
+    model = to_eaglet(tiny_hf("llama")).set_invariant(invariant)
+    ids = torch.randint(0, 256, (2, 5), generator=torch.Generator().manual_seed(3))
+
+    def run(capture):
+        kv = KVCache.for_model(model.args, max_reqs=2, max_context=16, page_size=4)
+        rows = [kv.alloc_request() for _ in range(2)]
+        for r in rows:
+            kv.reserve(r, 5)
+        pt, pos = kv.req_to_page[rows], torch.arange(5).expand(2, 5)
+        with torch.no_grad():
+            return model(ids, pos, ForwardBatch(pt, torch.zeros(2, dtype=torch.int32), slots_for(pt, pos, 4)), kv,
+                         capture_layers=capture)
+
+    h0, _ = run(())
+    h, cap = run(layers)
+    assert torch.equal(h, h0) and len(cap) == len(layers)
+    if layers[-1] == model.args.n_layers - 1:
+        assert torch.allclose(model.model.norm(cap[-1].contiguous()), h, atol=1e-6)
+    feats = concat_captured(cap)  # [2, 5, n*256]
+    assert torch.equal(feats, torch.cat(cap, dim=-1))
+    if invariant:
+        assert feats.data_ptr() == cap[0].data_ptr()  # a view of the buffer the forward wrote
+
+
 def test_unknown_architecture_is_named():
     with pytest.raises(ValueError, match="GPT2LMHeadModel.*supported"):
         ModelArgs.from_hf_config({"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2"})
