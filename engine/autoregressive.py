@@ -88,7 +88,8 @@ class AREngine:
                                             self.kv.page_size)  # [B, P], [B, 1], [B, 1]
         batch = ForwardBatch(page_table, positions, slots, None, self.kv.max_context - 1)
         hidden, _ = self.model(tokens[:, None], pos, batch, self.kv)  # [B, 1, dim]
-        return sample(self.model.logits(hidden[:, -1]), self.sampling, self.generator), positions + 1  # [B] x2
+        logits = self.model.logits(hidden[:, -1], float32=not self.sampling.greedy)  # [B, V]: fp32 to sample from
+        return sample(logits, self.sampling, self.generator), positions + 1  # [B] x2
 
     @torch.inference_mode()
     def _prefill(self, reqs: list[Request]) -> torch.Tensor:
@@ -101,7 +102,7 @@ class AREngine:
         batch = ForwardBatch(page_table, torch.zeros_like(lens_t, dtype=torch.int32), out_slots, None, 0)
         hidden, _ = self.model(tokens, positions, batch, self.kv)  # [n, T, dim]
         last = hidden[torch.arange(len(reqs), device=dev), lens_t - 1]  # [n, dim]
-        return sample(self.model.logits(last), self.sampling, self.generator)  # [n]
+        return sample(self.model.logits(last, float32=not self.sampling.greedy), self.sampling, self.generator)  # [n]
 
     # ---- host loop ----------------------------------------------------------------------
     def _record(self, copy: PendingTokens, on_token: Callable[[Request, int], None] | None) -> None:

@@ -217,11 +217,12 @@ class SpeculativeEngine:
         feats = self.drafter.target_feature(hidden, captured)  # [B, N, F]
         if feats is None:  # a drafter without target features: an empty static output
             feats = hidden.new_empty(*hidden.shape[:2], 0)  # [B, N, 0]
-        logits = self.target.logits(hidden)  # [B, N, V] fp32
+        greedy = self.simulate is not None or self.sampling.greedy
+        logits = self.target.logits(hidden, float32=not greedy)  # [B, N, V]: fp32 to sample from, else the model's
         S = self.tree.steps
         if self.simulate is not None:
             res = self._simulated_accept(logits.argmax(-1), mask)
-        elif self.sampling.greedy:
+        elif greedy:
             res = verify_greedy(tokens, logits.argmax(-1), next_tok, next_sib, S)
         else:
             B, N = tokens.shape
@@ -272,8 +273,8 @@ class SpeculativeEngine:
         hidden, captured = self.target(tokens, pos, ForwardBatch(pt_t, zeros, slots, None, 0), self.kv_t,
                                        capture_layers=self.capture)  # [n, T, H]
         last = (lens_t - 1)[:, None]  # [n, 1]
-        roots = sample(self.target.logits(hidden.gather(1, last[:, :, None].expand(n, 1, hidden.shape[-1]))[:, 0]),
-                       self.sampling)  # [n]
+        roots = sample(self.target.logits(hidden.gather(1, last[:, :, None].expand(n, 1, hidden.shape[-1]))[:, 0],
+                                          float32=not self.sampling.greedy), self.sampling)  # [n]
         state = self.drafter.prefill(PrefillBatch(tokens, pos, valid, lens_t, rows, hidden, captured, roots))
         return roots, lens_t.int(), {k: state[k] for k in self.state_names}
 

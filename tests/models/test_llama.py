@@ -184,6 +184,17 @@ def test_capturing_changes_nothing_and_its_features_need_no_copy(invariant, laye
         assert feats.data_ptr() == cap[0].data_ptr()  # a view of the buffer the forward wrote
 
 
+@pytest.mark.parametrize("invariant", [False, True], ids=["stock", "invariant"])
+def test_greedy_logits_keep_the_model_dtype(invariant):
+    """logits(float32=False), what a greedy argmax reads: the model's dtype, the same values as the fp32 logits (and
+    so the same argmax, ties included), without the fp32 copy."""
+    model = to_eaglet(tiny_hf("llama")).to(torch.bfloat16).set_invariant(invariant)
+    h = torch.randn(3, 4, model.args.dim, generator=torch.Generator().manual_seed(5)).to(torch.bfloat16)
+    raw, f32 = model.logits(h, float32=False), model.logits(h)
+    assert raw.dtype == torch.bfloat16 and f32.dtype == torch.float32
+    assert torch.equal(raw.float(), f32) and torch.equal(raw.argmax(-1), f32.argmax(-1))
+
+
 def test_unknown_architecture_is_named():
     with pytest.raises(ValueError, match="GPT2LMHeadModel.*supported"):
         ModelArgs.from_hf_config({"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2"})
