@@ -23,6 +23,8 @@ writes depth d's candidates and kept nodes. The last launch only merges.
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 import triton
 import triton.language as tl
@@ -50,8 +52,8 @@ def grow_tree_ref(base, dep_in, dep_out, roots, S: int, K: int, d2t=None):
     tokens = torch.empty(B, C, dtype=torch.long, device=dev)  # [B, C]
     parents = torch.empty(B, C, dtype=torch.long, device=dev)  # [B, C]
 
-    def children(d, par):  # [B, n] target ids -> [B, n, Vd]
-        return base[:, d, None] + dep_in[par] @ dep_out
+    def children(d, par):  # [B, n] target ids -> [B, n, Vd] fp32
+        return base[:, d, None].float() + dep_in[par] @ dep_out
 
     cur_lp, cur_tok = topk_logprobs_ref(children(0, roots[:, None])[:, 0], K)  # [B, K] each, draft ids
     if d2t is not None:
@@ -162,7 +164,7 @@ def _level_kernel(BASE, stride_bb, stride_bs, DEP_IN, DEP_OUT, D2T, ROOTS, PMAX,
             w = tl.load(DEP_OUT + (r0 + rr)[:, None] * Vd + v[None, :], mask=rok[:, None] & vok[None, :],
                         other=0.0)  # [RC, BLOCK_V]
             acc = tl.dot(z, w, acc, input_precision="ieee")  # [KD, BLOCK_V]
-        x = acc + tl.load(BASE + b * stride_bb + level * stride_bs + v, mask=vok, other=0.0)[None, :]
+        x = acc + tl.load(BASE + b * stride_bb + level * stride_bs + v, mask=vok, other=0.0).to(tl.float32)[None, :]
         x = tl.where(live[:, None] & vok[None, :], x, float("-inf"))  # [KD, BLOCK_V]
         mx = tl.max(x, 1)  # [KD]
         mx_safe = tl.where(mx == float("-inf"), 0.0, mx)
@@ -175,7 +177,8 @@ def _level_kernel(BASE, stride_bb, stride_bs, DEP_IN, DEP_OUT, D2T, ROOTS, PMAX,
 
 
 def grow_tree(base, dep_in, dep_out, roots, S: int, K: int, d2t=None):
-    """The tree's candidates (module doc): base [B, S', Vd] fp32 (S' >= S; depth d reads base[:, d - 1]), dep_in
+    """The tree's candidates (module doc): base [B, S', Vd] fp32, bf16 or fp16, read as fp32 (S' >= S; depth d reads
+    base[:, d - 1]; a bf16 LM head's logits need no fp32 copy), dep_in
     [V, r] and dep_out [r, Vd] fp32, roots [B] int64 target ids, d2t [Vd] int64 or None -> (scores [B, C] fp32,
     tokens [B, C] int64 target ids, parents [B, C] int64). Triton on GPU (and on CPU under TRITON_INTERPRET=1), else
     the reference; no host sync."""
@@ -187,7 +190,9 @@ def grow_tree(base, dep_in, dep_out, roots, S: int, K: int, d2t=None):
 
     need(base.dim() == 3 and base.shape[0] == B and base.shape[1] >= S and base.shape[2] == Vd,
          f"base must be [B={B}, >= S={S}, Vd={Vd}], got {tuple(base.shape)}")
-    need(base.dtype == dep_in.dtype == dep_out.dtype == torch.float32, "base, dep_in and dep_out must be float32")
+    need(dep_in.dtype == dep_out.dtype == torch.float32, "dep_in and dep_out must be float32")
+    need(base.dtype in (torch.float32, torch.bfloat16, torch.float16),
+         f"base must be float32, bfloat16 or float16 (read as float32), got {base.dtype}")
     need(dep_in.dim() == 2 and dep_in.shape[1] == dep_out.shape[0], f"dep_in [V, r] and dep_out [r, Vd] must share "
          f"r, got {tuple(dep_in.shape)} and {tuple(dep_out.shape)}")
     need(isinstance(K, int) and 1 <= K <= Vd and isinstance(S, int) and S >= 1, f"S={S!r}, K={K!r}: S >= 1 and "
@@ -262,8 +267,9 @@ def _levels(S: int) -> dict[tuple, int]:
 def compile_cases(hip: bool) -> list[CompileCase]:
     """kernels/_compile_cases.py: every tree's levels over the block drafter's vocabularies (SmolLM2's whole one and
     8,192-id draft vocabulary, Llama-3.1-8B's 32,000-id draft vocabulary), rank 64 (conf/draft/block.yaml), with and
-    without a map; the same on both vendors."""
-    f32, i64 = Ptr(torch.float32), Ptr(torch.int64)
+    without a map, the logits in fp32 (the stock path) and bf16 (the invariant path's LM head); the same on both
+    vendors."""
+    f32, bf16, i64 = Ptr(torch.float32), Ptr(torch.bfloat16), Ptr(torch.int64)
     cases = []
     shapes = {s.name: s for s in model_shapes()}
     vocabs = [("smollm2_135m", shapes["smollm2_135m"].vocab, False), ("smollm2_135m", 8192, True),
@@ -274,9 +280,12 @@ def compile_cases(hip: bool) -> list[CompileCase]:
         for model, Vd, has_d2t in vocabs:
             meta = _launch_meta(Vd, t.topk, 64)
             NC = triton.cdiv(Vd, meta["BLOCK_V"])
-            for (merge, root, compute), level in _levels(t.steps).items():
+            for ((merge, root, compute), level), (base, name) in itertools.product(
+                    _levels(t.steps).items(), ((f32, ""), (bf16, " bf16 logits"))):
+                if base is bf16 and not compute:
+                    continue  # the last level reads no logits
                 cases.append(CompileCase.of(
-                    _level_kernel, (f"{model} Vd={Vd} {t.name}",), BASE=f32, stride_bb=t.steps * Vd,
+                    _level_kernel, (f"{model} Vd={Vd} {t.name}{name}",), BASE=base, stride_bb=t.steps * Vd,
                     stride_bs=Vd, DEP_IN=f32, DEP_OUT=f32, D2T=i64, ROOTS=i64, PMAX=f32, PSUM=f32, PKEY=i64,
                     ST_LP=f32, ST_TOK=i64, ST_FLAT=i64, SCORES=f32, TOKENS=i64, PARENTS=i64, level=level, B=8,
                     Vd=Vd, NC=NC, C=num_candidates(t.topk, t.steps), HAS_D2T=has_d2t, MERGE=merge,

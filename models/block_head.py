@@ -202,13 +202,14 @@ class BlockHead(DraftVocab, DraftHead):
         return F.linear(x.to(self.target.dtype), self.lm_head_rows()).float()  # [..., Vd]
 
     def block_logits(self, x: torch.Tensor) -> torch.Tensor:
-        """x [..., H] (forward_block's) -> fp32 logits [..., Vd] through the final norm and the target LM head's rows of
-        the draft vocabulary."""
+        """x [..., H] (forward_block's) -> logits [..., Vd] through the final norm and the target LM head's rows of
+        the draft vocabulary: in the LM head's dtype on the invariant path (grow_tree reads them as fp32: no launch for
+        an fp32 copy), fp32 on the stock one."""
         if path_for(self.invariant) is KernelPath.INVARIANT:
             w = self.lm_head_rows()  # [Vd, H]
             x2d = x.reshape(-1, x.shape[-1]).to(w.dtype).contiguous()  # [M, H]
             return proj.linear(x2d, w, norm_weight=self.norm.weight.to(w.dtype), eps=self.args.norm_eps).view(
-                *x.shape[:-1], -1).float()  # [..., Vd]
+                *x.shape[:-1], -1)  # [..., Vd]
         return self.vocab_logits(self.norm(x))  # [..., Vd]
 
     def dep_bias(self, parents: torch.Tensor) -> torch.Tensor:

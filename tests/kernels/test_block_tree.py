@@ -49,6 +49,20 @@ def test_equals_reference(S, K, Vd, V, r, d2t):
 
 
 @needs_kernel
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_logits_are_read_as_float32(dtype):
+    """base in the LM head's dtype (the invariant path's, no fp32 copy): the tree of its fp32 values."""
+    base, dep_in, dep_out, roots, d2t = inputs(3, 4, 700, 900, 20, True, seed=9)
+    half = base.to(dtype)
+    dev = [t.to(DEVICE) for t in (half, dep_in, dep_out, roots, d2t)]
+    got = [t.cpu() for t in grow_tree(*dev[:4], 4, 4, dev[4])]
+    want = grow_tree_ref(half.float(), dep_in, dep_out, roots, 4, 4, d2t)
+    assert torch.equal(got[1], want[1]) and torch.equal(got[2], want[2])
+    torch.testing.assert_close(got[0], want[0], rtol=1e-5, atol=1e-5)
+    assert all(torch.equal(a, b) for a, b in zip(grow_tree_ref(half, dep_in, dep_out, roots, 4, 4, d2t), want))
+
+
+@needs_kernel
 def test_ties_take_the_lower_id():
     """Integer logits and a zero term: every candidate ties with others; the order is the reference's (lower id,
     then lower index), so the tree is fixed."""
