@@ -182,7 +182,8 @@ class DraftHead(nn.Module):
     def forward(self, tokens: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch,
                 kv: KVCache, step: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """tokens [B, T] (token at p+1), hidden [B, T, F] (feature at p), positions [B, T] (= p) ->
-        (hidden_out [B, T, H], logits [B, T, draft_vocab] fp32).
+        (hidden_out [B, T, H], logits [B, T, draft_vocab] in the head's dtype: its one reader, `topk_logprobs`,
+        takes them as fp32, so a bf16 run writes no fp32 copy, one launch a head step; `forward_dense`'s are fp32).
 
         step=None: draft-extend over target features (every layer of a multi-layer head writes its KV); its
         output is the step-0 distribution (depth-1 candidates). step=i >= 1: the draft step that consumes the
@@ -230,9 +231,10 @@ class DraftHead(nn.Module):
     def _forward(self, tokens, hidden, positions, batch, kv, step):
         raise NotImplementedError
 
-    def target_logits(self, x: torch.Tensor) -> torch.Tensor:
-        """x [B, T, H] -> fp32 logits [B, T, V] through the target's frozen lm_head."""
-        return self.target.logits(x.to(self.target.dtype))
+    def target_logits(self, x: torch.Tensor, float32: bool = True) -> torch.Tensor:
+        """x [B, T, H] -> logits [B, T, V] through the target's frozen lm_head, fp32 (float32=False: the target's
+        dtype, for `forward`)."""
+        return self.target.logits(x.to(self.target.dtype), float32=float32)
 
 class Eagle1Head(DraftHead):
     """EAGLE-1: fc over cat(embed, feature), decoder layer(s) (layer 0 without input norm), target lm_head.
@@ -254,7 +256,7 @@ class Eagle1Head(DraftHead):
         x = draft_linear(self.fc, self.invariant, torch.cat([self.embed(tokens), hidden], dim=-1))  # [B, T, H]
         for layer in self.layers:
             x = layer(x, positions, self._inv_freq, batch, kv)  # [B, T, H]
-        return x, self.target_logits(x)
+        return x, self.target_logits(x, float32=False)
 
     def _forward_dense(self, tokens, hidden, positions, attn_mask, cache):
         x = self.fc(torch.cat([self.embed(tokens), hidden], dim=-1))  # [B, T, H]
@@ -286,7 +288,7 @@ class MultiLayerHead(DraftHead):
 
     def _forward(self, tokens, hidden, positions, batch, kv, step):
         return self._run_layers(tokens, hidden, step,
-                                lambda layer, pair: layer(pair, positions, self._inv_freq, batch, kv))
+                                lambda layer, pair: layer(pair, positions, self._inv_freq, batch, kv), float32=False)
 
     def _forward_dense(self, tokens, hidden, positions, attn_mask, cache):
         # unrolled step 0 is the extend (over the target's features), as the engine's draft-extend
@@ -294,15 +296,16 @@ class MultiLayerHead(DraftHead):
         return self._run_layers(tokens, hidden, step, lambda layer, pair: layer.forward_dense(
             pair, positions, self._inv_freq, attn_mask, cache))
 
-    def _run_layers(self, tokens, hidden, step, run_layer):
+    def _run_layers(self, tokens, hidden, step, run_layer, float32: bool = True):
         """Run the layers of `step` (None = extend) as run_layer(layer, pair [B, T, 2H]) -> [B, T, H]
-        -> (hidden_out [B, T, H], logits [B, T, V]) of layer 0 (extend) or of the step's layer."""
+        -> (hidden_out [B, T, H], logits [B, T, V], fp32 unless not float32) of layer 0 (extend) or of the step's
+        layer."""
         pair = torch.cat([self.embed(tokens), hidden], dim=-1)  # [B, T, 2H]
         # Extend: every layer caches the accepted sequence for its own later steps; the output is layer 0's,
         # the step-0 prediction (the one made from the target's own features).
         run = range(len(self.layers)) if step is None else (min(step, len(self.layers) - 1),)
         outs = [run_layer(self.layers[i], pair) for i in run]  # [B, T, H] each
-        return outs[0], self.target_logits(outs[0])
+        return outs[0], self.target_logits(outs[0], float32)
 
 
 def _draft_vocab_loaded(module, incompatible_keys) -> None:
@@ -453,8 +456,8 @@ class Eagle3Head(DraftVocab, DraftHead):
             B, T, H = x.shape
             logits = proj.linear(x.reshape(B * T, H), self.lm_head.weight, norm_weight=self.norm.weight,
                                  eps=self.norm.eps).view(B, T, -1)  # [B, T, draft_vocab]
-            return x, logits.float()
-        return x, self.lm_head(self.norm(x)).float()
+            return x, logits
+        return x, self.lm_head(self.norm(x))
 
     def _forward_dense(self, tokens, hidden, positions, attn_mask, cache):
         if hidden.shape[-1] == self.fc.in_features:

@@ -486,6 +486,25 @@ def test_capture_layers_and_target_feature(target):
         head.target_feature(final, captured[:2])
 
 
+@pytest.mark.parametrize("kind", ["eagle1", "eagle3", "multi_layer"])
+def test_the_inference_forward_keeps_the_heads_dtype(target, kind):
+    """In a bf16 run a head's `forward` returns its logits in bf16 (`topk_logprobs`, their one reader, takes them as
+    fp32: no fp32 copy a step); the values are those of the fp32 copy, so the same top-k."""
+    from eaglet.kernels.topk import topk_logprobs
+
+    t16 = Transformer.from_state_dict(target.args, target.state_dict(), torch.bfloat16, "cpu")
+    head = new_draft_head(kind, t16, dtype=torch.bfloat16, device="cpu",
+                          **({"num_layers": 2} if kind == "multi_layer" else {}))
+    kv, reqs = fresh_kv(head, B=1)
+    pos, batch = batch_at(kv, reqs, 0, 3)
+    feats = torch.randn(1, 3, head.feature_size, generator=torch.Generator().manual_seed(4)).to(torch.bfloat16)
+    with torch.no_grad():
+        _, logits = head(torch.randint(0, V, (1, 3)), feats, pos, batch, kv)
+    assert logits.dtype == torch.bfloat16
+    got, want = topk_logprobs(logits, 3), topk_logprobs(logits.float(), 3)
+    assert torch.equal(got[1], want[1]) and torch.equal(got[0], want[0])
+
+
 def test_aux_layer_ids_from_config(target, tmp_path):
     g = torch.Generator().manual_seed(10)
     cfg, sd, _ = eagle3_public(g)
