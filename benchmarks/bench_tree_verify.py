@@ -1,4 +1,4 @@
-"""Benchmark the structural decode-step kernels: build_tree, verify_greedy, verify_sampling, commit_kv.
+"""Benchmark the structural decode-step kernels: build_tree, verify_greedy, verify_sampling, emitted_record, commit_kv.
 
     python -m benchmarks.bench_tree_verify [--out results/tree_verify_h200.md]
 
@@ -24,7 +24,14 @@ import triton.testing
 from benchmarks._common import command
 from eaglet.kernels.build_tree import build_tree, build_tree_ref, random_candidates
 from eaglet.kernels.kv_ops import commit_kv, commit_kv_ref
-from eaglet.kernels.verify import verify_greedy, verify_greedy_ref, verify_sampling, verify_sampling_ref
+from eaglet.kernels.verify import (
+    emitted_record,
+    emitted_record_ref,
+    verify_greedy,
+    verify_greedy_ref,
+    verify_sampling,
+    verify_sampling_ref,
+)
 
 B = 64
 TREES = {"EAGLE-2 6/10/64": (6, 10, 64), "SGLang 5/4/8": (5, 4, 8)}  # name: (steps S, topk K, N)
@@ -89,6 +96,11 @@ def main():
         ok = same(res, verify_greedy_ref(draft, pred, nxt, sib, S))
         rows.append(("verify_greedy", f"B={B} {name}", *timeit(lambda: verify_greedy(draft, pred, nxt, sib, S)),
                      f"mean accept_len {res.accept_len.float().mean():.2f} (worst-case walk)", ok))
+        # the step's record for the host (accept_len and the emitted tokens), against its ~13 torch ops
+        ok = torch.equal(emitted_record(draft, res), emitted_record_ref(draft, res))
+        ref_graph = timeit(lambda res=res: emitted_record_ref(draft, res))[1]
+        rows.append(("emitted_record", f"B={B} {name}", *timeit(lambda res=res: emitted_record(draft, res)),
+                     f"torch reference {ref_graph:.1f} us (graph)", ok))
 
         for V in (49152, 128256):
             probs = drafty_probs(tree, V)

@@ -47,7 +47,7 @@ from eaglet.engine.requests import (
 from eaglet.engine.sampling import SamplingParams, probs_from_logits, sample
 from eaglet.engine.stream_plan import ResolvedPlan, StreamPlan
 from eaglet.kernels.kv_ops import commit_kv, step_slots
-from eaglet.kernels.verify import VerifyResult, verify_greedy, verify_sampling
+from eaglet.kernels.verify import VerifyResult, emitted_record, verify_greedy, verify_sampling
 from eaglet.models.kv_cache import ForwardBatch, KVCache, slots_for, to_device
 from eaglet.models.llama import Transformer
 
@@ -232,7 +232,7 @@ class SpeculativeEngine:
         # seq_lens is this graph's own input buffer, staged anew each step and read by nothing after this: the
         # commit advances it in place (the extend computes the new lengths itself)
         commit_kv(self.kv_t.kv, page_table, self.kv_t.page_size, seq_lens, res.accept_index, res.accept_len)
-        emitted = torch.cat([res.accept_len[:, None].long(), emitted_tokens(tokens, res)], dim=1)  # [B, 1 + S+1]
+        emitted = emitted_record(tokens, res)  # [B, 1 + S+1] accept_len, then the emitted tokens
         return emitted, res.accept_index, res.accept_len, res.bonus, feats
 
     def _simulated_accept(self, pred: torch.Tensor, mask: torch.Tensor) -> VerifyResult:
@@ -404,16 +404,3 @@ class SpeculativeEngine:
                 self.drafter.free_request(r.row)
         idx = to_device(keep, self.device)
         return [active[i] for i in keep], {k: v[idx] for k, v in state.items()}
-
-
-
-def emitted_tokens(tokens: torch.Tensor, res: VerifyResult) -> torch.Tensor:
-    """tokens [B, N] of the tree and an accept result -> the step's emitted tokens [B, S+1]: the accepted path after
-    the root, then the bonus, -1 past accept_len."""
-    S1 = res.accept_index.shape[1]
-    j = torch.arange(S1, device=tokens.device)  # [S+1]
-    path = tokens.gather(1, res.accept_index.clamp(min=0))  # [B, S+1] root, a1, ..., am
-    last = (res.accept_len.long() - 1).clamp(min=0)[:, None]  # [B, 1]
-    nxt = torch.cat([path[:, 1:], path[:, :1]], dim=1)  # [B, S+1] a1..am, junk
-    out = torch.where(j == last, res.bonus[:, None], nxt)  # [B, S+1] a1..am, bonus
-    return torch.where(res.accept_index >= 0, out, -1)

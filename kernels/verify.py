@@ -332,6 +332,54 @@ def verify_sampling(
     return res
 
 
+# ----------------------------------------------------------------------------- the step's record for the host
+
+
+def emitted_record_ref(draft_tokens: torch.Tensor, res: VerifyResult) -> torch.Tensor:
+    """Torch reference (the spec) of `emitted_record`."""
+    S1 = res.accept_index.shape[1]
+    j = torch.arange(S1, device=draft_tokens.device)  # [S+1]
+    path = draft_tokens.gather(1, res.accept_index.clamp(min=0))  # [B, S+1] root, a1, ..., am
+    last = (res.accept_len.long() - 1).clamp(min=0)[:, None]  # [B, 1]
+    nxt = torch.cat([path[:, 1:], path[:, :1]], dim=1)  # [B, S+1] a1..am, junk
+    out = torch.where(j == last, res.bonus[:, None], nxt)  # [B, S+1] a1..am, bonus
+    emitted = torch.where(res.accept_index >= 0, out, -1)  # [B, S+1]
+    return torch.cat([res.accept_len[:, None].long(), emitted], dim=1)  # [B, 1 + S+1]
+
+
+@triton.jit
+def _emitted_record_kernel(draft_ptr, accept_index_ptr, accept_len_ptr, bonus_ptr, out_ptr, N, S1,
+                           BLOCK: tl.constexpr):
+    b = tl.program_id(0).to(tl.int64)
+    j = tl.arange(0, BLOCK)  # [BLOCK] the record's columns: accept_len, then S+1 tokens
+    t = j - 1  # [BLOCK] the emitted token's index
+    L = tl.load(accept_len_ptr + b)  # tokens emitted: the accepted path after the root, then the bonus
+    from_path = (t >= 0) & (t < L - 1)  # [BLOCK] a1..am, the nodes at accept_index[t + 1]
+    node = tl.load(accept_index_ptr + b * S1 + t + 1, mask=from_path, other=0)  # [BLOCK]
+    tok = tl.load(draft_ptr + b * N + node, mask=from_path, other=-1)  # [BLOCK]
+    val = tl.where(t == L - 1, tl.load(bonus_ptr + b), tl.where(from_path, tok, -1))  # [BLOCK]
+    val = tl.where(j == 0, L.to(tl.int64), val)
+    tl.store(out_ptr + b * (S1 + 1) + j, val, mask=j < S1 + 1)
+
+
+def emitted_record(draft_tokens: torch.Tensor, res: VerifyResult) -> torch.Tensor:
+    """draft_tokens [B, N] int64 of the tree and its verify result -> the step's record for the host [B, 1 + S+1]
+    int64: accept_len, then the tokens it emits (the accepted path after the root, then the bonus), -1 past them.
+    One launch (the torch ops were ~13 small kernels in the verify's graph), no host sync."""
+    B, N = draft_tokens.shape
+    S1 = res.accept_index.shape[1]
+    shapes = tuple(res.accept_index.shape), tuple(res.accept_len.shape), tuple(res.bonus.shape)
+    if shapes != ((B, S1), (B,), (B,)):
+        raise ValueError(f"accept_index [B, S+1], accept_len [B] and bonus [B] for B={B}, got {shapes}")
+    if not use_triton(draft_tokens, *res):
+        return emitted_record_ref(draft_tokens, res)
+    out = torch.empty(B, S1 + 1, dtype=torch.int64, device=draft_tokens.device)  # [B, 1 + S+1]
+    if B > 0:
+        _emitted_record_kernel[(B,)](draft_tokens.contiguous(), res.accept_index.contiguous(), res.accept_len,
+                                     res.bonus, out, N, S1, BLOCK=triton.next_power_of_2(S1 + 1), num_warps=1)
+    return out
+
+
 def _greedy_meta(steps: int) -> dict:
     """The greedy kernel's depth and warps: one warp walks a request's tree (a scalar walk)."""
     return dict(S=steps, num_warps=1)
@@ -345,7 +393,7 @@ def _sampling_meta(steps: int, N: int, V: int) -> dict:
 
 def compile_cases(hip: bool) -> list[CompileCase]:
     """kernels/_compile_cases.py: greedy for every tree's depth; sampling for every tree over each model's
-    vocabulary; the same on both vendors."""
+    vocabulary; the emitted record for every tree; the same on both vendors."""
     i64, i32, f32 = Ptr(torch.int64), Ptr(torch.int32), Ptr(torch.float32)
     cases = []
     for t in TREES:
@@ -358,4 +406,7 @@ def compile_cases(hip: bool) -> list[CompileCase]:
                 _verify_sampling_kernel, (f"{s.name} {t.name}",), draft_ptr=i64, next_token_ptr=i64,
                 next_sibling_ptr=i64, probs_ptr=f32, uniforms_ptr=f32, uniforms_final_ptr=f32, accept_index_ptr=i64,
                 accept_len_ptr=i32, bonus_ptr=i64, N=N, V=s.vocab, **_sampling_meta(t.steps, N, s.vocab)))
+        cases.append(CompileCase.of(
+            _emitted_record_kernel, (t.name,), draft_ptr=i64, accept_index_ptr=i64, accept_len_ptr=i32, bonus_ptr=i64,
+            out_ptr=i64, N=N, S1=t.steps + 1, BLOCK=triton.next_power_of_2(t.steps + 2), num_warps=1))
     return cases

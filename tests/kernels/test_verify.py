@@ -320,3 +320,30 @@ def test_validation():
         verify_sampling(draft, nxt, sib, probs, u, uf[:1], 3)
     with pytest.raises(ValueError, match="uniforms"):
         verify_sampling(draft, nxt, sib, probs, u.half(), uf, 3)
+
+
+@needs_kernel
+@pytest.mark.parametrize("S", [1, 5, 7])
+def test_emitted_record_equals_a_plain_construction(S):
+    """The step's record for the host: accept_len, the accepted path's tokens after the root, the bonus, -1 after;
+    a padding row (accept_len 0) is all -1 past its 0. Exact, against Python lists and the torch reference."""
+    from eaglet.kernels.verify import VerifyResult, emitted_record, emitted_record_ref
+
+    g = torch.Generator().manual_seed(S)
+    B, N = 6, 3 * S + 2
+    tokens = torch.randint(0, 1000, (B, N), generator=g)  # [B, N]
+    lens = torch.tensor([0, 1, S + 1] + torch.randint(1, S + 2, (B - 3,), generator=g).tolist(), dtype=torch.int32)
+    index = torch.full((B, S + 1), -1, dtype=torch.int64)  # [B, S+1]
+    for b, n in enumerate(lens.tolist()):
+        if n:
+            path = torch.randperm(N - 1, generator=g)[:n - 1] + 1  # [n-1] distinct non-root nodes
+            index[b, :n] = torch.cat([torch.zeros(1, dtype=torch.int64), path])
+    bonus = torch.randint(0, 1000, (B,), generator=g)  # [B]
+    res = VerifyResult(index, lens, bonus)
+    want = []
+    for b, n in enumerate(lens.tolist()):
+        toks = [int(tokens[b, i]) for i in index[b, 1:n].tolist()] + ([int(bonus[b])] if n else [])
+        want.append([n] + toks + [-1] * (S + 1 - len(toks)))
+    assert emitted_record_ref(tokens, res).tolist() == want
+    dev = VerifyResult(*(t.to(DEVICE) for t in res))
+    assert emitted_record(tokens.to(DEVICE), dev).cpu().tolist() == want
