@@ -278,7 +278,7 @@ class TransformerBlock(nn.Module):
         captured layer costs no copy."""
         attn, mlp = self.self_attn, self.mlp
         B, T, H = x.shape
-        x2d = x.view(B * T, H)  # [B*T, H]
+        x2d = x.reshape(B * T, H)  # [B*T, H] a view of our own streams (a copy only of an unviewable caller embeds)
         folded = self.norms_folded  # the norm weights are inside qkv_proj and gate_up_proj: only the row scale
         g1 = proj.FOLDED if folded else self.input_layernorm.weight
         g2 = proj.FOLDED if folded else self.post_attention_layernorm.weight

@@ -15,54 +15,9 @@ import triton
 import triton.language as tl
 
 from eaglet.kernels._utils import use_triton
+from eaglet.kernels.block_tree import _MERGE_KEYS, MAX_K, _top_keys_rows, grow_tree_ref
 from eaglet.kernels.build_tree import num_candidates
-from eaglet.kernels.draft_expand import expand_step_ref
-from eaglet.kernels.topk import _EMPTY, _decode_keys, _keys, _top_keys, topk_logprobs_ref
-
-# Above this K the reference runs: a program holds K x K cumulative scores, K rows of a chunk and K x chunks x K
-# keys; at K = 10 over SmolLM2's 49,152 ids they spill (tests/portability). Timed up to K = 4.
-MAX_K = 8
-# Keys one merge holds in registers (parents x chunks x K): BLOCK_V grows with the vocabulary to stay under it.
-_MERGE_KEYS = 8192
-
-
-def grow_tree_ref(base, dep_in, dep_out, roots, S: int, K: int, d2t=None):
-    """Torch reference (the spec; module doc): per depth the children's logits base[:, d] + dep_in[parents] @ dep_out,
-    `topk_logprobs_ref`, and `expand_step_ref`'s selection."""
-    B = roots.shape[0]
-    dev = roots.device
-    C = num_candidates(K, S)
-    scores = torch.empty(B, C, dtype=torch.float32, device=dev)  # [B, C]
-    tokens = torch.empty(B, C, dtype=torch.long, device=dev)  # [B, C]
-    parents = torch.empty(B, C, dtype=torch.long, device=dev)  # [B, C]
-
-    def children(d, par):  # [B, n] target ids -> [B, n, Vd]
-        return base[:, d, None] + dep_in[par] @ dep_out
-
-    cur_lp, cur_tok = topk_logprobs_ref(children(0, roots[:, None])[:, 0], K)  # [B, K] each, draft ids
-    if d2t is not None:
-        cur_tok = cur_tok + d2t[cur_tok]  # [B, K]
-    scores[:, :K], tokens[:, :K], parents[:, :K] = cur_lp, cur_tok, -1
-    cur_flat = torch.arange(K, device=dev).expand(B, K)  # [B, K]
-    h = torch.zeros(B, K, 0, device=dev)  # [B, K, 0] no hidden state
-    mask = torch.zeros(B, K, 0, dtype=torch.bool, device=dev)  # [B, K, 0] no draft mask
-    for d in range(1, S):
-        lp, tk = topk_logprobs_ref(children(d, cur_tok), K)  # [B, K, K] each
-        cur_lp, cur_tok, cur_flat, _, _ = expand_step_ref(cur_lp, lp, tk, cur_flat, mask, h, scores, tokens,
-                                                           parents, K + (d - 1) * K * K, d2t, keep_ancestors=False)
-    return scores, tokens, parents
-
-
-@triton.jit
-def _top_keys_rows(key, K: tl.constexpr, KP: tl.constexpr):
-    """The K largest of each row of key [ROWS, N] (distinct per row but for _EMPTY), largest first -> [ROWS, KP]."""
-    t = tl.arange(0, KP)  # [KP]
-    best = tl.full([key.shape[0], KP], _EMPTY, tl.int64)  # [ROWS, KP]
-    for r in range(K):
-        top = tl.max(key, 1)  # [ROWS]
-        best = tl.where(t[None, :] == r, top[:, None], best)  # [ROWS, KP]
-        key = tl.where(key == top[:, None], _EMPTY, key)  # [ROWS, N]
-    return best
+from eaglet.kernels.topk import _EMPTY, _decode_keys, _keys, _top_keys
 
 
 @triton.jit

@@ -1,10 +1,12 @@
 """What the engine tests share (imported as `engine_testing`, like tests/kernels/kernel_testing.py; the `target`
 fixture over `oracle_target` is in conftest.py): a small random target whose greedy continuation an oracle-like
-head can predict, the trees and prompts the tests decode, and plain decoding's outputs to compare with."""
+head can predict, the trees and prompts the tests decode, plain decoding's outputs to compare with, and a counter of
+the launches an engine runs between its graphs."""
 
 from __future__ import annotations
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from eaglet.engine.autoregressive import AREngine
 from eaglet.engine.requests import Request
@@ -68,3 +70,38 @@ def ar_outputs(target, prompts, max_new, use_cuda_graph=None):
     reqs = [Request(p, max_new, rid=i) for i, p in enumerate(prompts)]
     AREngine(target, kv, len(prompts), use_cuda_graph=use_cuda_graph).generate(reqs)
     return [r.output_ids for r in reqs]
+
+
+class LaunchCount(TorchDispatchMode):
+    """On a CPU, the ops a GPU would launch as kernels (not views or allocations), by name, appended to `windows[-1]`
+    while the mode is on, except inside what `hidden` wraps (a graph's function: its ops are the graph's, not the
+    host loop's)."""
+
+    NOT_KERNELS = ("empty", "empty_strided", "detach", "alias")
+
+    def __init__(self):
+        super().__init__()
+        self.windows: list[list[str]] = [[]]
+        self.inside = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket.__name__
+        if not self.inside and not func.is_view and name not in self.NOT_KERNELS:
+            self.windows[-1].append(name)
+        return func(*args, **(kwargs or {}))
+
+    def hidden(self, fn, label: str | None = None, new_window: bool = False):
+        """fn with its ops not counted; `label`: counted as one launch of that name (a Triton kernel on a GPU);
+        `new_window`: each call starts a new window (e.g. a decode step's)."""
+        def run(*a, **k):
+            if new_window:
+                self.windows.append([])
+            if label and not self.inside:
+                self.windows[-1].append(label)
+            self.inside += 1
+            try:
+                return fn(*a, **k)
+            finally:
+                self.inside -= 1
+        return run
+

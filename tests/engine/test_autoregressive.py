@@ -118,39 +118,20 @@ def test_between_its_graph_a_step_clones_gathers_and_adds_nothing(tiny, monkeypa
     to the host and the page table's growth, no more. The page table and the slot are gathered inside the graph,
     the outputs are not cloned and the next positions come from the graph. Counted on the CPU, where the graph's
     function runs eagerly (its ops, the prefill's and the runner's CPU-only buffers left out)."""
-    from torch.utils._python_dispatch import TorchDispatchMode
+    from engine_testing import LaunchCount
 
     from eaglet.engine.cuda_graph import GraphRunner
 
-    ops, inside = [[]], [0]  # the launches from one decode call to the next
-
-    class Count(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            name = func.overloadpacket.__name__
-            if not inside[0] and not func.is_view and name not in ("empty", "empty_strided", "detach", "alias"):
-                ops[-1].append(name)
-            return func(*args, **(kwargs or {}))
-
-    def hidden(fn, new_window=False):
-        def run(*a, **k):
-            if new_window:
-                ops.append([])
-            inside[0] += 1
-            try:
-                return fn(*a, **k)
-            finally:
-                inside[0] -= 1
-        return run
-
+    count = LaunchCount()
     for method in ("_static", "_to_static"):
-        monkeypatch.setattr(GraphRunner, method, hidden(getattr(GraphRunner, method)))
+        monkeypatch.setattr(GraphRunner, method, count.hidden(getattr(GraphRunner, method)))
     kv = KVCache.for_model(tiny.args, max_reqs=2, max_context=96, page_size=8)
     eng = AREngine(tiny, kv, max_batch=2, use_cuda_graph=False)
-    eng._decode.fn = hidden(eng._decode.fn, new_window=True)
-    monkeypatch.setattr(eng, "_prefill", hidden(eng._prefill))
-    with Count():
+    eng._decode.fn = count.hidden(eng._decode.fn, new_window=True)  # a window from one decode to the next
+    monkeypatch.setattr(eng, "_prefill", count.hidden(eng._prefill))
+    with count:
         eng.generate([Request([1, 2, 3], 20), Request([4, 5, 6], 20)])
-    middle = ops[2:-2]  # steps with the same two requests before and after
+    middle = count.windows[2:-2]  # steps with the same two requests before and after
     assert len(middle) > 10
     allowed = {"_to_copy", "copy_", "index_put_", "_foreach_copy_"}  # to the host; a new page's id into the table
     assert all(set(o) <= allowed for o in middle), middle

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from engine_testing import PROMPTS, TREES, ar_outputs, oracle_like
+from engine_testing import PROMPTS, TREES, LaunchCount, ar_outputs, oracle_like
 
 from eaglet.engine.autoregressive import AREngine
 from eaglet.engine.drafters.eagle import EagleDrafter
@@ -253,47 +253,27 @@ def test_between_its_graphs_a_step_runs_its_copies_and_the_plan_only(target, mon
     multi-tensor copy each, and the plan's `step_slots`; no clone, argmax or concatenation (each a launch of a few
     µs on a GPU). Counted on the CPU, where the graphs' functions run eagerly: their ops, `step_slots`' own (one
     kernel on a GPU) and the runners' CPU-only buffers are left out."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
     import eaglet.engine.speculative as speculative
     from eaglet.engine.cuda_graph import GraphRunner
 
-    ops, inside = [], [0]  # the step's own launches; > 0 while in what is not counted
-
-    class Count(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            name = func.overloadpacket.__name__
-            if not inside[0] and not func.is_view and name not in ("empty", "empty_strided", "detach", "alias"):
-                ops[-1].append(name)
-            return func(*args, **(kwargs or {}))
-
-    def hidden(fn, label=None):  # fn's ops not counted; `label`: counted as one launch of that name
-        def run(*a, **k):
-            if label and not inside[0]:
-                ops[-1].append(label)
-            inside[0] += 1
-            try:
-                return fn(*a, **k)
-            finally:
-                inside[0] -= 1
-        return run
-
-    monkeypatch.setattr(speculative, "step_slots", hidden(speculative.step_slots, "step_slots"))
+    count = LaunchCount()
+    monkeypatch.setattr(speculative, "step_slots", count.hidden(speculative.step_slots, "step_slots"))
     for method in ("_static", "_to_static"):
-        monkeypatch.setattr(GraphRunner, method, hidden(getattr(GraphRunner, method)))
+        monkeypatch.setattr(GraphRunner, method, count.hidden(getattr(GraphRunner, method)))
     head = new_draft_head("eagle3", target, dtype=torch.float32, device="cpu")
     eng = SpeculativeEngine(target, EagleDrafter(head), TREES["eagle2"], max_batch=2, max_context=256, page_size=8)
     for runner in (eng._draft, eng._verify, eng._extend):
-        runner.fn = hidden(runner.fn)
+        runner.fn = count.hidden(runner.fn)
     step = eng._step
 
-    def counted_step(*a, **k):
-        ops.append([])
-        with Count():
+    def counted_step(*a, **k):  # a window a step, counted within the step only
+        count.windows.append([])
+        with count:
             return step(*a, **k)
 
     eng._step = counted_step
     eng.generate([Request(p, 12, rid=i) for i, p in enumerate(PROMPTS[:2])])
-    assert len(ops) > 2
+    steps = count.windows[1:]
+    assert len(steps) > 2
     copy = "_foreach_copy_"
-    assert all(o == [copy, "step_slots", copy, copy, copy] for o in ops), ops
+    assert all(o == [copy, "step_slots", copy, copy, copy] for o in steps), steps
