@@ -8,6 +8,12 @@ KEEP=${KEEP:-/tmp/keep}
 mkdir -p /tmp/ns/eaglet "$KEEP"
 for d in kernels models engine runner training data experiments; do ln -sfn "$PWD/$d" "/tmp/ns/eaglet/$d"; done
 export PYTHONPATH=/tmp/ns${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 EAGLET_ASSET_DIR=$KEEP
+# scripts/carry_pack.sh's pieces (carry.tar.NN-of-MM, copied into KEEP one call each): joined and unpacked once all
+# MM are there (the model, the evaluation files, the ShareGPT subset, the wheels)
+pieces=("$KEEP"/carry.tar.*-of-*)
+if [[ -e ${pieces[0]} ]] && (( ${#pieces[@]} == 10#${pieces[0]##*-of-} )); then
+  cat "${pieces[@]}" | tar x -C "$KEEP" && rm -f "${pieces[@]}"
+fi
 # wheels: WHEELS (default .whl) and $KEEP/wheels (where an earlier call of the session copied them: later calls
 # need not carry them again)
 finds=()
@@ -27,10 +33,11 @@ if [[ ! -f $gguf ]] && ls "$KEEP"/*.part0 >/dev/null 2>&1 && ls .asset1/*.part1 
 fi
 # ShareGPT subset for training on the GPU box (the 125 MB file does not travel beside the model), xz-compressed,
 # as written by scripts/sharegpt_subset.py: SHAREGPT_XZ (default .asset4/*.json.xz: the first 9,000 conversations
-# plus every held-out one; `--first 0 --first-exchange` gives all 17,671 in 8.7 MB)
+# plus every held-out one; `--first 0 --first-exchange` gives all 17,671 in 8.7 MB), else carry_pack.sh's
 export SHAREGPT=$KEEP/sharegpt_subset.json
-if [[ ! -f $SHAREGPT ]] && ls ${SHAREGPT_XZ:-.asset4/*.json.xz} >/dev/null 2>&1; then
-  xz -dc ${SHAREGPT_XZ:-.asset4/*.json.xz} > "$SHAREGPT"
+sharegpt_xz=${SHAREGPT_XZ:-$(ls .asset4/*.json.xz "$KEEP"/sharegpt_subset.json.xz 2>/dev/null | head -1)}
+if [[ ! -f $SHAREGPT && -n $sharegpt_xz ]]; then
+  xz -dc $sharegpt_xz > "$SHAREGPT"
 fi
 for w in ${DATA_WHEELS:-}; do
   python3 - "$w" "$KEEP" <<'PY'
