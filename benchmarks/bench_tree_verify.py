@@ -1,4 +1,5 @@
-"""Benchmark the structural decode-step kernels: build_tree, verify_greedy, verify_sampling, emitted_record, commit_kv.
+"""Benchmark the structural decode-step kernels: build_tree, verify_greedy, verify_simulated, verify_sampling,
+emitted_record, commit_kv.
 
     python -m benchmarks.bench_tree_verify [--out results/tree_verify_h200.md]
 
@@ -31,6 +32,8 @@ from eaglet.kernels.verify import (
     verify_greedy_ref,
     verify_sampling,
     verify_sampling_ref,
+    verify_simulated,
+    verify_simulated_ref,
 )
 
 B = 64
@@ -100,6 +103,15 @@ def main():
         ok = torch.equal(emitted_record(draft, res), emitted_record_ref(draft, res))
         ref_graph = timeit(lambda res=res: emitted_record_ref(draft, res))[1]
         rows.append(("emitted_record", f"B={B} {name}", *timeit(lambda res=res: emitted_record(draft, res)),
+                     f"torch reference {ref_graph:.1f} us (graph)", ok))
+
+        # tree=simulate's accept (a drawn length along the deepest path), against its torch ops
+        cdf = torch.linspace(0.3, 1.0, S + 1, device="cuda")  # [S+1]
+        u = torch.rand(B, device="cuda")  # [B]
+        sim = (pred.clamp_min(0), tree.tree_mask, cdf, u, S)
+        ok = same(verify_simulated(*sim), verify_simulated_ref(*sim))
+        ref_graph = timeit(lambda sim=sim: verify_simulated_ref(*sim))[1]
+        rows.append(("verify_simulated", f"B={B} {name}", *timeit(lambda sim=sim: verify_simulated(*sim)),
                      f"torch reference {ref_graph:.1f} us (graph)", ok))
 
         for V in (49152, 128256):

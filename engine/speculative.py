@@ -47,7 +47,7 @@ from eaglet.engine.requests import (
 from eaglet.engine.sampling import SamplingParams, probs_from_logits, sample
 from eaglet.engine.stream_plan import ResolvedPlan, StreamPlan
 from eaglet.kernels.kv_ops import commit_kv, step_slots
-from eaglet.kernels.verify import VerifyResult, emitted_record, verify_greedy, verify_sampling
+from eaglet.kernels.verify import VerifyResult, emitted_record, verify_greedy, verify_sampling, verify_simulated
 from eaglet.models.kv_cache import ForwardBatch, KVCache, slots_for, to_device
 from eaglet.models.llama import Transformer
 
@@ -149,7 +149,8 @@ class SpeculativeEngine:
         self.simulate = simulate
         self.stream_plan = stream_plan or StreamPlan(ResolvedPlan("serial", "serial", "default"), target.device)
         if simulate is not None:  # on the device up front: no host copy inside a graph capture
-            self._sim_probs = torch.tensor(simulate.accept_probs, device=target.device)  # [S+1]
+            p = torch.tensor(simulate.accept_probs, dtype=torch.float64)  # [S+1]
+            self._sim_cdf = (p.cumsum(0) / p.sum()).float().to(target.device)  # [S+1] P(emitted <= n)
         self.target, self.drafter, self.tree = target, drafter, tree
         self.sampling, self.eos_ids = sampling, set(eos_ids)
         self.max_batch, self.device = max_batch, target.device
@@ -236,21 +237,10 @@ class SpeculativeEngine:
         return emitted, res.accept_index, res.accept_len, res.bonus, feats
 
     def _simulated_accept(self, pred: torch.Tensor, mask: torch.Tensor) -> VerifyResult:
-        """Accept a drawn number of tokens along the tree's deepest path (shorter where it is)."""
-        S = self.tree.steps
-        B, N = pred.shape
-        want = torch.multinomial(self._sim_probs.expand(B, S + 1), 1)[:, 0] + 1  # [B] tokens to emit
-        depth = mask.sum(-1) - 1  # [B, N] ancestors-or-self minus one
-        deep = depth.argmax(-1)  # [B] a deepest node
-        on_path = mask.gather(1, deep[:, None, None].expand(B, 1, N))[:, 0]  # [B, N] its ancestors and itself
-        # parents precede children, so the path's node indices in ascending order run root -> deep
-        order = torch.where(on_path, torch.arange(N, device=pred.device), N).sort(dim=1).values[:, : S + 1]  # [B, S+1]
-        length = torch.minimum(want, on_path.sum(-1))  # [B]
-        index = torch.where(torch.arange(S + 1, device=pred.device) < length[:, None], order, -1)  # [B, S+1]
-        # a row without a tree (bucket padding, the zero inputs of a graph's warm-up run) has length 0: it
-        # reads node 0, never index -1 (a device-side assert on the GPU, seen at B=1 on random Llama-3.1-8B)
-        last = torch.where(length[:, None] > 0, order.gather(1, (length - 1).clamp(min=0)[:, None]), 0)  # [B, 1]
-        return VerifyResult(index, length.int(), pred.gather(1, last)[:, 0])
+        """Accept a drawn number of tokens along the tree's deepest path (shorter where it is): a uniform and one
+        kernel, as cheap as a real greedy accept."""
+        u = torch.rand(pred.shape[0], device=pred.device)  # [B]
+        return verify_simulated(pred, mask, self._sim_cdf, u, self.tree.steps)
 
     @torch.inference_mode()
     def _extend_fn(self, tokens, feats, accept_index, accept_len, bonus, seq_lens, rows, **state):

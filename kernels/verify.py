@@ -380,6 +380,79 @@ def emitted_record(draft_tokens: torch.Tensor, res: VerifyResult) -> torch.Tenso
     return out
 
 
+# ----------------------------------------------------------------------------- simulated acceptance
+
+
+def _check_simulated(target_predict, tree_mask, accept_cdf, uniforms, steps):
+    if target_predict.dim() != 2:
+        raise ValueError(f"target_predict must be [B, N], got shape {tuple(target_predict.shape)}")
+    B, N = target_predict.shape
+    if tuple(tree_mask.shape) != (B, N, N) or tree_mask.dtype != torch.bool:
+        raise ValueError(f"tree_mask must be bool [B, N, N] = [{B}, {N}, {N}], got {tree_mask.dtype} "
+                         f"{tuple(tree_mask.shape)}")
+    if tuple(accept_cdf.shape) != (steps + 1,) or tuple(uniforms.shape) != (B,):
+        raise ValueError(f"accept_cdf must be [S+1] = [{steps + 1}] and uniforms [B] = [{B}], got "
+                         f"{tuple(accept_cdf.shape)} and {tuple(uniforms.shape)}")
+    return B, N
+
+
+def verify_simulated_ref(target_predict: torch.Tensor, tree_mask: torch.Tensor, accept_cdf: torch.Tensor,
+                         uniforms: torch.Tensor, steps: int) -> VerifyResult:
+    """Torch reference of `verify_simulated` (the CPU path)."""
+    B, N = _check_simulated(target_predict, tree_mask, accept_cdf, uniforms, steps)
+    dev = target_predict.device
+    want = 1 + (accept_cdf[None, :steps] <= uniforms[:, None]).sum(-1)  # [B] tokens to emit: inverse CDF
+    deep = tree_mask.sum(-1).argmax(-1)  # [B] the first deepest node (the most ancestors-or-self)
+    on_path = tree_mask.gather(1, deep[:, None, None].expand(B, 1, N))[:, 0]  # [B, N] its ancestors and itself
+    # parents precede children, so the path's node indices in ascending order run root -> deep
+    order = torch.where(on_path, torch.arange(N, device=dev), N).sort(dim=1).values[:, : steps + 1]  # [B, S+1]
+    length = torch.minimum(want, on_path.sum(-1))  # [B]
+    index = torch.where(torch.arange(steps + 1, device=dev) < length[:, None], order, -1)  # [B, S+1]
+    last = torch.where(length[:, None] > 0, order.gather(1, (length - 1).clamp(min=0)[:, None]), 0)  # [B, 1]
+    return VerifyResult(index, length.int(), target_predict.gather(1, last)[:, 0])
+
+
+@triton.jit
+def _verify_simulated_kernel(pred_ptr, mask_ptr, cdf_ptr, uniforms_ptr, accept_index_ptr, accept_len_ptr, bonus_ptr,
+                             N, S: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_S: tl.constexpr):
+    b = tl.program_id(0).to(tl.int64)
+    r = tl.arange(0, BLOCK_N)  # [BLOCK_N] nodes
+    inside = (r[:, None] < N) & (r[None, :] < N)  # [BLOCK_N, BLOCK_N]
+    m = tl.load(mask_ptr + b * N * N + r[:, None] * N + r[None, :], mask=inside, other=0).to(tl.int32)
+    deep = tl.argmax(tl.sum(m, axis=1), axis=0, tie_break_left=True)  # the first node with the most ancestors
+    on_path = tl.sum(tl.where(r[:, None] == deep, m, 0), axis=0)  # [BLOCK_N] 0/1: its ancestors and itself
+    rank = tl.cumsum(on_path, axis=0) - 1  # [BLOCK_N] a path node's place on the path (ascending = root -> deep)
+    t = tl.arange(0, BLOCK_S)  # [BLOCK_S] places on the path
+    cdf = tl.load(cdf_ptr + t, mask=t < S, other=2.0)  # [BLOCK_S] P(emitted <= t + 1), the first S
+    want = 1 + tl.sum((cdf <= tl.load(uniforms_ptr + b)).to(tl.int32), axis=0)
+    length = tl.minimum(want, tl.sum(on_path, axis=0))  # 0 for a row without a tree (bucket padding, warm-up)
+    at = (on_path[None, :] == 1) & (rank[None, :] == t[:, None])  # [BLOCK_S, BLOCK_N] the node at each place
+    node = tl.sum(tl.where(at, r[None, :], 0), axis=1)  # [BLOCK_S]
+    tl.store(accept_index_ptr + b * (S + 1) + t, tl.where(t < length, node, -1).to(tl.int64), mask=t < S + 1)
+    tl.store(accept_len_ptr + b, length.to(tl.int32))
+    last = tl.sum(tl.where(t == length - 1, node, 0), axis=0)  # node 0 when nothing is accepted
+    tl.store(bonus_ptr + b, tl.load(pred_ptr + b * N + last))
+
+
+def verify_simulated(target_predict: torch.Tensor, tree_mask: torch.Tensor, accept_cdf: torch.Tensor,
+                     uniforms: torch.Tensor, steps: int) -> VerifyResult:
+    """Simulated acceptance (`tree=simulate`, latency studies without a trained drafter): each row emits a drawn
+    number of tokens along its tree's first deepest path, shorter where the path is; the bonus is the target's
+    prediction at the path's last node. target_predict [B, N] int64, tree_mask [B, N, N] bool (ancestors-or-self),
+    accept_cdf [S+1] float32 (P(emitted <= n), n = 1..S+1), uniforms [B] float32 in [0, 1) -> VerifyResult.
+    A row without a tree (an empty mask) accepts nothing and reads node 0 for its bonus (an index of -1 is a
+    device-side assert on the GPU). One launch, where the torch ops were ~18 small kernels a step, so simulated
+    steps carry no cost a real greedy accept does not."""
+    B, N = _check_simulated(target_predict, tree_mask, accept_cdf, uniforms, steps)
+    if not use_triton(target_predict, tree_mask, accept_cdf, uniforms):
+        return verify_simulated_ref(target_predict, tree_mask, accept_cdf, uniforms, steps)
+    res = _outputs(B, steps, target_predict.device)
+    if B > 0:
+        _verify_simulated_kernel[(B,)](target_predict.contiguous(), tree_mask.contiguous(), accept_cdf.contiguous(),
+                                       uniforms.contiguous(), *res, N, **_simulated_meta(steps, N))
+    return res
+
+
 def _greedy_meta(steps: int) -> dict:
     """The greedy kernel's depth and warps: one warp walks a request's tree (a scalar walk)."""
     return dict(S=steps, num_warps=1)
@@ -391,9 +464,15 @@ def _sampling_meta(steps: int, N: int, V: int) -> dict:
                 num_warps=8)
 
 
+def _simulated_meta(steps: int, N: int) -> dict:
+    """The simulated accept's blocks: the whole [N, N] mask in one program (N <= 128: 16K flags)."""
+    return dict(S=steps, BLOCK_N=max(triton.next_power_of_2(N), 2), BLOCK_S=max(triton.next_power_of_2(steps + 1), 2),
+                num_warps=4 if N > 64 else 1)
+
+
 def compile_cases(hip: bool) -> list[CompileCase]:
     """kernels/_compile_cases.py: greedy for every tree's depth; sampling for every tree over each model's
-    vocabulary; the emitted record for every tree; the same on both vendors."""
+    vocabulary; the simulated accept and the emitted record for every tree; the same on both vendors."""
     i64, i32, f32 = Ptr(torch.int64), Ptr(torch.int32), Ptr(torch.float32)
     cases = []
     for t in TREES:
@@ -406,6 +485,9 @@ def compile_cases(hip: bool) -> list[CompileCase]:
                 _verify_sampling_kernel, (f"{s.name} {t.name}",), draft_ptr=i64, next_token_ptr=i64,
                 next_sibling_ptr=i64, probs_ptr=f32, uniforms_ptr=f32, uniforms_final_ptr=f32, accept_index_ptr=i64,
                 accept_len_ptr=i32, bonus_ptr=i64, N=N, V=s.vocab, **_sampling_meta(t.steps, N, s.vocab)))
+        cases.append(CompileCase.of(
+            _verify_simulated_kernel, (t.name,), pred_ptr=i64, mask_ptr=Ptr(torch.bool), cdf_ptr=f32, uniforms_ptr=f32,
+            accept_index_ptr=i64, accept_len_ptr=i32, bonus_ptr=i64, N=N, **_simulated_meta(t.steps, N)))
         cases.append(CompileCase.of(
             _emitted_record_kernel, (t.name,), draft_ptr=i64, accept_index_ptr=i64, accept_len_ptr=i32, bonus_ptr=i64,
             out_ptr=i64, N=N, S1=t.steps + 1, BLOCK=triton.next_power_of_2(t.steps + 2), num_warps=1))

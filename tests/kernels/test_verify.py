@@ -347,3 +347,49 @@ def test_emitted_record_equals_a_plain_construction(S):
     assert emitted_record_ref(tokens, res).tolist() == want
     dev = VerifyResult(*(t.to(DEVICE) for t in res))
     assert emitted_record(tokens.to(DEVICE), dev).cpu().tolist() == want
+
+
+# ----------------------------------------------------------------------------- simulated acceptance
+
+
+@needs_kernel
+@pytest.mark.parametrize("S,K,N", SHAPES + [(7, 4, 30), (6, 8, 100)])  # 30: the block drafter's tree, 100: 4 warps
+def test_simulated_accept_equals_a_plain_construction(S, K, N):
+    """tree=simulate's accept: the drawn length (inverse CDF of the uniform, boundaries included) along the first
+    deepest node's path, cut where the path ends; an empty row (bucket padding) accepts nothing and takes node 0's
+    prediction. Exact, kernel and torch reference, against Python lists."""
+    from eaglet.kernels.verify import verify_simulated, verify_simulated_ref
+
+    tree, gen = random_tree(8, S, K, N, seed=S * 100 + N, vocab=1000)
+    B, N = tree.draft_tokens.shape  # build_tree may make fewer nodes than asked
+    parents = tree.parents.tolist()
+    mask = torch.zeros(B, N, N, dtype=torch.bool)  # [B, N, N] ancestors-or-self
+    for b in range(B):
+        for j in range(N):
+            a = j
+            while True:
+                mask[b, j, a] = True
+                if a == 0:
+                    break
+                a = parents[b][a]
+    mask[1] = False  # a row without a tree
+    pred = torch.randint(0, 1000, (B, N), generator=gen)  # [B, N]
+    p = torch.rand(S + 1, generator=gen, dtype=torch.float64) + 0.1  # [S+1]
+    cdf = (p.cumsum(0) / p.sum()).float()  # [S+1]
+    u = torch.rand(B, generator=gen)  # [B]
+    u[2], u[3], u[4] = cdf[0], cdf[S - 1], 0.0  # exactly on a boundary: the next length
+    want_index, want_len, want_bonus = [], [], []
+    for b in range(B):
+        depth = mask[b].sum(-1).tolist()
+        deep = depth.index(max(depth))
+        path = [k for k in range(N) if mask[b, deep, k]]
+        n = min(1 + sum(float(c) <= float(u[b]) for c in cdf[:S]), len(path))
+        want_index.append(path[:n] + [-1] * (S + 1 - n))
+        want_len.append(n)
+        want_bonus.append(int(pred[b, path[n - 1] if n else 0]))
+    for fn, dev in ((verify_simulated_ref, "cpu"), (verify_simulated, DEVICE)):
+        res = fn(pred.to(dev), mask.to(dev), cdf.to(dev), u.to(dev), S)
+        assert res.accept_index.dtype == torch.int64 and res.accept_len.dtype == torch.int32
+        assert res.accept_index.cpu().tolist() == want_index, fn.__name__
+        assert res.accept_len.cpu().tolist() == want_len, fn.__name__
+        assert res.bonus.cpu().tolist() == want_bonus, fn.__name__
