@@ -98,8 +98,8 @@ def measure(target: Transformer, drafter, tree: TreeSpec, B: int, smoke: bool, t
     dev, dt, args = target.device, target.dtype, target.args
     P = 64 if smoke else PREFIX
     drafter.head.set_invariant(True)
-    drafter.setup(target=target, tree=tree, max_batch=B, max_context=CONTEXT, page_size=PAGE, num_pages=None,
-                  device=dev)
+    drafter.setup(target=target, tree=tree, depth=drafter.depth(tree), max_batch=B, max_context=CONTEXT,
+                  page_size=PAGE, num_pages=None, device=dev)
     for r in range(B):
         drafter.alloc_request(r)
     drafter.reserve([(r, P + 64) for r in range(B)])

@@ -93,9 +93,16 @@ class Drafter:
         """N, the nodes of each tree `propose` returns for the TreeSpec `tree` (the verify's width)."""
         return tree.num_draft_tokens
 
-    def setup(self, *, target, tree, max_batch: int, max_context: int, page_size: int, num_pages: int | None,
-              device: torch.device) -> None:
-        """Allocate the run's buffers: `max_context` positions a request (the engine's, lookahead included)."""
+    def depth(self, tree) -> int:
+        """The deepest node of the trees `propose` returns for `tree`: an accepted path emits up to depth + 1 tokens
+        (the verify's accept_index has depth + 1 columns)."""
+        return tree.steps
+
+    def setup(self, *, target, tree, depth: int, max_batch: int, max_context: int, page_size: int,
+              num_pages: int | None, device: torch.device) -> None:
+        """Allocate the run's buffers: `max_context` positions a request (the engine's, lookahead included);
+        `depth` is the engine's (`depth(tree)` of the outermost drafter: the accept_index `update` gets has depth + 1
+        columns)."""
         raise NotImplementedError
 
     def alloc_request(self, row: int) -> None:
@@ -123,7 +130,7 @@ class Drafter:
     def update(self, tokens: torch.Tensor, feats: torch.Tensor, accept_index: torch.Tensor, accept_len: torch.Tensor,
                bonus: torch.Tensor, seq_lens: torch.Tensor, rows: torch.Tensor,
                **state: torch.Tensor) -> dict[str, torch.Tensor]:
-        """After accept: tokens [B, N] (the tree), feats [B, N, feature_size] (the verify's), accept_index [B, S+1]
+        """After accept: tokens [B, N] (the tree), feats [B, N, feature_size] (the verify's), accept_index [B, depth+1]
         (-1 padded), accept_len [B], bonus [B] (the next root), seq_lens [B] (before this step) -> the next state."""
         raise NotImplementedError
 

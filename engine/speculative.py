@@ -143,8 +143,10 @@ class SpeculativeEngine:
         tree.validate()
         drafter.check_tree(tree.steps, tree.topk, tree.num_draft_tokens)
         self.min_admit = default_min_admit(max_batch) if min_admit is None else min_admit  # see `admit`
-        if simulate is not None and len(simulate.accept_probs) != tree.steps + 1:
-            raise ValueError(f"simulated acceptance needs {tree.steps + 1} probabilities (lengths 1..steps+1), "
+        # S, the deepest accepted path: tree.steps, or deeper where branches are (engine/drafters/ngram.py)
+        self.depth = drafter.depth(tree)
+        if simulate is not None and len(simulate.accept_probs) != self.depth + 1:
+            raise ValueError(f"simulated acceptance needs {self.depth + 1} probabilities (lengths 1..depth+1), "
                              f"got {len(simulate.accept_probs)}")
         self.simulate = simulate
         self.stream_plan = stream_plan or StreamPlan(ResolvedPlan("serial", "serial", "default"), target.device)
@@ -154,17 +156,17 @@ class SpeculativeEngine:
         self.target, self.drafter, self.tree = target, drafter, tree
         self.sampling, self.eos_ids = sampling, set(eos_ids)
         self.max_batch, self.device = max_batch, target.device
-        S, K, N = tree.steps, tree.topk, drafter.num_nodes(tree)
+        S, K, N = self.depth, tree.topk, drafter.num_nodes(tree)
         self.num_nodes = N  # the verify's width: the drafter's trees can hold more nodes than tree.num_draft_tokens
         # room past the longest sequence for the speculative tokens of one step (a drafter may write up to
-        # (S-1)*K draft positions past it, as EAGLE-2's draft steps do)
-        self.lookahead = max(N, (S - 1) * K, S + 1)
+        # (steps-1)*K draft positions past it, as EAGLE-2's draft steps do)
+        self.lookahead = max(N, (tree.steps - 1) * K, S + 1)
         self.max_context = max_context
         # one step past a finished request's budget can still be in flight (lag 1): S+1 more
         ctx = max_context + self.lookahead + S + 1
         self.kv_t = KVCache.for_model(target.args, max_reqs=max_batch, max_context=ctx, page_size=page_size,
                                       num_pages=num_pages, dtype=target.dtype, device=self.device)
-        drafter.setup(target=target, tree=tree, max_batch=max_batch, max_context=ctx, page_size=page_size,
+        drafter.setup(target=target, tree=tree, depth=S, max_batch=max_batch, max_context=ctx, page_size=page_size,
                       num_pages=num_pages, device=self.device)
         self.capture = tuple(drafter.capture_layers(target.args.n_layers))
         graphs = self.device.type == "cuda" if use_cuda_graph is None else use_cuda_graph
@@ -220,7 +222,7 @@ class SpeculativeEngine:
             feats = hidden.new_empty(*hidden.shape[:2], 0)  # [B, N, 0]
         greedy = self.simulate is not None or self.sampling.greedy
         logits = self.target.logits(hidden, float32=not greedy)  # [B, N, V]: fp32 to sample from, else the model's
-        S = self.tree.steps
+        S = self.depth
         if self.simulate is not None:
             res = self._simulated_accept(logits.argmax(-1), mask)
         elif greedy:
@@ -240,7 +242,7 @@ class SpeculativeEngine:
         """Accept a drawn number of tokens along the tree's deepest path (shorter where it is): a uniform and one
         kernel, as cheap as a real greedy accept."""
         u = torch.rand(pred.shape[0], device=pred.device)  # [B]
-        return verify_simulated(pred, mask, self._sim_cdf, u, self.tree.steps)
+        return verify_simulated(pred, mask, self._sim_cdf, u, self.depth)
 
     @torch.inference_mode()
     def _extend_fn(self, tokens, feats, accept_index, accept_len, bonus, seq_lens, rows, **state):
@@ -337,7 +339,7 @@ class SpeculativeEngine:
         state: dict[str, torch.Tensor] = {}
         inflight: deque[tuple[PendingTokens, bool]] = deque()  # (tokens, of a step rather than a prefill)
         rows, rows_key = None, None  # the active requests' rows on the device [B], and on the host
-        S = self.tree.steps
+        S = self.depth
         while waiting or active or inflight:
             new = admit(waiting, len(active), self.max_batch, self.min_admit)
             if new:

@@ -10,9 +10,11 @@ draft continues from). For the largest n in [n_min, n_max] for which the suffix 
 start i with i + n < len (its continuation h[i+n] exists; the suffix's own occurrence i = len-n is excluded) and
 h[i:i+n] == s, starts[b] holds the continuation starts i + n of up to M such occurrences, most recent (largest i)
 first, -1 past the matches found; ngram[b] is that n (0 and all -1: no n matches). `ngram_match_ref` is the spec.
-`ngram_continuations` is what follows those starts, h[start .. start + steps - 1] (-1 past len and for a start of
+`ngram_continuations` is what follows those starts, h[start + t mod (len - start)] for t < steps (-1 for a start of
 -1), written by the same launch: an n-gram drafter's proposals need no gather after the match (a launch in a draft
-graph costs 2-4 µs however small; BENCHMARKS.md).
+graph costs 2-4 µs however small; BENCHMARKS.md). Read cyclically: a match says the text repeats with period
+len - start, so once a continuation reaches the history's end, what the request will have written there is the
+continuation itself (a loop of 3 tokens is proposed as deep as `steps`, not 3 tokens deep).
 
 Kernel (`_ngram_match_kernel`, grid (B,), one program per request). An occurrence of the n-suffix is named by its
 continuation c = i + n, and it matches iff h[c-1-j] == h[len-1-j] for j < n: the candidates of every n live at the
@@ -155,8 +157,9 @@ def _ngram_match_kernel(H, stride_h, L, ROWS, LENS, STARTS, NGRAM, CONT, N_MIN: 
     tl.store(NGRAM + b, tl.where(nbest >= N_MIN, nbest, 0))
     if STEPS > 0:
         s = tl.arange(0, SP)  # [SP]
-        at = found[:, None] + s[None, :]  # [MP, SP] history positions
-        ok = (found[:, None] >= 0) & (at < length) & (s[None, :] < STEPS)  # [MP, SP]
+        period = tl.maximum(length - found, 1)  # [MP] a start is < length
+        at = found[:, None] + s[None, :] % period[:, None]  # [MP, SP] history positions, cyclic (module doc)
+        ok = (found[:, None] >= 0) & (s[None, :] < STEPS)  # [MP, SP]
         tok = tl.load(hist + at, mask=ok, other=-1).to(tl.int64)  # [MP, SP]
         tl.store(CONT + (b * M + slot[:, None]) * STEPS + s[None, :], tok, mask=(slot[:, None] < M) &
                  (s[None, :] < STEPS))
@@ -190,8 +193,10 @@ def ngram_continuations_ref(history: torch.Tensor, rows: torch.Tensor, lengths: 
     """Reference of `ngram_continuations`: `ngram_match_ref`'s starts, then the history gathered after them."""
     starts, _ = ngram_match_ref(history, rows, lengths, n_max=n_max, n_min=n_min, num_matches=num_matches)
     length = lengths.long().clamp(0, history.shape[1])[:, None, None]  # [B, 1, 1]
-    at = starts.long()[:, :, None] + torch.arange(steps, device=history.device)  # [B, M, steps] history positions
-    ok = (starts[:, :, None] >= 0) & (at < length)  # [B, M, steps]
+    start = starts.long()[:, :, None]  # [B, M, 1]
+    period = (length - start).clamp(min=1)  # [B, M, 1]
+    at = start + torch.arange(steps, device=history.device) % period  # [B, M, steps] history positions, cyclic
+    ok = (start >= 0).expand_as(at)  # [B, M, steps]
     tok = history[rows[:, None, None], at.clamp(0, history.shape[1] - 1)].long()  # [B, M, steps]
     return torch.where(ok, tok, -1)
 
@@ -199,7 +204,8 @@ def ngram_continuations_ref(history: torch.Tensor, rows: torch.Tensor, lengths: 
 def ngram_continuations(history: torch.Tensor, rows: torch.Tensor, lengths: torch.Tensor, *, n_max: int, n_min: int,
                         num_matches: int, steps: int) -> torch.Tensor:
     """`ngram_match`'s arguments and steps >= 1 -> [B, num_matches, steps] int64: the tokens that followed each match
-    start, -1 past the request's history and for matches not found. One launch (the match's), no host sync."""
+    start, read cyclically past the history's end (module doc), -1 for matches not found. One launch (the match's), no
+    host sync."""
     _check(history, rows, lengths, n_max, n_min, num_matches)
     if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
         raise ValueError(f"steps={steps!r} must be an int >= 1")

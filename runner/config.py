@@ -64,6 +64,13 @@ def check_logger(c: Checks) -> None:
         c.bad("logger.tags", tags, "must be a list of strings, e.g. logger.tags=[a,b]")
 
 
+def accept_depth(steps: int, draft) -> int:
+    """The deepest accepted path of a run (the engine's `depth`, which the drafter reports once built): tree.steps,
+    or draft.ngram_depth where n-gram branches reach deeper (engine/drafters/ngram.py's NgramBranches)."""
+    branches, depth = draft.get("ngram_branches"), draft.get("ngram_depth")
+    return max(steps, depth) if branches and isinstance(depth, int) else steps
+
+
 def check_tree(c: Checks) -> None:
     steps = c.integer("tree.steps", lo=1)
     c.integer("tree.topk", lo=1)
@@ -73,7 +80,7 @@ def check_tree(c: Checks) -> None:
         if not isinstance(sim, DictConfig):
             c.bad("tree.simulate", sim, "must be null (real acceptance) or hold tau (tree=simulate)")
         else:
-            c.number("tree.simulate.tau", lo=1, hi=steps + 1)
+            c.number("tree.simulate.tau", lo=1, hi=accept_depth(steps, c.cfg.draft) + 1)
 
 
 def check_draft(c: Checks) -> str | None:
@@ -93,6 +100,8 @@ def check_draft(c: Checks) -> str | None:
         branches = c.integer("draft.ngram_branches", lo=0, hi=MAX_M)
         if branches and module == "ngram":
             c.bad("draft.ngram_branches", branches, "must be 0 with draft=ngram: its tree is n-gram matches already")
+        if c.has("draft.ngram_depth"):  # tokens a branch (null: tree.steps); the trie merge's kernel holds 64 nodes
+            c.integer("draft.ngram_depth", lo=1, hi=64, null=True)
     return name
 
 
@@ -304,7 +313,7 @@ def check_run_spec_device(c: Checks) -> None:
             TreeSpec(t.steps, t.topk, t.num_draft_tokens).validate()
         if t.get("simulate"):
             with c.catching():
-                SimulatedAcceptance.from_tau(t.simulate.tau, t.steps)
+                SimulatedAcceptance.from_tau(t.simulate.tau, accept_depth(t.steps, cfg.draft))
     try:
         args = target_args(cfg.target)
     except (ValueError, OSError) as e:  # CheckpointError is a ValueError; an unknown registry name too

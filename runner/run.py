@@ -172,13 +172,13 @@ def _run(cfg: DictConfig, out_dir: Path, interrupts: Interrupts) -> dict:
         drafter = drafter_class(cfg.draft.drafter).from_config(cfg.draft, cfg.target, model, invariant=cfg.invariant,
                                                                fold_norms=cfg.fold_norms)
         if cfg.draft.get("ngram_branches"):  # K n-gram branches grafted onto any drafter's tree
-            drafter = NgramBranches(drafter, cfg.draft.ngram_branches)
+            drafter = NgramBranches(drafter, cfg.draft.ngram_branches, depth=cfg.draft.get("ngram_depth"))
         tree = TreeSpec(cfg.tree.steps, cfg.tree.topk, cfg.tree.num_draft_tokens)
         sim = cfg.tree.get("simulate")
         engine = SpeculativeEngine(model, drafter, tree, max_batch=batch_size, max_context=max_context,
                              page_size=cfg.kv.page_size, num_pages=cfg.kv.num_pages, sampling=sampling,
                              eos_ids=sorted(eos), use_cuda_graph=graphs,
-                             simulate=SimulatedAcceptance.from_tau(sim.tau, tree.steps) if sim else None,
+                             simulate=SimulatedAcceptance.from_tau(sim.tau, drafter.depth(tree)) if sim else None,
                              stream_plan=StreamPlan(plan, device, cfg.stream.stress_sleep_cycles))
     if cfg.data.name == "synthetic":
         g = torch.Generator().manual_seed(cfg.seed)
@@ -232,7 +232,7 @@ def _run(cfg: DictConfig, out_dir: Path, interrupts: Interrupts) -> dict:
 
     metrics = pass_metrics(main)
     if speculative:
-        metrics.update(combine_spec_stats(main.runs, tree.steps))
+        metrics.update(combine_spec_stats(main.runs, engine.depth))
         if plain is not None and plain.runs:
             metrics.update(compare_with_ar(main, plain, metrics, sampling.greedy, None if stopped else ar_engine.model))
     for i, p in enumerate(prompts[: cfg.print_answers if tokenizer is not None else 0]):

@@ -36,7 +36,8 @@
 #              HumanEval and held-out ShareGPT (DATASETS) at B=1 and 8 (BATCHES), each run with its AR pass, defaults
 #              otherwise (invariant numerics, tree 5/4/8; DRAFTER_ARGS: more overrides), one line per run
 #              (summarize_runs.py); an entry <draft>+ng<K> is draft=<draft> draft.ngram_branches=K (K n-gram branches
-#              added to the head's tree; `block` has 2 unless `block+ng0`), <draft>@S/K/N its tree; `block`: the
+#              added to the head's tree; `block` has 2 unless `block+ng0`), +ng<K>x<L> also draft.ngram_depth=L (branches
+#              of L tokens, deeper than the tree), <draft>@S/K/N its tree; `block`: the
 #              shipped block drafter or BLOCK_RUN's (a `block` stage's), at BLOCK_TREE (default 7/4/16) unless named;
 #              PROFILE=1: each drafter's per-kernel graph times
 #   block      the block drafter (train/head=block; BLOCK_ARGS: more overrides) trained on every GPU for what is left of
@@ -464,7 +465,11 @@ PY
     for d in ${DRAFTERS:-eagle3 ngram eagle3+ng2}; do
       spec=${d%@*} tree=()  # <draft>[+ng<K>][@steps/topk/tokens]
       draft=(draft=${spec%+ng*})
-      [[ $spec == *+ng* ]] && draft+=(draft.ngram_branches=${spec##*+ng})
+      if [[ $spec == *+ng* ]]; then  # +ng<K>[x<L>]: K branches [of L tokens]
+        ng=${spec##*+ng}
+        draft+=(draft.ngram_branches=${ng%x*})
+        [[ $ng == *x* ]] && draft+=(draft.ngram_depth=${ng#*x})
+      fi
       # the block drafter: the shipped one, or BLOCK_RUN's export (a `block` stage's), at BLOCK_TREE unless the entry
       # names a tree (default 7/4/16: its fastest at B=1, results/block_drafter_h100)
       t=$([[ $d == *@* ]] && echo "${d#*@}")

@@ -89,7 +89,7 @@ class BlockDrafter(ModelDrafter):
     def check_tree(self, steps: int, topk: int, num_draft_tokens: int) -> None:
         check_block_tree(steps, topk, num_draft_tokens, self.head.block_size, self.head.draft_vocab_size)
 
-    def setup(self, *, target, tree, max_batch, max_context, page_size, num_pages, device) -> None:
+    def setup(self, *, target, tree, depth, max_batch, max_context, page_size, num_pages, device) -> None:
         # the whole block is written past the context, however few of its depths the tree uses
         self.tree, self.max_context = tree, max_context + self.head.block_size
         self.kv = self.head.kv_cache(max_reqs=max_batch, max_context=self.max_context, page_size=page_size,
@@ -137,9 +137,9 @@ class BlockDrafter(ModelDrafter):
 
     def update(self, tokens, feats, accept_index, accept_len, bonus, seq_lens, rows):
         """The accepted path's features (root, a1..am) as context at seq_len .. seq_len + accept_len - 1."""
-        B, S1 = accept_index.shape
-        idx = accept_index.clamp(min=0)  # [B, S+1]
-        feat = feats.gather(1, idx[:, :, None].expand(B, S1, feats.shape[-1]))  # [B, S+1, F]
+        B, S1 = accept_index.shape  # S1: the engine's depth + 1 (deeper than the block where n-gram branches are)
+        idx = accept_index.clamp(min=0)  # [B, S1]
+        feat = feats.gather(1, idx[:, :, None].expand(B, S1, feats.shape[-1]))  # [B, S1, F]
         _, pos, slots = step_slots(self.kv.req_to_page, rows, seq_lens, S1, self.kv.page_size, accept_index)
         self.head.store_context(feat, pos, slots, self.kv)  # pos, slots [B, S+1]
         return {}

@@ -86,13 +86,14 @@ class EagleDrafter(ModelDrafter):
     def check_tree(self, steps: int, topk: int, num_draft_tokens: int) -> None:
         check_eagle_tree(steps, topk, num_draft_tokens, self.head.draft_vocab_size)
 
-    def setup(self, *, target, tree, max_batch, max_context, page_size, num_pages, device) -> None:
+    def setup(self, *, target, tree, depth, max_batch, max_context, page_size, num_pages, device) -> None:
         self.tree, self.max_context = tree, max_context
         self.kv = self.head.kv_cache(max_reqs=max_batch, max_context=max_context, page_size=page_size,
                                      num_pages=num_pages, dtype=target.dtype, device=device)
-        # constants the steps slice instead of building (each a launch in the step's graph, five a step)
+        # constants the steps slice instead of building (each a launch in the step's graph, five a step); the
+        # update's accepted paths are depth + 1 long (deeper than the head's tree where n-gram branches are)
         S, K = tree.steps, tree.topk
-        self._iota = torch.arange(max(S + 1, K), device=device)  # [max(S+1, K)]
+        self._iota = torch.arange(max(S + 1, depth + 1, K), device=device)  # [max(S+1, depth+1, K)]
         self._eye = torch.eye(K, dtype=torch.bool, device=device)  # [K, K]
 
     def reserve(self, bounds: list[tuple[int, int]]) -> None:
@@ -160,17 +161,16 @@ class EagleDrafter(ModelDrafter):
 
     def update(self, tokens, feats, accept_index, accept_len, bonus, seq_lens, rows, top_lp, top_tok, hidden):
         """The draft-extend: pairs (feature of node a_j, token of a_{j+1}), the last pair's token the bonus."""
-        S = self.tree.steps
-        B = tokens.shape[0]
-        j = self._iota[:S + 1]  # [S+1]
-        idx = accept_index.clamp(min=0)  # [B, S+1]
-        path = tokens.gather(1, idx)  # [B, S+1] root, a1, ..., am
+        B, S1 = accept_index.shape  # S1: the engine's depth + 1
+        j = self._iota[:S1]  # [S1]
+        idx = accept_index.clamp(min=0)  # [B, S1]
+        path = tokens.gather(1, idx)  # [B, S1] root, a1, ..., am
         last = (accept_len.long() - 1).clamp(min=0)[:, None]  # [B, 1]; padded rows (accept_len 0) read row 0
-        nxt = torch.cat([path[:, 1:], path[:, :1]], dim=1)  # [B, S+1] a1..am, junk
-        pair_tok = torch.where(j == last, bonus[:, None], nxt)  # [B, S+1] a1..am, bonus
-        pair_feat = feats.gather(1, idx[:, :, None].expand(B, S + 1, feats.shape[-1]))  # [B, S+1, F]
-        page_table, pos, slots = step_slots(self.kv.req_to_page, rows, seq_lens, S + 1, self.kv.page_size,
-                                            accept_index)  # [B, P], [B, S+1] x2
+        nxt = torch.cat([path[:, 1:], path[:, :1]], dim=1)  # [B, S1] a1..am, junk
+        pair_tok = torch.where(j == last, bonus[:, None], nxt)  # [B, S1] a1..am, bonus
+        pair_feat = feats.gather(1, idx[:, :, None].expand(B, S1, feats.shape[-1]))  # [B, S1, F]
+        page_table, pos, slots = step_slots(self.kv.req_to_page, rows, seq_lens, S1, self.kv.page_size,
+                                            accept_index)  # [B, P], [B, S1] x2
         batch = ForwardBatch(page_table, seq_lens, slots, None, self.max_context)
-        h, logits = self.head(pair_tok, pair_feat, pos, batch, self.kv, step=None)  # [B, S+1, H], [B, S+1, Vd]
+        h, logits = self.head(pair_tok, pair_feat, pos, batch, self.kv, step=None)  # [B, S1, H], [B, S1, Vd]
         return self._next(h, logits, last)

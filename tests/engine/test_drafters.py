@@ -28,6 +28,9 @@ FACTORIES = {
     "ngram": lambda target: NgramDrafter(n_max=3, n_min=1),
     "eagle+ngram": lambda target: NgramBranches(EagleDrafter(oracle_like("eagle1", target)), 2),
     "block+ngram": lambda target: NgramBranches(BlockDrafter(oracle_block(target)), 2),
+    # branches deeper than the drafter's tree: accepted paths longer than tree.steps + 1
+    "eagle+ngram_deep": lambda target: NgramBranches(EagleDrafter(oracle_like("eagle1", target)), 2, depth=9),
+    "block+ngram_deep": lambda target: NgramBranches(BlockDrafter(oracle_block(target)), 2, depth=9),
 }
 # prompts whose greedy continuations the random target repeats, so the n-gram drafter finds matches
 LOOPY = PROMPTS + [[9, 8, 7, 9, 8, 7, 9, 8, 7, 9, 8], [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 3, 1, 4, 1, 5]]
@@ -102,7 +105,7 @@ def test_greedy_is_lossless(target, module, tree, batch):
     reqs = [Request(p, 30, rid=i) for i, p in enumerate(LOOPY)]
     stats = eng.generate(reqs)
     assert [r.output_ids for r in reqs] == want
-    assert stats.summary(TREES[tree].steps)["tau"] > 1.0  # the drafter's proposals are taken, not only the bonus
+    assert stats.summary(eng.depth)["tau"] > 1.0  # the drafter's proposals are taken, not only the bonus
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA/ROCm GPU")
@@ -125,7 +128,7 @@ def test_greedy_is_lossless_gpu_cuda_graphs(target, module, tree, dtype):
     reqs = [Request(p, 40, rid=i) for i, p in enumerate(LOOPY)]
     stats = eng.generate(reqs)
     assert [r.output_ids for r in reqs] == want
-    assert stats.summary(TREES[tree].steps)["tau"] > 1.0
+    assert stats.summary(eng.depth)["tau"] > 1.0
 
 
 def test_ngram_tree_merges_shared_prefixes():
@@ -136,19 +139,20 @@ def test_ngram_tree_merges_shared_prefixes():
         device, dtype = torch.device("cpu"), torch.float32
 
     spec = TreeSpec(steps=3, topk=3, num_draft_tokens=8)
-    d.setup(target=Target(), tree=spec, max_batch=1, max_context=32, page_size=8, num_pages=None,
+    d.setup(target=Target(), tree=spec, depth=spec.steps, max_batch=1, max_context=32, page_size=8, num_pages=None,
             device=torch.device("cpu"))
     # history: 5 1 2 3 | 5 1 2 4 | 5 7 | 5  -> the suffix "5" occurred at 0, 4, 8: continuations
-    # (most recent first) 7 5 ., 1 2 4, 1 2 3 -> a trie of 7, 5 / 1, 2, 4 / 3 under the root
+    # (most recent first) 7 5 7 (the loop "5 7" goes on past the history's end), 1 2 4, 1 2 3 -> a trie of
+    # 7, 5, 7 / 1, 2, 4 / 3 under the root
     h = [5, 1, 2, 3, 5, 1, 2, 4, 5, 7, 5]
     d.history[0, :len(h)] = torch.tensor(h)
     seq_lens = torch.tensor([len(h) - 1], dtype=torch.int32)
     t = d.propose(seq_lens, torch.tensor([5]), torch.tensor([0]))
     check_tree(t, seq_lens, [5], 8, 3)
-    assert t.tokens[0].tolist() == [5, 7, 5, 1, 2, 4, 3, 0]
-    assert t.positions[0].tolist() == [10, 11, 12, 11, 12, 13, 13, 11]
-    assert t.next_token[0].tolist() == [1, 2, -1, 4, 5, -1, -1, -1]
-    assert t.next_sibling[0].tolist() == [-1, 3, -1, -1, -1, 6, -1, -1]
+    assert t.tokens[0].tolist() == [5, 7, 5, 7, 1, 2, 4, 3]
+    assert t.positions[0].tolist() == [10, 11, 12, 13, 11, 12, 13, 13]
+    assert t.next_token[0].tolist() == [1, 2, 3, -1, 5, 6, -1, -1]
+    assert t.next_sibling[0].tolist() == [-1, 4, -1, -1, -1, -1, 7, -1]
 
 
 def tree_of(tokens, parents, seq_len=10):
@@ -250,6 +254,32 @@ def test_ngram_branches_propose_a_loop_the_head_misses(target):
         taus.append(eng.generate(reqs).summary(4)["tau"])
         assert [r.output_ids for r in reqs] == ar_outputs(target, LOOPY[-2:], 30)
     assert taus[1] > taus[0] + 0.3, taus  # 1.0 and 1.90 here
+
+
+def test_deeper_ngram_branches_accept_past_the_heads_depth(target):
+    """Branches of draft.ngram_depth tokens under a tree of tree.steps: on LOOPY's loops (periods 5 and 6, ~25 tokens)
+    the verify accepts paths longer than tree.steps + 1 (the engine's depth is the branches'), so the same output,
+    plain decoding's, takes fewer steps than with branches as deep as the tree."""
+    from eaglet.models.head_checkpoint import new_draft_head
+
+    tree, runs = TREES["eagle2"], []
+    for depth in (None, tree.steps + 4):
+        torch.manual_seed(1)
+        head = new_draft_head("eagle1", target, dtype=target.dtype, device=target.device)
+        d = NgramBranches(EagleDrafter(head), 2, depth=depth)
+        eng = SpeculativeEngine(target, d, tree, max_batch=2, max_context=256, page_size=8)
+        assert eng.depth == (depth or tree.steps) and eng.num_nodes == tree.num_draft_tokens + 2 * eng.depth
+        reqs = [Request(p, 40, rid=i) for i, p in enumerate(LOOPY[-2:])]
+        runs.append(eng.generate(reqs))
+        assert [r.output_ids for r in reqs] == ar_outputs(target, LOOPY[-2:], 40)
+    shallow, deep = runs  # the random head accepts nothing: every accepted draft is a branch's
+    assert max(shallow.accept_lens) == tree.steps + 1 and max(deep.accept_lens) == tree.steps + 5, deep.accept_lens
+    assert len(deep.accept_lens) < len(shallow.accept_lens)  # the same tokens in fewer steps (40 against 44 here)
+
+
+def test_ngram_depth_is_checked():
+    with pytest.raises(ValueError, match="draft.ngram_depth=0"):
+        NgramBranches(NgramDrafter(), 2, depth=0)
 
 
 @pytest.mark.parametrize("module", sorted(FACTORIES))

@@ -42,11 +42,18 @@ def check(history, rows, lengths, n_max, n_min, M, steps=3):
 
 
 def continuations_by_hand(history, rows, lengths, starts, steps):
-    """What follows each start, in plain Python (the continuations' spec without tensors)."""
+    """What follows each start, in plain Python (the continuations' spec without tensors): the history from the start
+    on, then, past its end, what the continuation itself wrote there (a loop goes on)."""
     h, out = history.tolist(), []
     for row, length, ss in zip(rows.tolist(), lengths.tolist(), starts.tolist()):
         length = max(0, min(length, len(h[row])))
-        out.append([[h[row][s + j] if s >= 0 and s + j < length else -1 for j in range(steps)] for s in ss])
+        per = []
+        for s in ss:
+            text = list(h[row][:length])
+            for j in range(steps):
+                text.append(text[s + j] if s >= 0 else -1)  # the next token, as the match predicts it
+            per.append(text[length:] if s >= 0 else [-1] * steps)
+        out.append(per)
     return out
 
 
@@ -144,7 +151,9 @@ def test_golden():
                                [3, -1, -1], [2, -1, -1]]
     cont = ngram_continuations(history, rows, lengths, n_max=3, n_min=1, num_matches=3, steps=5)
     assert cont.tolist() == continuations_by_hand(history, rows, lengths, starts, 5)
-    assert cont[1].tolist() == [[9, 5, 6, 7, -1], [5, 6, 8, 5, 6], [-1] * 5]  # len 13: cut at the history's end
+    # len 13: past the history's end the continuation goes on as the loop it matched (9 5 6 7, period 4)
+    assert cont[1].tolist() == [[9, 5, 6, 7, 9], [5, 6, 8, 5, 6], [-1] * 5]
+    assert cont[0].tolist()[0] == [1, 1, 1, 1, 1]  # len 5, a run of 1s: start 4, period 1
     # n = 2..3: len 3 cannot match at n = 3, and its 9 4 9 has no earlier 4 9; the run still matches at n = 3.
     starts, ngram = check(history, rows[:4], lengths[:4], 3, 2, 2)
     assert ngram.tolist() == [3, 3, 0, 0] and starts.tolist() == [[4, 3], [9, 3], [-1, -1], [-1, -1]]
