@@ -62,3 +62,21 @@ def test_experiments_compose(experiment):
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         cfg = compose("run_spec", overrides=[f"+experiment={experiment}"])
         OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
+
+
+@pytest.mark.parametrize("overrides, ok", [
+    (["draft.ngram_branches=1", "draft.ngram_depth=15", "tree.simulate.tau=12"], True),  # branches 15 deep: up to 16
+    (["draft.ngram_branches=1", "draft.ngram_depth=15", "tree.simulate.tau=16.5"], False),
+    (["draft.ngram_branches=0", "draft.ngram_depth=15", "tree.simulate.tau=12"], False),  # no branches: 7 + 1
+])
+def test_simulated_tau_is_bounded_by_the_accept_depth(overrides, ok):
+    """tree=simulate draws lengths up to the engine's depth + 1, which deeper n-gram branches raise
+    (runner/config.py's accept_depth, the engine's Drafter.depth before anything loads)."""
+    from eaglet.runner.checks import Checks
+    from eaglet.runner.config import check_run_spec_values
+
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose("run_spec", overrides=["tree=simulate", *overrides])
+    c = Checks(cfg)
+    check_run_spec_values(c)
+    assert (not any("tree.simulate.tau" in e for e in c.errors)) == ok, c.errors
