@@ -97,10 +97,10 @@ class NgramBranches(Drafter):
     still proposed. Branches may reach deeper than the drafter's tree: once a step is inside a repeated stretch it
     tends to stay there (the shipped block drafter's MT-bench run accepted depths 5-7 at 0.78-0.87 given the one
     above, and all 8 tokens in 13% of its steps), and its continuation is known further than the drafter drafts: on
-    the CPU one branch of 15 under its 7-deep tree raised tau 2.709 -> 2.831 at 31 verified nodes against two of 7's
-    30 (results/block_drafter_h100/cpu_trees.md). The verify sees `num_nodes(tree)` = the drafter's N + K*depth
-    nodes, the branch slots left over as padding. The history is the n-gram drafter's own (its prefill and update);
-    everything else is the drafter's."""
+    20 MT-bench turns (CPU) one branch of 15 under its 7-deep tree raised tau 3.341 -> 3.697 at 31 verified nodes
+    against two of 7's 30 (results/block_drafter_h100/cpu_trees.md). The verify sees `num_nodes(tree)` = the
+    drafter's N + K*depth nodes, the branch slots left over as padding. The history is the n-gram drafter's own (its
+    prefill and update); everything else is the drafter's."""
 
     def __init__(self, base: Drafter, branches: int, ngram: NgramDrafter | None = None, depth: int | None = None):
         if not 1 <= branches <= MAX_M:
