@@ -465,9 +465,11 @@ def _sampling_meta(steps: int, N: int, V: int) -> dict:
 
 
 def _simulated_meta(steps: int, N: int) -> dict:
-    """The simulated accept's blocks: the whole [N, N] mask in one program (N <= 128: 16K flags)."""
+    """The simulated accept's blocks: the whole [N, N] mask in one program. One warp up to 16 nodes, else 4 (at one
+    warp a 32-node tile took 86 SGPRs on gfx942, which LLVM counts 7 waves a SIMD where the occupancy model of
+    kernels/_aot.py counts 8; at 4, 40 and 8 waves both)."""
     return dict(S=steps, BLOCK_N=max(triton.next_power_of_2(N), 2), BLOCK_S=max(triton.next_power_of_2(steps + 1), 2),
-                num_warps=4 if N > 64 else 1)
+                num_warps=1 if N <= 16 else 4)
 
 
 def compile_cases(hip: bool) -> list[CompileCase]:
