@@ -151,7 +151,8 @@ RUN_SPEC_BAD = [
     (["draft=ngram", "+draft.ngram_branches=2"], "draft.ngram_branches"),  # its tree is n-gram matches already
     (["draft.ngram_depth=0"], "draft.ngram_depth"),
     (["draft.ngram_depth=65"], "draft.ngram_depth"),  # past the trie merge kernel's 64 nodes
-    (["draft=eagle3", "tree=simulate", "tree.simulate.tau=8.5", "draft.random_init=true"], "tree.simulate.tau"),  # > 7+1
+    # tree=simulate's chain is 7 deep: at most 8 tokens a step
+    (["draft=eagle3", "tree=simulate", "tree.simulate.tau=8.5", "draft.random_init=true"], "tree.simulate.tau"),
     (["draft.drafter=medusa"], "draft.drafter"),
     (["draft=eagle1", "draft.path={shipped_eagle3}"], "draft"),
     (["tree.num_draft_tokens=200"], "tree.num_draft_tokens"),  # 7/4 trees hold 101 at most
