@@ -141,5 +141,5 @@ class BlockDrafter(ModelDrafter):
         idx = accept_index.clamp(min=0)  # [B, S1]
         feat = feats.gather(1, idx[:, :, None].expand(B, S1, feats.shape[-1]))  # [B, S1, F]
         _, pos, slots = step_slots(self.kv.req_to_page, rows, seq_lens, S1, self.kv.page_size, accept_index)
-        self.head.store_context(feat, pos, slots, self.kv)  # pos, slots [B, S+1]
+        self.head.store_context(feat, pos, slots, self.kv)  # pos, slots [B, S1]
         return {}
