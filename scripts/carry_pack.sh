@@ -5,6 +5,10 @@
 #   bash scripts/carry_pack.sh [MB]      (after `bash ../shared/device/prepare.sh` for .whl; MB per piece, default 16)
 # On the GPU machine, one call per piece while it stays warm (30 s idle), each with carry [".cK"]:
 #   mkdir -p /tmp/keep && cp .cK/* /tmp/keep/
+# Fewer calls: heads/ (the shipped drafters, 38 of the tree's 46 MB) is read only by the runs themselves, so with it
+# moved out of the checkout for the piece calls (`mv heads /tmp/heads_aside`, back with `mv /tmp/heads_aside heads`
+# before the call that runs) a call carries ~8 MB of tree and a piece of up to 56 MiB: `bash scripts/carry_pack.sh 52`
+# makes two pieces (the pack is ~108 MB), so two calls carry it and the third runs.
 # then `source scripts/offline_gpu_env.sh` (gpu_session.sh does) joins and unpacks them once every piece is there:
 # SmolLM2-135M-Instruct.Q4_1.gguf, MT-bench's question.jsonl, HumanEval.jsonl.gz, the held-out ShareGPT subset and
 # the wheels, all under $KEEP (the asset cache EAGLET_ASSET_DIR points at).

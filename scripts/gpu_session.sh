@@ -490,6 +490,8 @@ PY
             target.path="$smol" "${draft[@]}" "${tree[@]}" data=$data data.max_turns=1 gen.batch_size=$b "${path[@]}" \
             ${DRAFTER_ARGS:-} \
             > $R/$name.log 2>&1 || tail -3 $R/$name.log
+          # the table after every run: a call cut at its time limit still returns the rows it finished
+          python scripts/summarize_runs.py "${made[@]}" > "$out/drafters.md"
         done
       done
       # PROFILE=1: where each graph's time goes (4 MT-bench prompts at B=1, 5 profiled steps; graph_trace.py)
@@ -501,7 +503,7 @@ PY
           > "$out/profile_${label//+/_}.txt" 2>&1  # no "+" in a returned file's name
       fi
     done
-    python scripts/summarize_runs.py "${made[@]}" | tee "$out/drafters.md"
+    cat "$out/drafters.md"
     tar cz -C $R --exclude=wandb --exclude=trace.json . > "$out/drafters.tgz" ;;
   trees)
     train_setup >/dev/null 2>&1
