@@ -47,9 +47,9 @@
 #              machine is warm (its checkpoints, ~200 MB with AdamW's state, do not travel back); then
 #              the exported drafter on the 80 MT-bench first turns at B=1 (each run with its AR pass) for each tree of
 #              BLOCK_TREES (steps/topk/tokens) beside the EAGLE-3 head's default run; OUT/block.tgz.* parts
-#   block_l8b  benchmarks/probes/probe_block_tree.py (grow_tree's launch variants; PROBE_ALT: another version's
-#              kernels/block_tree.py beside it, e.g. benchmarks/probes/block_tree_fma.py; PROBE_ARGS: e.g.
-#              --cases SmolLM2_Vd,Llama --trees 7/4), benchmarks/bench_draft.py (the draft phase of EAGLE-3 and block
+#   block_l8b  benchmarks/bench_block_tree.py (grow_tree at every vocabulary and tree, B 1 and 8; TREE_ALT: another
+#              version's kernels/block_tree.py timed beside, default _old/kernels/block_tree.py where it exists: the
+#              whole-vocabulary kernel), benchmarks/bench_draft.py (the draft phase of EAGLE-3 and block
 #              drafters at SmolLM2's and Llama-3.1-8B's shapes, B 1 and 8), then random Llama-3.1-8B weights,
 #              tree=simulate, B=1: a random block drafter
 #              (L8B_LAYERS layers, default 2) beside the EAGLE-3 head, both over a draft vocabulary of 32,000 tokens
@@ -387,9 +387,11 @@ print(m['num_tokens'] / m['num_sequences'])")
       -C "$(dirname "$run_dir")" "$(basename "$run_dir")" -C /tmp block | split -b 15M - "$out/block.tgz." ;;
   block_l8b)
     R=/tmp/block_l8b; mkdir -p $R
-    # grow_tree's chain (K = 1) over the larger vocabularies, ~50 µs a depth slower than at 8,192 ids: launch variants
-    timeout 300 python -m benchmarks.probes.probe_block_tree ${PROBE_ALT:+--alt "$PROBE_ALT"} ${PROBE_ARGS:-} \
-      --md "$out/probe_block_tree.md" 2>&1 | grep -E "^\||Error" | tail -80
+    # the tree over each node's candidate union beside the whole-vocabulary kernel it replaced (60 µs at 7/4 over
+    # 8,192 ids on an H100)
+    alt=${TREE_ALT:-$([[ -f _old/kernels/block_tree.py ]] && echo _old/kernels/block_tree.py)}
+    timeout 300 python -m benchmarks.bench_block_tree ${alt:+--alt "$alt"} --md "$out/block_tree.md" 2>&1 |
+      grep -E "^\||Error" | tail -60
     # the draft phase alone, each half a CUDA graph: EAGLE-3 against block drafters of 1-3 layers
     timeout $(($(left) / 2)) python -m benchmarks.bench_draft --md "$out/draft.md" ${DRAFT_ARGS:-} 2>&1 |
       grep -E "^\||Error" | tail -30

@@ -1,7 +1,8 @@
 """The block drafter's tree from one forward (engine/drafters/block.py): `grow_tree` (kernels/block_tree.py) +
 `build_tree` equal a pure-Python construction of the same EAGLE-2 tree, over the target's vocabulary and over a draft
-vocabulary (d2t: candidates are target ids); greedy speculative decoding with a draft-vocabulary drafter equals plain
-decoding; the tree checks name the key to change."""
+vocabulary (d2t: candidates are target ids), both within grow_tree's candidate union (at most BASE_TOP ids: the
+whole vocabulary; tests/kernels/test_block_tree.py holds larger ones to its reference); greedy speculative decoding
+with a draft-vocabulary drafter equals plain decoding; the tree checks name the key to change."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import pytest
 import torch
 
 from eaglet.engine.drafters.block import check_block_tree
-from eaglet.kernels.block_tree import grow_tree
+from eaglet.kernels.block_tree import BASE_TOP, dependency_top, grow_tree
 from eaglet.kernels.build_tree import build_tree
 
 
@@ -22,6 +23,7 @@ def python_tree(base: list[list[float]], bias: list[list[float]], root: int, K: 
     node) with the root at node 0: per depth, each kept candidate's K best children by log-prob, the K best of those
     by cumulative log-prob kept; then the N-1 best candidates (ties: earlier candidate), in candidate order."""
     tt = (lambda v: v) if to_target is None else to_target.__getitem__
+
     def top(logits, k):
         m = max(logits)
         lse = m + math.log(sum(math.exp(x - m) for x in logits))
@@ -48,6 +50,12 @@ def python_tree(base: list[list[float]], bias: list[list[float]], root: int, K: 
                                                          for c in chosen]
 
 
+def bias_tree(base, bias, roots, S, K, d2t=None):
+    """grow_tree with the term after parent p given as bias[p] [Vd]: dep_in the identity [V, V], dep_rows bias.T."""
+    eye, rows = torch.eye(bias.shape[0]), bias.t().contiguous()  # [V, V], [Vd, V]
+    return grow_tree(base, eye, rows, dependency_top(eye, rows), roots, S, K, d2t)
+
+
 @pytest.mark.parametrize("S, K, N", [(1, 1, 2), (4, 1, 5), (4, 3, 8), (5, 4, 16), (3, 4, 21)])
 @pytest.mark.parametrize("seed", [0, 1])
 @pytest.mark.parametrize("Vd", [None, 24])
@@ -60,8 +68,8 @@ def test_tree_equals_python_construction(S, K, N, seed, Vd):
     bias = 2 * torch.randn(V, Vd or V, generator=g)  # [V, Vd]: the term after each parent token (a target id)
     roots = torch.randint(0, V, (B,), generator=g)
     seq_lens = torch.tensor([7, 30], dtype=torch.int32)
-    # the term after parent p is bias[p]: dep_in the identity [V, V], dep_out the bias
-    scores, tokens, parents = grow_tree(base, torch.eye(V), bias, roots, S, K, d2t)
+    assert V <= BASE_TOP  # the whole vocabulary is the candidate union: the tree is the exact one
+    scores, tokens, parents = bias_tree(base, bias, roots, S, K, d2t)
     tree = build_tree(scores, tokens, parents, roots, seq_lens, N, K, S)
     for b in range(B):
         want_tok, want_par = python_tree(base[b].tolist(), bias.tolist(), int(roots[b]), K, N,
@@ -80,7 +88,7 @@ def test_dependency_term_conditions_children():
     bias = torch.full((V, V), -9.0)
     for p in range(V):
         bias[p, (p + 1) % V], bias[p, (p + 5) % V] = 3.0, 2.0  # after p: p+1, then p+5
-    scores, tokens, parents = grow_tree(torch.zeros(1, 2, V), torch.eye(V), bias, torch.tensor([0]), 2, K)
+    scores, tokens, parents = bias_tree(torch.zeros(1, 2, V), bias, torch.tensor([0]), 2, K)
     assert tokens[0, :K].tolist() == [1, 5]
     assert tokens[0, K:].tolist() == [2, 6, 6, 0]  # children of 1, then of 5
 
