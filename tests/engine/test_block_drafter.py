@@ -17,21 +17,27 @@ from eaglet.kernels.build_tree import build_tree
 
 
 def python_tree(base: list[list[float]], bias: list[list[float]], root: int, K: int, N: int,
-                to_target: list[int] | None = None):
+                to_target: list[int] | None = None, table: list[list[int]] | None = None):
     """base[d][v]: logits of depth d+1 over draft ids v; bias[p][v]: the dependency term after target token p;
-    to_target[v]: the target id of draft id v (None: the same) -> the tree as (target tokens, parent node of each
-    node) with the root at node 0: per depth, each kept candidate's K best children by log-prob, the K best of those
-    by cumulative log-prob kept; then the N-1 best candidates (ties: earlier candidate), in candidate order."""
+    to_target[v]: the target id of draft id v (None: the same); table[p]: the draft ids of p's largest terms
+    (`dependency_top`; None: no restriction) -> the tree as (target tokens, parent node of each node) with the root at
+    node 0: per depth, each kept candidate's K best children by log-prob among its candidates (the depth's BASE_TOP
+    largest base logits, ties to the lower id, and its table row; log-softmax over them), the K best of those by
+    cumulative log-prob kept; then the N-1 best candidates (ties: earlier candidate), in candidate order."""
     tt = (lambda v: v) if to_target is None else to_target.__getitem__
 
-    def top(logits, k):
-        m = max(logits)
-        lse = m + math.log(sum(math.exp(x - m) for x in logits))
-        lp = [x - lse for x in logits]
-        return sorted(range(len(lp)), key=lambda v: (-lp[v], v))[:k], lp
+    def top(d, parent, k):
+        logits = [b + c for b, c in zip(base[d], bias[parent])]
+        allowed = range(len(logits))
+        if table is not None:
+            allowed = set(sorted(allowed, key=lambda v: (-base[d][v], v))[:BASE_TOP]) | set(table[parent])
+        m = max(logits[v] for v in allowed)
+        lse = m + math.log(sum(math.exp(logits[v] - m) for v in allowed))
+        lp = {v: logits[v] - lse for v in allowed}
+        return sorted(allowed, key=lambda v: (-lp[v], v))[:k], lp
 
     cands = []  # (score, token, parent candidate index or -1)
-    ids, lp = top([b + c for b, c in zip(base[0], bias[root])], K)
+    ids, lp = top(0, root, K)
     kept = []
     for t in ids:
         kept.append(len(cands))
@@ -39,7 +45,7 @@ def python_tree(base: list[list[float]], bias: list[list[float]], root: int, K: 
     for d in range(1, len(base)):
         step = []
         for c in kept:
-            ids, lp = top([b + x for b, x in zip(base[d], bias[cands[c][1]])], K)
+            ids, lp = top(d, cands[c][1], K)
             step += [(cands[c][0] + lp[t], tt(t), c) for t in ids]
         first = len(cands)
         cands += step
@@ -134,8 +140,9 @@ def plain(target):
 @pytest.mark.parametrize("vocab", [False, True])
 def test_propose_equals_the_python_tree_of_the_heads_logits(target, vocab):
     """The drafter's propose (the block forward over the prefilled context, its dependency tables) equals the
-    pure-Python tree of the head's own block logits and dependency term; with a draft vocabulary (half the target's,
-    unsorted ids) the tree's tokens are the target ids of the drafted ids."""
+    pure-Python tree of the head's own block logits and dependency term, children among each depth's base top and
+    the parent's tabled ids (256 ids: more than BASE_TOP); with a draft vocabulary (half the target's, unsorted ids)
+    the tree's tokens are the target ids of the drafted ids."""
     from engine_testing import oracle_block
 
     from eaglet.engine.drafters.block import BlockDrafter
@@ -169,7 +176,8 @@ def test_propose_equals_the_python_tree_of_the_heads_logits(target, vocab):
             batch = ForwardBatch(pt, seq_lens[b:b + 1], slots_for(pt, pos, 8), torch.ones(1, 5, 5, dtype=torch.bool),
                                  drafter.max_context)
             base = head.block_logits(head.forward_block(roots[b:b + 1], pos, batch, drafter.kv)[:, 1:])[0]  # [4, Vd]
-            want, _ = python_tree(base.tolist(), bias.tolist(), int(roots[b]), 3, 10, to_target)
+            want, _ = python_tree(base.tolist(), bias.tolist(), int(roots[b]), 3, 10, to_target,
+                                  drafter.dep_top.tolist())
             assert tree.tokens[b].tolist() == want
             if ids is not None:
                 assert set(want[1:]) <= set(ids)
