@@ -52,8 +52,14 @@ def load_alt(path: str):
     spec.loader.exec_module(mod)
     if "dep_top" in inspect.signature(mod.grow_tree).parameters:
         return lambda x, S, K: mod.grow_tree(*x[:5], S, K, x[5])
-    return lambda x, S, K, cache={}: mod.grow_tree(  # the whole-vocabulary kernel: dep_out [r, Vd]
-        x[0], x[1], cache.setdefault(x[2].data_ptr(), x[2].t().contiguous()), x[4], S, K, x[5])
+    last = {}  # the whole-vocabulary kernel's dep_out [r, Vd] of the latest inputs, made at their first (uncaptured)
+    # call: `run` calls once before timing
+
+    def call(x, S, K):
+        if last.get("rows") is not x[2]:
+            last.update(rows=x[2], dep_out=x[2].t().contiguous())
+        return mod.grow_tree(x[0], x[1], last["dep_out"], x[4], S, K, x[5])
+    return call
 
 
 def run(B: int, vocab, tree, bw: float | None, dev: str, smoke: bool, alt=None) -> dict:
