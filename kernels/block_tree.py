@@ -97,18 +97,6 @@ def grow_tree_ref(base, dep_in, dep_rows, dep_top, roots, S: int, K: int, d2t=No
 
 
 @triton.jit
-def _top_keys_rows(key, K: tl.constexpr, KP: tl.constexpr):
-    """The K largest of each row of key [ROWS, N] (distinct per row but for _EMPTY), largest first -> [ROWS, KP]."""
-    t = tl.arange(0, KP)  # [KP]
-    best = tl.full([key.shape[0], KP], _EMPTY, tl.int64)  # [ROWS, KP]
-    for r in range(K):
-        top = tl.max(key, 1)  # [ROWS]
-        best = tl.where(t[None, :] == r, top[:, None], best)  # [ROWS, KP]
-        key = tl.where(key == top[:, None], _EMPTY, key)  # [ROWS, N]
-    return best
-
-
-@triton.jit
 def _children(BASE, base_row, TOP_IDS, top_row, DEP_IN, DEP_ROWS, DEP_TOP, D2T, par, live, M, MP,
               R: tl.constexpr, K: tl.constexpr, KP: tl.constexpr, HAS_D2T: tl.constexpr, MB: tl.constexpr,
               MPB: tl.constexpr, RC: tl.constexpr):
