@@ -67,14 +67,11 @@ def report(header: str, md: str, md_path: str | None, rows: list[dict]) -> None:
 SMOKE_HEADER = "Smoke run: CPU, Triton interpreter (times are not kernel times)\n"
 
 
-def kernel_bench_args(doc: str, alt: str | None = None) -> argparse.Namespace:
-    """The arguments of a kernel benchmark: --md (write the table there too), --smoke and, where `alt` says what it
-    is, --alt FILE."""
+def kernel_bench_args(doc: str) -> argparse.Namespace:
+    """The arguments of a kernel benchmark: --md (write the table there too) and --smoke."""
     ap = argparse.ArgumentParser(description=doc.splitlines()[0])
     ap.add_argument("--md", default=None, help="also write the table as markdown here")
     ap.add_argument("--smoke", action="store_true", help="CPU under TRITON_INTERPRET=1, tiny shapes (no GPU numbers)")
-    if alt is not None:
-        ap.add_argument("--alt", default=None, help=alt)
     args = ap.parse_args()
     if args.smoke and os.environ.get("TRITON_INTERPRET") != "1":
         raise SystemExit("--smoke runs the kernels in Triton's interpreter: set TRITON_INTERPRET=1")

@@ -31,7 +31,6 @@ from eaglet.engine.drafters.block import BlockDrafter
 from eaglet.engine.drafters.eagle import EagleDrafter
 from eaglet.engine.speculative import TreeSpec
 from eaglet.kernels._utils import copy_bandwidth
-from eaglet.kernels.block_tree import BASE_TOP, DEP_TOP
 from eaglet.models.head_checkpoint import new_draft_head
 from eaglet.models.llama import ModelArgs, Transformer
 
@@ -59,15 +58,13 @@ def drafters(target: Transformer, draft_vocab: int, block_vocabs: tuple, block_l
 
 def weight_bytes(target: Transformer, drafter) -> int:
     """What one propose + update reads at least once: the drafter's weights, the target LM head rows its logits use
-    (the block drafter's: those of its draft vocabulary, [Vd, H]), the rows of the block drafter's dependency tables
-    one request's tree gathers (a depth's K parents' rows of dep_in and dep_top, and their candidates' rows of
-    dep_rows: kernels/block_tree.py)."""
+    (the block drafter's: those of its draft vocabulary, [Vd, H]), the block drafter's dependency tables (fp32 dep_in
+    [V, r] and dep_out [r, Vd], counted whole: a propose gathers only its candidates' rows of dep_in)."""
     own = sum(p.numel() * p.element_size() for p in drafter.head.parameters())  # EAGLE-3's LM head among them
     if not isinstance(drafter, BlockDrafter):
         return own
     lm = drafter.head.lm_head_rows().numel() * BYTES  # [Vd, H]
-    S, K, r = drafter.tree.steps, drafter.tree.topk, drafter.dep_in.shape[1]
-    tables = S * K * ((1 + BASE_TOP + DEP_TOP) * r + DEP_TOP) * 4  # fp32 rows and int32 ids
+    tables = (drafter.dep_in.numel() + drafter.dep_out.numel()) * 4  # fp32, made by setup
     return own + lm + tables
 
 

@@ -36,8 +36,9 @@
 #              HumanEval and held-out ShareGPT (DATASETS) at B=1 and 8 (BATCHES), each run with its AR pass, defaults
 #              otherwise (invariant numerics, tree 5/4/8; DRAFTER_ARGS: more overrides), one line per run
 #              (summarize_runs.py); an entry <draft>+ng<K> is draft=<draft> draft.ngram_branches=K (K n-gram branches
-#              added to the head's tree; `block` has 2 unless `block+ng0`), +ng<K>x<L> also draft.ngram_depth=L (branches
-#              of L tokens, deeper than the tree), <draft>@S/K/N its tree; `block`: the
+#              added to the head's tree; `block` has its config's, one of 15 tokens, unless `block+ng0`), +ng<K>x<L>
+#              also draft.ngram_depth=L (branches of L tokens; `block+ng2x7`: the former default), <draft>@S/K/N its
+#              tree; `block`: the
 #              shipped block drafter or BLOCK_RUN's (a `block` stage's), at BLOCK_TREE (default 7/4/16) unless named;
 #              PROFILE=1: each drafter's per-kernel graph times
 #   block      the block drafter (train/head=block; BLOCK_ARGS: more overrides) trained on every GPU for what is left of
@@ -47,15 +48,15 @@
 #              machine is warm (its checkpoints, ~200 MB with AdamW's state, do not travel back); then
 #              the exported drafter on the 80 MT-bench first turns at B=1 (each run with its AR pass) for each tree of
 #              BLOCK_TREES (steps/topk/tokens) beside the EAGLE-3 head's default run; OUT/block.tgz.* parts
-#   block_l8b  benchmarks/bench_block_tree.py (grow_tree at every vocabulary and tree, B 1 and 8; TREE_ALT: another
-#              version's kernels/block_tree.py timed beside, default _old/kernels/block_tree.py where it exists: the
-#              whole-vocabulary kernel), benchmarks/bench_draft.py (the draft phase of EAGLE-3 and block
+#   block_l8b  benchmarks/probes/probe_block_tree.py (grow_tree's launch variants; PROBE_ALT: another version's
+#              kernels/block_tree.py beside it, e.g. benchmarks/probes/block_tree_fma.py; PROBE_ARGS: e.g.
+#              --cases SmolLM2_Vd,Llama --trees 7/4), benchmarks/bench_draft.py (the draft phase of EAGLE-3 and block
 #              drafters at SmolLM2's and Llama-3.1-8B's shapes, B 1 and 8), then random Llama-3.1-8B weights,
 #              tree=simulate, B=1: a random block drafter
 #              (L8B_LAYERS layers, default 2) beside the EAGLE-3 head, both over a draft vocabulary of 32,000 tokens
 #              (the public 8B EAGLE-3 heads'), step and draft times against the weight floors
 #   smol_sim   random SmolLM2-135M weights, tree=simulate (mean accepted SIM_TAU, default 3.3), B=1, no model file: the
-#              block drafter (2 layers, 8,192 draft ids, tree 7/4/16, its 2 n-gram branches) and EAGLE-3 (5/4/8, 8,192
+#              block drafter (2 layers, 8,192 draft ids, tree 7/4/16, its n-gram branch of 15) and EAGLE-3 (5/4/8, 8,192
 #              ids), REPS (default 2) runs each: step, draft and extend times; then the block drafter's per-kernel graph
 #              times. ALT=<dir>: its files overlaid on a copy of this tree run the same beside (an A/B on one machine);
 #              TAUS (default "3.75 4.2"): the block runs again at those simulated taus; accept 0: inside the verify;
@@ -387,11 +388,9 @@ print(m['num_tokens'] / m['num_sequences'])")
       -C "$(dirname "$run_dir")" "$(basename "$run_dir")" -C /tmp block | split -b 15M - "$out/block.tgz." ;;
   block_l8b)
     R=/tmp/block_l8b; mkdir -p $R
-    # the tree over each node's candidate union beside the whole-vocabulary kernel it replaced (60 µs at 7/4 over
-    # 8,192 ids on an H100)
-    alt=${TREE_ALT:-$([[ -f _old/kernels/block_tree.py ]] && echo _old/kernels/block_tree.py)}
-    timeout 300 python -m benchmarks.bench_block_tree ${alt:+--alt "$alt"} --md "$out/block_tree.md" 2>&1 |
-      grep -E "^\||Error" | tail -60
+    # grow_tree's chain (K = 1) over the larger vocabularies, ~50 µs a depth slower than at 8,192 ids: launch variants
+    timeout 300 python -m benchmarks.probes.probe_block_tree ${PROBE_ALT:+--alt "$PROBE_ALT"} ${PROBE_ARGS:-} \
+      --md "$out/probe_block_tree.md" 2>&1 | grep -E "^\||Error" | tail -80
     # the draft phase alone, each half a CUDA graph: EAGLE-3 against block drafters of 1-3 layers
     timeout $(($(left) / 2)) python -m benchmarks.bench_draft --md "$out/draft.md" ${DRAFT_ARGS:-} 2>&1 |
       grep -E "^\||Error" | tail -30

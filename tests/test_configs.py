@@ -32,12 +32,13 @@ def test_compose(group, option):
 
 def test_the_default_serves_the_shipped_drafter():
     """`python run_spec.py` decodes the embedded default target with the block drafter eaglet ships for it, at its
-    own tree and with two n-gram branches (the fastest measured at B=1: conf/draft/block.yaml)."""
+    own tree and with one n-gram branch of 15 tokens (the fastest measured at B=1: conf/draft/block.yaml)."""
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         cfg = compose("run_spec")
     shipped = CONF.parent / cfg.target.heads[cfg.draft.name]
     assert cfg.draft.name == "block" and cfg.draft.path is None and (shipped / "model.safetensors").is_file()
-    assert (cfg.tree.steps, cfg.tree.topk, cfg.tree.num_draft_tokens, cfg.draft.ngram_branches) == (7, 4, 16, 2)
+    assert (cfg.tree.steps, cfg.tree.topk, cfg.tree.num_draft_tokens, cfg.draft.ngram_branches,
+            cfg.draft.ngram_depth) == (7, 4, 16, 1, 15)
 
 
 @pytest.mark.parametrize("overrides, tree", [

@@ -1,15 +1,15 @@
 """Probe: what the installed Triton emits for a kernel's compile cases on sm_90, counted from the SASS, on a CPU.
 
-    python -m benchmarks.probes.sass_counts block_tree "Vd=8192 block"
-    python -m benchmarks.probes.sass_counts block_tree "Vd=8192 block" --over "{'num_warps': 8}"
+    python -m benchmarks.probes.sass_counts block_tree "Vd=49152 chain" "MERGE=True MERGE_ROOT=False"
+    python -m benchmarks.probes.sass_counts block_tree "Vd=49152 chain" --over "{'KP': 2}"
 
 Each case of kernels/<module>.compile_cases whose label and config contain every given string is compiled for sm_90
 (kernels/_aot.py) and disassembled with the nvdisasm Triton ships; the table counts instructions by class: shared
 stores and loads (STS / LDS, layout conversions through shared memory), barriers (BAR), global loads and stores.
 `--over` replaces entries of the module's `_launch_meta` (the probe of a launch setting). Another Triton version on
 PYTHONPATH shows what that version emits: the GPU machines run triton 3.6, this one may have a newer one.
-Why: the block tree's former whole-vocabulary chain (K = 1) took ~50 µs a depth on an H100 only at the larger
-vocabularies; its SASS there held 530 shared stores (results/block_tree_k1_sass.md).
+Why: the block tree's chain (K = 1) took ~50 µs a depth on an H100 only at the larger vocabularies; its SASS there
+held 530 shared stores (results/block_tree_k1_sass.md).
 """
 
 from __future__ import annotations

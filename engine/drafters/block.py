@@ -3,9 +3,9 @@ forward, DFlash-style, and its dependency term turns that one forward into a tre
 
   propose  one forward of the block [root, mask, ...] at seq_len .. seq_len + block_size - 1 over the context in the
            head's pool -> base logits of depths 1..S; then, per depth, the K kept candidates' children: top-K of
-           log_softmax(base[d] + dependency term of the candidate) over a few hundred ids (each depth's base top
-           and the candidate's tabled top terms), EAGLE-2's selection of the K best of K*K by cumulative log-prob
-           (kernels/block_tree.py: three launches), and `build_tree` -> the N best candidates as the verify's tree.
+           log_softmax(base[d] + dependency term of the candidate), EAGLE-2's selection of the K best of K*K by
+           cumulative log-prob (kernels/block_tree.py: S + 1 launches), and `build_tree` -> the N best candidates
+           as the verify's tree.
            With a draft vocabulary (Vd < V, the head's d2t map) the logits and top-k are over draft ids; candidates
            are target ids from the first depth on (dep_in, build_tree and the verify take target ids)
   update   the accepted path's target features (root, a1..am at seq_len ..) written into the pool as context
@@ -23,7 +23,7 @@ import torch
 from eaglet.engine.drafter import DraftTree, ModelDrafter, PrefillBatch, register
 from eaglet.engine.drafters.eagle import check_eagle_tree
 from eaglet.engine.drafters.eagle_config import head_dir, no_head
-from eaglet.kernels.block_tree import dependency_top, grow_tree
+from eaglet.kernels.block_tree import grow_tree
 from eaglet.kernels.build_tree import build_tree
 from eaglet.kernels.kv_ops import step_slots
 from eaglet.models.kv_cache import ForwardBatch, slots_for
@@ -94,15 +94,13 @@ class BlockDrafter(ModelDrafter):
         self.tree, self.max_context = tree, max_context + self.head.block_size
         self.kv = self.head.kv_cache(max_reqs=max_batch, max_context=self.max_context, page_size=page_size,
                                      num_pages=num_pages, dtype=target.dtype, device=device)
-        # the dependency term as fp32 tables, which kernels/block_tree.py reads (a parent's row of dep_in, dotted
-        # with the candidates' rows of dep_rows), instead of an embedding and two projections a depth. dep_in is
-        # indexed by the parent's target id (any of the V), dep_rows by draft id; dep_top, each parent's largest
-        # terms' draft ids, half of the children's candidates (made now: not inside a captured graph).
+        # the dependency term as two fp32 tables, which kernels/block_tree.py reads (a parent's row of dep_in, then
+        # [K, r] @ dep_out), instead of an embedding and two projections a depth. dep_in is indexed by the parent's
+        # target id (any of the V), dep_out's columns are draft ids.
         with torch.no_grad():
             h = self.head
             self.dep_in = h.dep_in(h.embed(torch.arange(target.args.vocab_size, device=device))).float()  # [V, r]
-            self.dep_rows = h.dep_out.weight.float().contiguous()  # [Vd, r]
-            self.dep_top = dependency_top(self.dep_in, self.dep_rows)  # [V, DEP_TOP] int32
+            self.dep_out = h.dep_out.weight.t().float().contiguous()  # [r, Vd]
             h.lm_head_rows()  # the draft vocabulary's LM-head rows, made now: not inside a captured graph
         # a constant the steps slice rather than build (a launch inside the step's graph): the block's own attention
         # mask, all True (non-causal inside the block)
@@ -131,7 +129,7 @@ class BlockDrafter(ModelDrafter):
         batch = ForwardBatch(pt, seq_lens, slots, self._full[:B], self.max_context)
         x = self.head.forward_block(roots, pos, batch, self.kv)  # [B, Kb, H]
         base = self.head.block_logits(x[:, 1:S + 1])  # [B, S, Vd]
-        scores, tokens, parents = grow_tree(base, self.dep_in, self.dep_rows, self.dep_top, roots.long(), S, K,
+        scores, tokens, parents = grow_tree(base, self.dep_in, self.dep_out, roots.long(), S, K,
                                             self.head.d2t_offsets)  # [B, C] each, target ids
         tree = build_tree(scores, tokens, parents, roots, seq_lens, N, K, S)
         return DraftTree(tree.draft_tokens, tree.positions, tree.retrieve_next_token, tree.retrieve_next_sibling,

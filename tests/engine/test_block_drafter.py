@@ -1,8 +1,7 @@
 """The block drafter's tree from one forward (engine/drafters/block.py): `grow_tree` (kernels/block_tree.py) +
 `build_tree` equal a pure-Python construction of the same EAGLE-2 tree, over the target's vocabulary and over a draft
-vocabulary (d2t: candidates are target ids), both within grow_tree's candidate union (at most BASE_TOP ids: the
-whole vocabulary; tests/kernels/test_block_tree.py holds larger ones to its reference); greedy speculative decoding
-with a draft-vocabulary drafter equals plain decoding; the tree checks name the key to change."""
+vocabulary (d2t: candidates are target ids); greedy speculative decoding with a draft-vocabulary drafter equals plain
+decoding; the tree checks name the key to change."""
 
 from __future__ import annotations
 
@@ -12,32 +11,25 @@ import pytest
 import torch
 
 from eaglet.engine.drafters.block import check_block_tree
-from eaglet.kernels.block_tree import BASE_TOP, dependency_top, grow_tree
+from eaglet.kernels.block_tree import grow_tree
 from eaglet.kernels.build_tree import build_tree
 
 
 def python_tree(base: list[list[float]], bias: list[list[float]], root: int, K: int, N: int,
-                to_target: list[int] | None = None, table: list[list[int]] | None = None):
+                to_target: list[int] | None = None):
     """base[d][v]: logits of depth d+1 over draft ids v; bias[p][v]: the dependency term after target token p;
-    to_target[v]: the target id of draft id v (None: the same); table[p]: the draft ids of p's largest terms
-    (`dependency_top`; None: no restriction) -> the tree as (target tokens, parent node of each node) with the root at
-    node 0: per depth, each kept candidate's K best children by log-prob among its candidates (the depth's BASE_TOP
-    largest base logits, ties to the lower id, and its table row; log-softmax over them), the K best of those by
-    cumulative log-prob kept; then the N-1 best candidates (ties: earlier candidate), in candidate order."""
+    to_target[v]: the target id of draft id v (None: the same) -> the tree as (target tokens, parent node of each
+    node) with the root at node 0: per depth, each kept candidate's K best children by log-prob, the K best of those
+    by cumulative log-prob kept; then the N-1 best candidates (ties: earlier candidate), in candidate order."""
     tt = (lambda v: v) if to_target is None else to_target.__getitem__
-
-    def top(d, parent, k):
-        logits = [b + c for b, c in zip(base[d], bias[parent])]
-        allowed = range(len(logits))
-        if table is not None:
-            allowed = set(sorted(allowed, key=lambda v: (-base[d][v], v))[:BASE_TOP]) | set(table[parent])
-        m = max(logits[v] for v in allowed)
-        lse = m + math.log(sum(math.exp(logits[v] - m) for v in allowed))
-        lp = {v: logits[v] - lse for v in allowed}
-        return sorted(allowed, key=lambda v: (-lp[v], v))[:k], lp
+    def top(logits, k):
+        m = max(logits)
+        lse = m + math.log(sum(math.exp(x - m) for x in logits))
+        lp = [x - lse for x in logits]
+        return sorted(range(len(lp)), key=lambda v: (-lp[v], v))[:k], lp
 
     cands = []  # (score, token, parent candidate index or -1)
-    ids, lp = top(0, root, K)
+    ids, lp = top([b + c for b, c in zip(base[0], bias[root])], K)
     kept = []
     for t in ids:
         kept.append(len(cands))
@@ -45,7 +37,7 @@ def python_tree(base: list[list[float]], bias: list[list[float]], root: int, K: 
     for d in range(1, len(base)):
         step = []
         for c in kept:
-            ids, lp = top(d, cands[c][1], K)
+            ids, lp = top([b + x for b, x in zip(base[d], bias[cands[c][1]])], K)
             step += [(cands[c][0] + lp[t], tt(t), c) for t in ids]
         first = len(cands)
         cands += step
@@ -54,12 +46,6 @@ def python_tree(base: list[list[float]], bias: list[list[float]], root: int, K: 
     node = {c: n + 1 for n, c in enumerate(chosen)}
     return [root] + [cands[c][1] for c in chosen], [-1] + [0 if cands[c][2] < 0 else node[cands[c][2]]
                                                          for c in chosen]
-
-
-def bias_tree(base, bias, roots, S, K, d2t=None):
-    """grow_tree with the term after parent p given as bias[p] [Vd]: dep_in the identity [V, V], dep_rows bias.T."""
-    eye, rows = torch.eye(bias.shape[0]), bias.t().contiguous()  # [V, V], [Vd, V]
-    return grow_tree(base, eye, rows, dependency_top(eye, rows), roots, S, K, d2t)
 
 
 @pytest.mark.parametrize("S, K, N", [(1, 1, 2), (4, 1, 5), (4, 3, 8), (5, 4, 16), (3, 4, 21)])
@@ -74,8 +60,8 @@ def test_tree_equals_python_construction(S, K, N, seed, Vd):
     bias = 2 * torch.randn(V, Vd or V, generator=g)  # [V, Vd]: the term after each parent token (a target id)
     roots = torch.randint(0, V, (B,), generator=g)
     seq_lens = torch.tensor([7, 30], dtype=torch.int32)
-    assert V <= BASE_TOP  # the whole vocabulary is the candidate union: the tree is the exact one
-    scores, tokens, parents = bias_tree(base, bias, roots, S, K, d2t)
+    # the term after parent p is bias[p]: dep_in the identity [V, V], dep_out the bias
+    scores, tokens, parents = grow_tree(base, torch.eye(V), bias, roots, S, K, d2t)
     tree = build_tree(scores, tokens, parents, roots, seq_lens, N, K, S)
     for b in range(B):
         want_tok, want_par = python_tree(base[b].tolist(), bias.tolist(), int(roots[b]), K, N,
@@ -94,7 +80,7 @@ def test_dependency_term_conditions_children():
     bias = torch.full((V, V), -9.0)
     for p in range(V):
         bias[p, (p + 1) % V], bias[p, (p + 5) % V] = 3.0, 2.0  # after p: p+1, then p+5
-    scores, tokens, parents = bias_tree(torch.zeros(1, 2, V), bias, torch.tensor([0]), 2, K)
+    scores, tokens, parents = grow_tree(torch.zeros(1, 2, V), torch.eye(V), bias, torch.tensor([0]), 2, K)
     assert tokens[0, :K].tolist() == [1, 5]
     assert tokens[0, K:].tolist() == [2, 6, 6, 0]  # children of 1, then of 5
 
@@ -140,9 +126,8 @@ def plain(target):
 @pytest.mark.parametrize("vocab", [False, True])
 def test_propose_equals_the_python_tree_of_the_heads_logits(target, vocab):
     """The drafter's propose (the block forward over the prefilled context, its dependency tables) equals the
-    pure-Python tree of the head's own block logits and dependency term, children among each depth's base top and
-    the parent's tabled ids (256 ids: more than BASE_TOP); with a draft vocabulary (half the target's, unsorted ids)
-    the tree's tokens are the target ids of the drafted ids."""
+    pure-Python tree of the head's own block logits and dependency term; with a draft vocabulary (half the target's,
+    unsorted ids) the tree's tokens are the target ids of the drafted ids."""
     from engine_testing import oracle_block
 
     from eaglet.engine.drafters.block import BlockDrafter
@@ -176,8 +161,7 @@ def test_propose_equals_the_python_tree_of_the_heads_logits(target, vocab):
             batch = ForwardBatch(pt, seq_lens[b:b + 1], slots_for(pt, pos, 8), torch.ones(1, 5, 5, dtype=torch.bool),
                                  drafter.max_context)
             base = head.block_logits(head.forward_block(roots[b:b + 1], pos, batch, drafter.kv)[:, 1:])[0]  # [4, Vd]
-            want, _ = python_tree(base.tolist(), bias.tolist(), int(roots[b]), 3, 10, to_target,
-                                  drafter.dep_top.tolist())
+            want, _ = python_tree(base.tolist(), bias.tolist(), int(roots[b]), 3, 10, to_target)
             assert tree.tokens[b].tolist() == want
             if ids is not None:
                 assert set(want[1:]) <= set(ids)

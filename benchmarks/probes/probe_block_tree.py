@@ -1,0 +1,113 @@
+"""Probe: where `grow_tree`'s chain (K = 1) loses time at large vocabularies, and which launch settings recover it.
+
+    python -m benchmarks.probes.probe_block_tree --md results/probe_block_tree_h100.md
+
+Why: on an H100 (code b32d727) the block drafter's propose at tree 7/1/8 took 554 µs over SmolLM2's 49,152 ids and
+614 µs at Llama-3.1-8B's 32,000-id draft vocabulary, against 185 and 437 µs at 5/4/8 and 198 µs at 7/1/8 over
+8,192 ids (results/draft_phase_h100.md): ~50 µs a depth more, only for K = 1 and only at the larger vocabularies.
+The kernel's per-program work is small at every K, so the probe times, in CUDA graphs, one tree of S depths
+(S + 1 launches) and one of a single depth (2 launches) under each variant of `_launch_meta`: as it is (the parents'
+axis padded to 2 rows), one parent row (KP = 1, where triton 3.6 emitted 542 shared stores:
+results/block_tree_k1_sass.md), and other warp counts. Every variant's tokens and parents must equal the
+reference's.
+
+    python -m benchmarks.probes.probe_block_tree --alt /path/to/block_tree.py
+
+--alt times another version of kernels/block_tree.py beside this one (a branch's, carried to the GPU machine as a
+file): the A/B of a kernel change before it lands. benchmarks/probes/block_tree_fma.py is such a version: the logits
+tile of the kept parents' rows alone, by broadcast multiply-adds (a quarter of tl.dot's 16-row tile at K = 4).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+
+import torch
+
+import eaglet.kernels.block_tree as bt
+from benchmarks._common import fmt, graph_us, provenance
+from benchmarks.bench_block_tree import RANK, inputs
+
+CASES = (("SmolLM2", 49152, 49152, False), ("Llama-3.1-8B Vd", 128256, 32000, True), ("SmolLM2 Vd", 49152, 8192, True))
+# (S, K): the 1-depth tree first, the per-depth cost's base; K = 8 for the 6/8/32 and 7/8/32 trees, whose draft was
+# 0.11 ms longer than 7/4/16's (results/block_drafter_h100)
+TREES = ((1, 1), (7, 1), (1, 4), (5, 4), (7, 4), (1, 8), (7, 8))
+
+
+def variants(K: int) -> list[tuple[str, dict, dict]]:
+    """(label, _launch_meta's keyword arguments, constexprs set after it) of each launch setting timed at K."""
+    out = [("as is", {}, {})]
+    if K == 1:  # the one parent row _launch_meta had (now at least 2)
+        out.append(("KP=1", {}, dict(KP=1)))
+    # K = 8 spills at 2 warps on sm_90 (tests/portability); 4 does not under triton 3.6
+    out += [(f"num_warps={w}", dict(num_warps=w), {}) for w in ((4, 8) if K == 8 else (2, 8))]
+    # longer chunks: fewer programs and a shorter merge (parents x chunks x K keys), a larger logits tile each; the
+    # warps that keep them unspilled on sm_90 over 49,152 ids (512 at 2 warps and 1,024 at 4 spill under triton 3.6)
+    if K == 4:
+        out += [(f"BLOCK_V={v} num_warps={w}", dict(block_v=v, num_warps=w), {})
+                for v, w in ((512, 4), (512, 8), (1024, 8))]
+    # shorter chunks: more programs (32 over 8,192 ids at 256), each a quarter of the logits tile at 64 ids
+    if K <= 4:
+        out += [(f"BLOCK_V={v} num_warps=2", dict(block_v=v, num_warps=2), {}) for v in (128, 64)]
+    return out
+
+
+def load(path: str):
+    """kernels/block_tree.py of another version, imported from its file (its imports are this package's)."""
+    spec = importlib.util.spec_from_file_location("eaglet.kernels._block_tree_alt", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--md", default=None)
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--alt", default=None, help="another version's kernels/block_tree.py, timed beside this one")
+    ap.add_argument("--trees", default=None, help="S/K pairs to time, e.g. 1/4,7/4 (default: all of TREES)")
+    ap.add_argument("--cases", default=None, help="vocabularies to time by label prefix, e.g. 'SmolLM2' (both "
+                    "SmolLM2 cases) or 'SmolLM2_Vd,Llama' (spaces as _)")
+    args = ap.parse_args()
+    modules = [("", bt)] + ([("alt ", load(args.alt))] if args.alt else [])
+    rows, times = [], {}  # (vocabulary, S, K, variant) -> µs
+    trees = [tuple(map(int, t.split("/"))) for t in args.trees.split(",")] if args.trees else TREES
+    cases = [c for c in CASES
+             if args.cases is None or any(c[0].replace(" ", "_").startswith(p) for p in args.cases.split(","))]
+    for label, V, Vd, has_d2t in cases:
+        for S, K in trees:
+            x = inputs(args.batch, S, V, Vd, has_d2t, "cuda")
+            want = bt.grow_tree_ref(*x[:4], S, K, x[4])
+            for prefix, mod in modules:
+                launch_meta = mod._launch_meta
+                for name, kw, over in variants(K):
+                    name = prefix + name
+                    mod._launch_meta = lambda Vd_, K_, R_, f=launch_meta, kw=kw, over=over: {**f(Vd_, K_, R_, **kw),
+                                                                                             **over}
+                    try:
+                        got = mod.grow_tree(*x[:4], S, K, x[4])
+                        ok = torch.equal(got[1], want[1]) and torch.equal(got[2], want[2])
+                        us = graph_us(lambda mod=mod: mod.grow_tree(*x[:4], S, K, x[4]), False)
+                    finally:
+                        mod._launch_meta = launch_meta
+                    key = f"{label} {Vd}"
+                    times[key, S, K, name] = us
+                    one = times.get((key, 1, K, name))
+                    per_depth = "" if S == 1 or one is None else fmt((us - one) / (S - 1))
+                    rows.append(f"| {key} | {S}/{K} | {name} | {fmt(us)} | {per_depth} | {'yes' if ok else 'NO'} |")
+                    print(rows[-1], flush=True)
+    md = (
+        provenance() + f"B={args.batch}, rank {RANK}, CUDA-graph replay µs; a depth's cost is (S-depth tree - "
+        "1-depth tree) / (S - 1)" + (f"; alt: {args.alt}" if args.alt else "") + ".\n\n"
+        "| vocabulary | S/K | launch meta | graph µs | µs a depth | equal |\n|---|---|---|---|---|---|\n"
+        + "\n".join(rows)
+    )
+    print(md)
+    if args.md:
+        with open(args.md, "w") as f:
+            f.write(md + "\n")
+
+
+if __name__ == "__main__":
+    main()
