@@ -100,10 +100,10 @@ def measure(target: Transformer, drafter, tree: TreeSpec, B: int, smoke: bool, t
     drafter.head.set_invariant(True)
     drafter.setup(target=target, tree=tree, depth=drafter.depth(tree), max_batch=B, max_context=CONTEXT,
                   page_size=PAGE, num_pages=None, device=dev)
-    for r in range(B):
+    for r in range(1, B + 1):  # the KV rows requests take (row 0 pads a graph's batch: models/kv_cache.PAD_ROW)
         drafter.alloc_request(r)
-    drafter.reserve([(r, P + 64) for r in range(B)])
-    rows = torch.arange(B, device=dev)
+    drafter.reserve([(r, P + 64) for r in range(1, B + 1)])
+    rows = torch.arange(1, B + 1, device=dev)  # [B]
     g = torch.Generator(device=dev).manual_seed(0)
     tokens = torch.randint(0, args.vocab_size, (B, P), device=dev, generator=g)  # [B, P]
     pos = torch.arange(P, device=dev).expand(B, P)  # [B, P]

@@ -3,7 +3,8 @@
 The buffers are named after the function's parameters (`example_inputs(B)` returns {name: zeros}), and `stage`
 fills them by name, so a caller can stage some inputs on one stream and the rest on another. Inputs are copied
 into the static buffers' first B rows; the rest are zeroed. Zero is the padding value every eaglet step accepts:
-token 0, position 0, page-table row 0 (the dummy page), so padded rows only write the KV pool's dummy page.
+token 0, position 0, page-table row 0 (the dummy page), request row 0 (models/kv_cache.PAD_ROW, whose page-table row
+is the dummy page's), so padded rows only write the KV pool's dummy page.
 
 Disabled (eager, CPU), the runner keeps the graph's buffer semantics: `stage` copies into static input buffers,
 the function runs on their first B rows, and its outputs are copied into static output buffers (valid until the

@@ -4,7 +4,11 @@ Layout: `kv [num_layers, 2, num_pages, page_size, Hkv, D]` (one tensor so that `
 moves every layer's K and V in one launch). Request r's position p lives in slot
 `req_to_page[r, p // page_size] * page_size + p % page_size` of the flattened pool.
 Page 0 is never handed out: padded rows of a batch (CUDA-graph buckets, ragged prefill) point
-there, so their writes land in a dummy page instead of another request's cache.
+there, so their writes land in a dummy page instead of another request's cache. Likewise request
+row 0 (PAD_ROW) is never handed out and its page-table row stays zero: a graph's padded entries
+carry row 0 (cuda_graph.py zero-fills them), and a step that finds its page table and slots from
+rows inside the graph (kernels/kv_ops.step_slots) then writes the dummy page too. Requests take
+rows 1..max_reqs.
 Pages are assigned on the host, which knows every request's length without reading the GPU.
 """
 
@@ -51,6 +55,9 @@ def slots_for(page_table: torch.Tensor, positions: torch.Tensor, page_size: int,
     return pool_slots(page_table, positions, page_size, valid)
 
 
+PAD_ROW = 0  # the request row padded batch entries carry (module doc); never a request's
+
+
 class KVCache:
     def __init__(self, num_layers: int, n_kv_heads: int, head_dim: int, *, max_reqs: int, max_context: int,
                  page_size: int = 16, num_pages: int | None = None, dtype=torch.float32, device="cpu"):
@@ -66,9 +73,11 @@ class KVCache:
         self.num_pages = num_pages
         # Zero-initialised: padded rows read the dummy page, and zeros keep their garbage finite.
         self.kv = torch.zeros(num_layers, 2, num_pages, page_size, n_kv_heads, head_dim, dtype=dtype, device=device)
-        self.req_to_page = torch.zeros(max_reqs, self.pages_per_req, dtype=torch.int32, device=device)  # [R, P]
+        self.max_reqs = max_reqs
+        # row PAD_ROW (0) first: a padded entry's row, all zeros (the dummy page); requests take 1..max_reqs
+        self.req_to_page = torch.zeros(max_reqs + 1, self.pages_per_req, dtype=torch.int32, device=device)  # [R+1, P]
         self._free_pages = list(range(num_pages - 1, 0, -1))
-        self._free_reqs = list(range(max_reqs - 1, -1, -1))
+        self._free_reqs = list(range(max_reqs, PAD_ROW, -1))
         self._pages: dict[int, list[int]] = {}
 
     @classmethod
@@ -92,7 +101,7 @@ class KVCache:
     # ---- host-side allocation -------------------------------------------------------------
     def alloc_request(self) -> int:
         if not self._free_reqs:
-            raise KVPoolExhausted(f"no free request row: all {self.req_to_page.shape[0]} are in use; "
+            raise KVPoolExhausted(f"no free request row: all {self.max_reqs} are in use; "
                                   "raise gen.batch_size / kv.max_reqs or finish requests first")
         r = self._free_reqs.pop()
         self._pages[r] = []

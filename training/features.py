@@ -32,12 +32,12 @@ class OnlineFeatures:
     def _cache(self, B: int, T: int) -> KVCache:
         """One pool reused across batches; rebuilt (larger) only when a batch does not fit."""
         kv = self.kv
-        if kv is None or kv.req_to_page.shape[0] < B or kv.max_context < T:
-            old_B, old_T = (0, 0) if kv is None else (kv.req_to_page.shape[0], kv.max_context)
+        if kv is None or kv.max_reqs < B or kv.max_context < T:
+            old_B, old_T = (0, 0) if kv is None else (kv.max_reqs, kv.max_context)
             self.kv = kv = KVCache.for_model(self.target.args, max_reqs=max(B, old_B), max_context=max(T, old_T),
                                              page_size=self.page_size, dtype=self.target.dtype,
                                              device=self.target.device)
-            for r in range(kv.req_to_page.shape[0]):
+            for _ in range(kv.max_reqs):  # rows 1..max_reqs (row 0 is the padding row)
                 kv.reserve(kv.alloc_request(), kv.max_context)
         return kv
 
@@ -46,7 +46,7 @@ class OnlineFeatures:
         B, T = tokens.shape
         kv = self._cache(B, T)
         pos = torch.arange(T, device=tokens.device).expand(B, T)  # [B, T]
-        page_table = kv.req_to_page[:B]  # [B, P]
+        page_table = kv.req_to_page[1:B + 1]  # [B, P]: the requests' rows 1..B
         batch = ForwardBatch(page_table, torch.zeros(B, dtype=torch.int32, device=tokens.device),
                              slots_for(page_table, pos, kv.page_size), None, 0)
         hidden, captured = self.target(tokens, pos, batch, kv, capture_layers=self.capture)  # [B, T, H]

@@ -51,8 +51,10 @@ class NgramDrafter(Drafter):
     def setup(self, *, target, tree, depth, max_batch, max_context, page_size, num_pages, device) -> None:
         self.tree = tree
         # a step writes the accepted path and the bonus at seq_len .. seq_len + depth + 1, seq_len < max_context (a
-        # graph's padding rows, accept_len 0, write nothing)
-        self.history = torch.zeros(max_batch, max_context + depth + 2, dtype=torch.long, device=device)  # [R, W]
+        # graph's padding rows, accept_len 0, write nothing); by KV row: requests hold rows 1..max_batch, row 0 is the
+        # padding row (models/kv_cache.PAD_ROW)
+        self.history = torch.zeros(max_batch + 1, max_context + depth + 2, dtype=torch.long,
+                                   device=device)  # [R + 1, W]
 
     def state_spec(self, device):
         return {}  # the history buffer holds everything, by row

@@ -1,9 +1,11 @@
-"""KV page reservation on the host: batched reservations equal one-by-one ones, errors keep the table consistent."""
+"""KV page reservation on the host: batched reservations equal one-by-one ones, errors keep the table consistent; a
+graph's padded entries (row 0) write only the dummy page."""
 
 import pytest
 import torch
 
-from eaglet.models.kv_cache import KVCache, KVPoolExhausted
+from eaglet.kernels.kv_ops import step_slots
+from eaglet.models.kv_cache import PAD_ROW, KVCache, KVPoolExhausted
 
 
 def _cache(num_pages=40):
@@ -38,3 +40,20 @@ def test_pages_handed_out_before_an_error_reach_the_table():
         kv.reserve_many([(rows[2], 4), (rows[0], 65)])
     assert len(kv._pages[rows[2]]) == 1
     _table_matches_host(kv)
+
+
+def test_padded_entries_write_only_the_dummy_page():
+    """cuda_graph.py zero-fills a bucket's padded entries, so inside a graph they carry row 0 and position 0: their
+    slots (step_slots, as the plain decoding and the drafters find them in their graphs) must be the dummy page's,
+    whatever the requests hold. With row 0 handed to a request, the padding wrote that request's first positions."""
+    kv, rows = _cache()
+    assert PAD_ROW not in rows and sorted(rows) == [1, 2, 3]
+    with pytest.raises(KVPoolExhausted, match="all 3 are in use"):
+        kv.alloc_request()
+    kv.reserve_many([(r, 40) for r in rows])
+    kv.free_request(rows[0])
+    assert kv.alloc_request() == rows[0]  # a freed row comes back; row 0 never does
+    assert not kv.req_to_page[PAD_ROW].any()
+    pad = torch.zeros(2, dtype=torch.long)  # [2] the padded entries' rows
+    _, _, slots = step_slots(kv.req_to_page, pad, torch.zeros(2, dtype=torch.int32), 6, kv.page_size)  # [2, 6]
+    assert (slots // kv.page_size == 0).all()  # page 0: the dummy page
