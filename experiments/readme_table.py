@@ -51,6 +51,9 @@ SOURCES = {
     "block_vocab": "block_drafter_h100/vocab8192",  # the shipped 8,192-id restriction beside the whole vocabulary
     "block_draft": "block_drafter_h100/draft_phase.md",
     "block_l8b": "block_drafter_h100/l8b_simulate.md",
+    # the default drafter now (the block drafter, tree 7/4/16, one n-gram branch of 15) beside the EAGLE-3 head (one
+    # H200), and the branch shapes it was chosen from
+    "default_drafter": "drafters_h200/runs",
 }
 
 
@@ -217,6 +220,24 @@ def readme_results(results: Path = REPO / "results") -> str:
                       if b == 1 else "") + ("answers identical: met" if same else "answers identical: **not met**"),
                      f'`DRAFTERS="eagle3 block" BLOCK_RUN=<the stage-3 drafter> BATCHES={b} bash '
                      f'scripts/gpu_session.sh drafters`'))
+    dflt = _runs(results, "default_drafter")
+    pairs = [(dflt[f"block+ng1x15_7_4_16_{st}_b1"], dflt[f"eagle3_{st}_b1"]) for st in sets]
+    m8, e8 = dflt["block+ng1x15_7_4_16_mt_bench_b8"], dflt["eagle3_mt_bench_b8"]
+    met = pairs[0][0]["speedup_vs_ar"] >= 2.5 and pairs[0][0]["decode_tokens_per_s"] >= \
+        1.3 * pairs[0][1]["decode_tokens_per_s"]
+    same = all(m["ar_identical_fraction"] == 1.0 for pair in pairs for m in pair)
+    rows.append(("the default drafter (the shipped block drafter, 7/4/16 + one n-gram branch of 15) beside the EAGLE-3 "
+                 "head (5/4/8), one H200, SmolLM2, first turns: decode tokens/s (× its AR pass), block / EAGLE-3, on "
+                 "MT-bench / HumanEval / held-out ShareGPT at B=1, MT-bench at B=8",
+                 " / ".join(f"{m['decode_tokens_per_s']:,.0f} ({m['speedup_vs_ar']:.2f}×) against "
+                            f"{e['decode_tokens_per_s']:,.0f} ({e['speedup_vs_ar']:.2f}×): "
+                            f"{m['decode_tokens_per_s'] / e['decode_tokens_per_s']:.2f}×" for m, e in pairs)
+                 + f"; B=8 {m8['decode_tokens_per_s']:,.0f} ({m8['speedup_vs_ar']:.2f}×) against "
+                   f"{e8['decode_tokens_per_s']:,.0f} ({e8['speedup_vs_ar']:.2f}×): "
+                   f"{m8['decode_tokens_per_s'] / e8['decode_tokens_per_s']:.2f}×",
+                 "MT-bench ≥ 2.5× AR and ≥ 1.3× EAGLE-3: " + ("met" if met else "**not met**") + "; answers identical "
+                 "at B=1: " + ("met" if same else "**not met**"),
+                 '`DRAFTERS="eagle3 block+ng1x15" BATCHES=1 bash scripts/gpu_session.sh drafters` (then `BATCHES=8`)'))
     vocab = _runs(results, "block_vocab")
     v, w = vocab["vocab8192+ng2_7_4_16_mt_bench_b1"], vocab["block+ng2_7_4_16_mt_bench_b1"]
     rows.append(("the shipped block drafter (its 8,192-id draft vocabulary) against the whole-vocabulary one it was "

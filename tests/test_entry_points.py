@@ -156,7 +156,7 @@ RUN_SPEC_BAD = [
     (["draft.drafter=medusa"], "draft.drafter"),
     (["draft=eagle1", "draft.path={shipped_eagle3}"], "draft"),
     (["tree.num_draft_tokens=200"], "tree.num_draft_tokens"),  # 7/4 trees hold 101 at most
-    (["tree=simulate", "tree.simulate.tau=9", "draft.random_init=true"], "tree.simulate.tau"),
+    (["tree=simulate", "tree.simulate.tau=17", "draft.random_init=true"], "tree.simulate.tau"),  # depth 15: 16 at most
     (["tree.steps=0"], "tree.steps"),
     (["stream=unsafe_no_sync"], "stream"),
     (["hardware.device=gpu"], "hardware.device"),

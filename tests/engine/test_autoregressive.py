@@ -1,4 +1,4 @@
-"""The autoregressive baseline: stopping, sampling helpers, bad input, and SmolLM2's answer."""
+"""The autoregressive baseline: stopping, sampling helpers, bad input, SmolLM2's answer, a graph bucket's padding."""
 
 from __future__ import annotations
 
@@ -135,3 +135,18 @@ def test_between_its_graph_a_step_clones_gathers_and_adds_nothing(tiny, monkeypa
     assert len(middle) > 10
     allowed = {"_to_copy", "copy_", "index_put_", "_foreach_copy_"}  # to the host; a new page's id into the table
     assert all(set(o) <= allowed for o in middle), middle
+
+
+def test_a_graph_buckets_padding_leaves_every_request_alone(tiny, monkeypatch):
+    """Three requests in buckets of 4, 2 and 1 as they finish (padded entries in most steps), decoded as a graph runs
+    them (engine_testing.as_graph): each answer equals the request decoded alone. When request row 0 was a request's,
+    every padded entry wrote that request's position 0 (4 of 80 MT-bench answers at B=8 on the GPU)."""
+    from engine_testing import as_graph
+
+    prompts, budgets = [[1, 2, 3], [4, 5, 6, 7, 8, 9], [10, 11]], [12, 20, 6]
+    alone = [generate(tiny, [p], n, batch=1)[0].output_ids for p, n in zip(prompts, budgets)]
+    as_graph(monkeypatch)
+    kv = KVCache.for_model(tiny.args, max_reqs=4, max_context=96, page_size=8)
+    reqs = [Request(p, n, rid=i) for i, (p, n) in enumerate(zip(prompts, budgets))]
+    AREngine(tiny, kv, 4).generate(reqs)
+    assert [r.output_ids for r in reqs] == alone
