@@ -87,11 +87,21 @@ def _level_kernel(BASE, stride_bb, stride_bs, DEP_IN, DEP_OUT, D2T, ROOTS, PMAX,
                   R: tl.constexpr, K: tl.constexpr, KP: tl.constexpr, HAS_D2T: tl.constexpr, MERGE: tl.constexpr,
                   MERGE_ROOT: tl.constexpr, COMPUTE: tl.constexpr, KD: tl.constexpr, RC: tl.constexpr,
                   BLOCK_V: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_CK: tl.constexpr):
-    """Grid (B, NC). MERGE: depth `level - 1`'s partials into its candidates and kept nodes (MERGE_ROOT: it is depth 1,
-    the root's children); COMPUTE: depth `level`'s logits and partials after the kept nodes (level 0: the root).
-    Partials PMAX / PSUM [S, B, K, NC], PKEY [S, B, K, NC, K]; kept nodes ST_* [S, B, K]."""
-    b = tl.program_id(0).to(tl.int64)
-    c = tl.program_id(1)
+    """Grid (B, NC): `_level` of request program_id(0), chunk program_id(1)."""
+    _level(tl.program_id(0).to(tl.int64), tl.program_id(1), BASE, stride_bb, stride_bs, DEP_IN, DEP_OUT, D2T, ROOTS,
+           PMAX, PSUM, PKEY, ST_LP, ST_TOK, ST_FLAT, SCORES, TOKENS, PARENTS, level, B, Vd, NC, C, R, K, KP, HAS_D2T,
+           MERGE, MERGE_ROOT, COMPUTE, KD, RC, BLOCK_V, BLOCK_C, BLOCK_CK)
+
+
+@triton.jit
+def _level(b, c, BASE, stride_bb, stride_bs, DEP_IN, DEP_OUT, D2T, ROOTS, PMAX, PSUM, PKEY, ST_LP, ST_TOK, ST_FLAT,
+           SCORES, TOKENS, PARENTS, level, B, Vd, NC, C,
+           R: tl.constexpr, K: tl.constexpr, KP: tl.constexpr, HAS_D2T: tl.constexpr, MERGE: tl.constexpr,
+           MERGE_ROOT: tl.constexpr, COMPUTE: tl.constexpr, KD: tl.constexpr, RC: tl.constexpr,
+           BLOCK_V: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_CK: tl.constexpr):
+    """Request b (int64), chunk c of one level. MERGE: depth `level - 1`'s partials into its candidates and kept nodes
+    (MERGE_ROOT: it is depth 1, the root's children); COMPUTE: depth `level`'s logits and partials after the kept
+    nodes (level 0: the root). Partials PMAX / PSUM [S, B, K, NC], PKEY [S, B, K, NC, K]; kept nodes ST_* [S, B, K]."""
     t = tl.arange(0, KP)  # [KP] a kept node, or a child rank
     kept = t < K
     first = (tl.zeros([KP], tl.int32) + c) == 0  # [KP] the program that writes the candidates and kept nodes

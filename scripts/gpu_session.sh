@@ -48,8 +48,9 @@
 #              machine is warm (its checkpoints, ~200 MB with AdamW's state, do not travel back); then
 #              the exported drafter on the 80 MT-bench first turns at B=1 (each run with its AR pass) for each tree of
 #              BLOCK_TREES (steps/topk/tokens) beside the EAGLE-3 head's default run; OUT/block.tgz.* parts
-#   block_l8b  benchmarks/probes/probe_block_tree.py (grow_tree's launch variants; PROBE_ALT: another version's
-#              kernels/block_tree.py beside it, e.g. benchmarks/probes/block_tree_fma.py; PROBE_ARGS: e.g.
+#   block_l8b  benchmarks/probes/probe_block_tree.py (grow_tree's launch variants; PROBE_ALT: other versions'
+#              kernels/block_tree.py beside it, space-separated, e.g. "benchmarks/probes/block_tree_fma.py
+#              benchmarks/probes/block_tree_persistent.py"; PROBE_ARGS: e.g.
 #              --cases SmolLM2_Vd,Llama --trees 7/4), benchmarks/bench_draft.py (the draft phase of EAGLE-3 and block
 #              drafters at SmolLM2's and Llama-3.1-8B's shapes, B 1 and 8), then random Llama-3.1-8B weights,
 #              tree=simulate, B=1: a random block drafter (L8B_LAYERS layers, default 2; no n-gram branches: the
@@ -390,7 +391,8 @@ print(m['num_tokens'] / m['num_sequences'])")
   block_l8b)
     R=/tmp/block_l8b; mkdir -p $R
     # grow_tree's chain (K = 1) over the larger vocabularies, ~50 µs a depth slower than at 8,192 ids: launch variants
-    timeout 300 python -m benchmarks.probes.probe_block_tree ${PROBE_ALT:+--alt "$PROBE_ALT"} ${PROBE_ARGS:-} \
+    alts=(); for a in ${PROBE_ALT:-}; do alts+=(--alt "$a"); done
+    timeout 300 python -m benchmarks.probes.probe_block_tree "${alts[@]}" ${PROBE_ARGS:-} \
       --md "$out/probe_block_tree.md" 2>&1 | grep -E "^\||Error" | tail -80
     # the draft phase alone, each half a CUDA graph: EAGLE-3 against block drafters of 1-3 layers
     timeout $(($(left) / 2)) python -m benchmarks.bench_draft --md "$out/draft.md" ${DRAFT_ARGS:-} 2>&1 |

@@ -13,15 +13,18 @@ reference's.
 
     python -m benchmarks.probes.probe_block_tree --alt /path/to/block_tree.py
 
---alt times another version of kernels/block_tree.py beside this one (a branch's, carried to the GPU machine as a
-file): the A/B of a kernel change before it lands. benchmarks/probes/block_tree_fma.py is such a version: the logits
-tile of the kept parents' rows alone, by broadcast multiply-adds (a quarter of tl.dot's 16-row tile at K = 4).
+--alt (repeatable) times another version of kernels/block_tree.py beside this one (a branch's, carried to the GPU
+machine as a file): the A/B of a kernel change before it lands, rows labelled by the file's name. Two candidates
+are in benchmarks/probes/: block_tree_fma.py (the logits tile of the kept parents' rows alone, by broadcast
+multiply-adds: a quarter of tl.dot's 16-row tile at K = 4) and block_tree_persistent.py (the whole tree in one
+launch, a grid barrier between levels).
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
+from pathlib import Path
 
 import torch
 
@@ -65,12 +68,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--md", default=None)
     ap.add_argument("--batch", type=int, default=1)
-    ap.add_argument("--alt", default=None, help="another version's kernels/block_tree.py, timed beside this one")
+    ap.add_argument("--alt", action="append", default=[],
+                    help="another version's kernels/block_tree.py, timed beside this one (repeatable)")
     ap.add_argument("--trees", default=None, help="S/K pairs to time, e.g. 1/4,7/4 (default: all of TREES)")
     ap.add_argument("--cases", default=None, help="vocabularies to time by label prefix, e.g. 'SmolLM2' (both "
                     "SmolLM2 cases) or 'SmolLM2_Vd,Llama' (spaces as _)")
     args = ap.parse_args()
-    modules = [("", bt)] + ([("alt ", load(args.alt))] if args.alt else [])
+    modules = [("", bt)] + [(Path(a).stem + " ", load(a)) for a in args.alt]
     rows, times = [], {}  # (vocabulary, S, K, variant) -> µs
     trees = [tuple(map(int, t.split("/"))) for t in args.trees.split(",")] if args.trees else TREES
     cases = [c for c in CASES
@@ -99,7 +103,7 @@ def main() -> None:
                     print(rows[-1], flush=True)
     md = (
         provenance() + f"B={args.batch}, rank {RANK}, CUDA-graph replay µs; a depth's cost is (S-depth tree - "
-        "1-depth tree) / (S - 1)" + (f"; alt: {args.alt}" if args.alt else "") + ".\n\n"
+        "1-depth tree) / (S - 1)" + (f"; alt: {', '.join(args.alt)}" if args.alt else "") + ".\n\n"
         "| vocabulary | S/K | launch meta | graph µs | µs a depth | equal |\n|---|---|---|---|---|---|\n"
         + "\n".join(rows)
     )
