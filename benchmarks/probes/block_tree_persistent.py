@@ -26,7 +26,7 @@ import triton.language as tl
 from eaglet.kernels._utils import use_triton
 
 # _launch_meta: the probe patches it on this module
-from eaglet.kernels.block_tree import MAX_K, _launch_meta, _level, grow_tree_ref
+from eaglet.kernels.block_tree import MAX_K, _launch_meta, _level, grow_tree_ref, level_operands
 from eaglet.kernels.build_tree import num_candidates
 
 
@@ -110,27 +110,13 @@ def grow_tree(base, dep_in, dep_out, roots, S: int, K: int, d2t=None):
     if K > MAX_K or not use_triton(base, dep_in, dep_out, roots):
         return grow_tree_ref(base, dep_in, dep_out, roots, S, K, d2t)
     dev = roots.device
-    C = num_candidates(K, S)
-    scores = torch.empty(B, C, dtype=torch.float32, device=dev)  # [B, C]
-    tokens = torch.empty(B, C, dtype=torch.int64, device=dev)  # [B, C]
-    parents = torch.empty(B, C, dtype=torch.int64, device=dev)  # [B, C]
-    if B == 0:
-        return scores, tokens, parents
-    if base.stride(2) != 1:
-        base = base.contiguous()
-    dep_in, dep_out, roots = dep_in.contiguous(), dep_out.contiguous(), roots.contiguous()
     meta = _launch_meta(Vd, K, dep_in.shape[1])
-    NC = triton.cdiv(Vd, meta["BLOCK_V"])
-    stats = torch.empty(2, S, B, K, NC, dtype=torch.float32, device=dev)  # [max, sum] x [S, B, K, NC]
-    keys = torch.empty(S, B, K, NC, K, dtype=torch.int64, device=dev)  # [S, B, K, NC, K]
-    st_lp = torch.empty(S, B, K, dtype=torch.float32, device=dev)  # [S, B, K]
-    state = torch.empty(2, S, B, K, dtype=torch.int64, device=dev)  # (tokens, flat indices) x [S, B, K]
+    outs, operands, NC = level_operands(base, dep_in, dep_out, roots, S, K, d2t, meta)
+    if B == 0:
+        return outs
     if dev not in _counters:  # made once, outside any capture; 0 between launches (module doc)
         _counters[dev] = torch.zeros(1, dtype=torch.int32, device=dev)
     G, loop = _programs(dev, B * NC)
-    _persistent_kernel[(G,)](
-        base, base.stride(0), base.stride(1), dep_in, dep_out, d2t if d2t is not None else roots, roots,
-        stats[0], stats[1], keys, st_lp, state[0], state[1], scores, tokens, parents, _counters[dev],
-        B, Vd, NC, C, G, S=S, LOOP=loop, HAS_D2T=d2t is not None, **meta,
-    )  # fmt: skip
-    return scores, tokens, parents
+    _persistent_kernel[(G,)](*operands, _counters[dev], B, Vd, NC, num_candidates(K, S), G, S=S, LOOP=loop,
+                             HAS_D2T=d2t is not None, **meta)
+    return outs
