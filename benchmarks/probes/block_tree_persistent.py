@@ -8,11 +8,12 @@ Why it may pay: over 8,192 ids a 7/4 tree takes ~60 µs in 8 launches (H100, res
 probe_block_tree_bv.md), ~9 µs a depth against a launch's 2-4 µs of drain and ramp; a barrier is an atomic and a
 few polls of one L2 line (~1-2 µs).
 
-Deadlock-free only if all programs are resident at once: `grow_tree` refuses more than MAX_PER_SM small programs
-(2 warps) a multiprocessor (32 at B=1 over 8,192 ids, 256 at B=8; kernels of other streams beside it finish and
-make room, none waits on this one). A loop of several items a program would lift that bound, but it spilled ~500 B
-a thread on sm_90 (ptxas, triton 3.9) against 24 without it. On CPU (TRITON_INTERPRET=1: programs run one after
-another) the levels' items run in one program, G = 1, and the barrier never waits.
+Deadlock-free only if all programs are resident at once: `grow_tree` refuses more than MAX_WARPS_PER_SM warps of
+them a multiprocessor (8 programs of 2 warps; B=1 over 8,192 ids takes 32 programs, B=8 256; kernels of other
+streams beside it finish and make room, none waits on this one). A loop of several items a program would lift that
+bound, but it spilled ~500 B a thread on sm_90 (ptxas, triton 3.9) against 24 without it. On CPU
+(TRITON_INTERPRET=1: programs run one after another) the levels' items run in one program, G = 1, and the barrier
+never waits.
 The counter is left at 0 by the last program out (all G have arrived at the exit, so none polls it again), so a
 graph replay starts from 0 without a reset launch.
 """
@@ -88,19 +89,20 @@ def _item(item, BASE, stride_bb, stride_bs, DEP_IN, DEP_OUT, D2T, ROOTS, PMAX, P
 
 
 _counters: dict[torch.device, torch.Tensor] = {}
-# programs of 2 warps a multiprocessor that must be resident at once: sm_90 holds 16 at <= 64 registers a thread
-# (2 x 32 x 64 x 16 = 64k registers) and the kernel takes fewer; 8 leaves room for whatever runs beside it
-MAX_PER_SM = 8
+# warps a multiprocessor of programs that must be resident at once: 8 programs of 2 warps (sm_90 holds 16 such at
+# <= 64 registers a thread, and the kernel takes fewer), which leaves room for whatever runs beside it
+MAX_WARPS_PER_SM = 16
 
 
-def _programs(dev: torch.device, items: int) -> tuple[int, bool]:
-    """(G, LOOP): one program an item on a GPU, where all must be resident (MAX_PER_SM); one looping program under
-    the interpreter."""
+def _programs(dev: torch.device, items: int, num_warps: int) -> tuple[int, bool]:
+    """(G, LOOP): one program an item on a GPU, where all must be resident (MAX_WARPS_PER_SM); one looping program
+    under the interpreter."""
     if dev.type == "cpu":
         return 1, True
     sms = torch.get_device_module(dev).get_device_properties(dev).multi_processor_count
-    if items > MAX_PER_SM * sms:
-        raise ValueError(f"{items} programs: at most {MAX_PER_SM * sms} may wait on each other at a grid barrier here")
+    if items * num_warps > MAX_WARPS_PER_SM * sms:
+        raise ValueError(f"{items} programs of {num_warps} warps: at most {MAX_WARPS_PER_SM * sms} warps may wait on "
+                         f"each other at a grid barrier here")
     return items, False
 
 
@@ -116,7 +118,7 @@ def grow_tree(base, dep_in, dep_out, roots, S: int, K: int, d2t=None):
         return outs
     if dev not in _counters:  # made once, outside any capture; 0 between launches (module doc)
         _counters[dev] = torch.zeros(1, dtype=torch.int32, device=dev)
-    G, loop = _programs(dev, B * NC)
+    G, loop = _programs(dev, B * NC, meta["num_warps"])
     _persistent_kernel[(G,)](*operands, _counters[dev], B, Vd, NC, num_candidates(K, S), G, S=S, LOOP=loop,
                              HAS_D2T=d2t is not None, **meta)
     return outs

@@ -93,6 +93,9 @@ def main() -> None:
                         got = mod.grow_tree(*x[:4], S, K, x[4])
                         ok = torch.equal(got[1], want[1]) and torch.equal(got[2], want[2])
                         us = graph_us(lambda mod=mod: mod.grow_tree(*x[:4], S, K, x[4]), False)
+                    except Exception as e:  # noqa: BLE001 - a variant a candidate refuses is a row too
+                        ok, us = False, float("nan")
+                        print(f"{name}: {type(e).__name__}: {str(e).splitlines()[0][:100]}", flush=True)
                     finally:
                         mod._launch_meta = launch_meta
                     key = f"{label} {Vd}"
