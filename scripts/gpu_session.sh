@@ -53,10 +53,10 @@
 #              benchmarks/probes/block_tree_persistent.py"; PROBE_ARGS: e.g.
 #              --cases SmolLM2_Vd,Llama --trees 7/4), benchmarks/bench_draft.py (the draft phase of EAGLE-3 and block
 #              drafters at SmolLM2's and Llama-3.1-8B's shapes, B 1 and 8), then random Llama-3.1-8B weights,
-#              tree=simulate, B=1: a random block drafter (L8B_LAYERS layers, default 2; no n-gram branches: the
-#              random prompts match nothing and the simulated acceptance follows the drafter's tree, so they would only
-#              widen the verify) beside the EAGLE-3 head, both over a draft vocabulary of 32,000 tokens (the public 8B
-#              EAGLE-3 heads'), step and draft times against the weight floors
+#              tree=simulate, B=1: a random block drafter (L8B_LAYERS layers, default 2, at L8B_TREE, default
+#              7/4/16; no n-gram branches: the random prompts match nothing and the simulated acceptance follows the
+#              drafter's tree, so they would only widen the verify) beside the EAGLE-3 head, both over a draft
+#              vocabulary of 32,000 tokens (the public 8B EAGLE-3 heads'), step and draft times against the weight floors
 #   smol_sim   random SmolLM2-135M weights, tree=simulate (mean accepted SIM_TAU, default 3.3), B=1, no model file: the
 #              block drafter (2 layers, 8,192 draft ids, tree 7/4/16, its n-gram branch of 15) and EAGLE-3 (5/4/8, 8,192
 #              ids), REPS (default 2) runs each: step, draft and extend times; then the block drafter's per-kernel graph
@@ -403,7 +403,8 @@ print(m['num_tokens'] / m['num_sequences'])")
       # 32,000 LM-head rows (0.26 GB) per draft, not all 128,256 (1.05 GB, ~0.3 ms of the 0.6 ms draft budget)
       extra=(draft=$d draft.random_init=true draft.draft_vocab_size=32000)
       # the block drafter at its own tree (tree=simulate alone would give it 7/1/8, a chain)
-      [[ $d == block ]] && extra+=(draft.num_layers=${L8B_LAYERS:-2} tree.steps=7 tree.topk=4 tree.num_draft_tokens=16
+      IFS=/ read -r st k n <<< "${L8B_TREE:-7/4/16}"
+      [[ $d == block ]] && extra+=(draft.num_layers=${L8B_LAYERS:-2} tree.steps=$st tree.topk=$k tree.num_draft_tokens=$n
                                    draft.ngram_branches=0)
       timeout ${RUN_S:-240} python run_spec.py hydra.run.dir=$R/l8b_${d}_sim "${r8[@]}" "${extra[@]}" \
         > $R/l8b_$d.log 2>&1 || tail -3 $R/l8b_$d.log
