@@ -135,7 +135,7 @@ class Tree(NamedTuple):
 
 # conf/tree's trees (tests/portability checks that each one is here) and the EAGLE-2 paper's (the largest).
 TREES = (Tree("chain", 5, 1, 6), Tree("eagle2", 5, 4, 8), Tree("eagle2_wide", 6, 8, 32), Tree("simulate", 7, 1, 8),
-         Tree("simulate_wide", 6, 4, 32), Tree("eagle2_paper", 6, 10, 60), Tree("block", 7, 4, 16))
+         Tree("simulate_wide", 6, 4, 32), Tree("eagle2_paper", 6, 10, 60), Tree("block", 5, 4, 16))
 
 
 def all_cases(hip: bool) -> list[CompileCase]:

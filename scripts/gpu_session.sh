@@ -39,7 +39,7 @@
 #              added to the head's tree; `block` has its config's, one of 15 tokens, unless `block+ng0`), +ng<K>x<L>
 #              also draft.ngram_depth=L (branches of L tokens; `block+ng2x7`: the former default), <draft>@S/K/N its
 #              tree; `block`: the
-#              shipped block drafter or BLOCK_RUN's (a `block` stage's), at BLOCK_TREE (default 7/4/16) unless named;
+#              shipped block drafter or BLOCK_RUN's (a `block` stage's), at BLOCK_TREE (default 5/4/16) unless named;
 #              PROFILE=1: each drafter's per-kernel graph times
 #   block      the block drafter (train/head=block; BLOCK_ARGS: more overrides) trained on every GPU for what is left of
 #              BUDGET_S minus EVAL_S, on the finished chunks of SELFGEN (a synthesize.py out_dir) or else regenerated
@@ -49,16 +49,16 @@
 #              the exported drafter on the 80 MT-bench first turns at B=1 (each run with its AR pass) for each tree of
 #              BLOCK_TREES (steps/topk/tokens) beside the EAGLE-3 head's default run; OUT/block.tgz.* parts
 #   block_l8b  benchmarks/probes/probe_block_tree.py (grow_tree's launch variants; PROBE_ALT: other versions'
-#              kernels/block_tree.py beside it, space-separated, e.g. "benchmarks/probes/block_tree_fma.py
-#              benchmarks/probes/block_tree_persistent.py"; PROBE_ARGS: e.g.
+#              kernels/block_tree.py beside it, space-separated file paths; its rows also go to
+#              OUT/probe_block_tree.log as they come, so a probe cut by its 300 s still returns them; PROBE_ARGS: e.g.
 #              --cases SmolLM2_Vd,Llama --trees 7/4), benchmarks/bench_draft.py (the draft phase of EAGLE-3 and block
 #              drafters at SmolLM2's and Llama-3.1-8B's shapes, B 1 and 8), then random Llama-3.1-8B weights,
 #              tree=simulate, B=1: a random block drafter (L8B_LAYERS layers, default 2, at L8B_TREE, default
-#              7/4/16; no n-gram branches: the random prompts match nothing and the simulated acceptance follows the
+#              5/4/16; no n-gram branches: the random prompts match nothing and the simulated acceptance follows the
 #              drafter's tree, so they would only widen the verify) beside the EAGLE-3 head, both over a draft
 #              vocabulary of 32,000 tokens (the public 8B EAGLE-3 heads'), step and draft times against the weight floors
 #   smol_sim   random SmolLM2-135M weights, tree=simulate (mean accepted SIM_TAU, default 3.3), B=1, no model file: the
-#              block drafter (2 layers, 8,192 draft ids, tree 7/4/16, its n-gram branch of 15) and EAGLE-3 (5/4/8, 8,192
+#              block drafter (2 layers, 8,192 draft ids, tree 5/4/16, its n-gram branch of 15) and EAGLE-3 (5/4/8, 8,192
 #              ids), REPS (default 2) runs each: step, draft and extend times; then the block drafter's per-kernel graph
 #              times. ALT=<dir>: its files overlaid on a copy of this tree run the same beside (an A/B on one machine);
 #              TAUS (default "3.75 4.2"): the block runs again at those simulated taus; accept 0: inside the verify;
@@ -392,8 +392,9 @@ print(m['num_tokens'] / m['num_sequences'])")
     R=/tmp/block_l8b; mkdir -p $R
     # grow_tree's chain (K = 1) over the larger vocabularies, ~50 µs a depth slower than at 8,192 ids: launch variants
     alts=(); for a in ${PROBE_ALT:-}; do alts+=(--alt "$a"); done
-    timeout 300 python -m benchmarks.probes.probe_block_tree "${alts[@]}" ${PROBE_ARGS:-} \
-      --md "$out/probe_block_tree.md" 2>&1 | grep -E "^\||Error" | tail -80
+    timeout 300 python -u -m benchmarks.probes.probe_block_tree "${alts[@]}" ${PROBE_ARGS:-} \
+      --md "$out/probe_block_tree.md" 2>&1 | grep --line-buffered -E "^\||Error" | tee "$out/probe_block_tree.log" |
+      tail -80
     # the draft phase alone, each half a CUDA graph: EAGLE-3 against block drafters of 1-3 layers
     timeout $(($(left) / 2)) python -m benchmarks.bench_draft --md "$out/draft.md" ${DRAFT_ARGS:-} 2>&1 |
       grep -E "^\||Error" | tail -30
@@ -403,7 +404,7 @@ print(m['num_tokens'] / m['num_sequences'])")
       # 32,000 LM-head rows (0.26 GB) per draft, not all 128,256 (1.05 GB, ~0.3 ms of the 0.6 ms draft budget)
       extra=(draft=$d draft.random_init=true draft.draft_vocab_size=32000)
       # the block drafter at its own tree (tree=simulate alone would give it 7/1/8, a chain)
-      IFS=/ read -r st k n <<< "${L8B_TREE:-7/4/16}"
+      IFS=/ read -r st k n <<< "${L8B_TREE:-5/4/16}"
       [[ $d == block ]] && extra+=(draft.num_layers=${L8B_LAYERS:-2} tree.steps=$st tree.topk=$k tree.num_draft_tokens=$n
                                    draft.ngram_branches=0)
       timeout ${RUN_S:-240} python run_spec.py hydra.run.dir=$R/l8b_${d}_sim "${r8[@]}" "${extra[@]}" \
@@ -415,8 +416,8 @@ print(m['num_tokens'] / m['num_sequences'])")
     rs=(target=random_llama3_8b target.random=smollm2_135m target.name=random_smollm2 data=synthetic data.limit=4
         tree=simulate tree.simulate.tau=${SIM_TAU:-3.3} gen.max_new_tokens=256 logger=none print_answers=0)
     # the block runs also time plain decoding (AR tok/s: the same shapes as the real SmolLM2)
-    blk=(tree.topk=4 tree.num_draft_tokens=16 draft=block draft.random_init=true draft.draft_vocab_size=8192
-         gen.compare_ar=true)
+    blk=(tree.steps=5 tree.topk=4 tree.num_draft_tokens=16 draft=block draft.random_init=true
+         draft.draft_vocab_size=8192 gen.compare_ar=true)
     eag=(tree.steps=5 tree.topk=4 tree.num_draft_tokens=8 draft=eagle3 draft.random_init=true draft.draft_vocab_size=8192
          gen.compare_ar=false)
     codes=(here)
@@ -477,11 +478,11 @@ PY
         [[ $ng == *x* ]] && draft+=(draft.ngram_depth=${ng#*x})
       fi
       # the block drafter: the shipped one, or BLOCK_RUN's export (a `block` stage's), at BLOCK_TREE unless the entry
-      # names a tree (default 7/4/16: its fastest at B=1, results/block_drafter_h100)
+      # names a tree (default 5/4/16: its fastest at B=1, results/block_trees_h100)
       t=$([[ $d == *@* ]] && echo "${d#*@}")
       if [[ ${spec%+ng*} == block ]]; then
         [[ -n ${BLOCK_RUN:-} ]] && draft+=(draft.path="$BLOCK_RUN/head")  # else the shipped drafter
-        t=${t:-${BLOCK_TREE:-7/4/16}}
+        t=${t:-${BLOCK_TREE:-5/4/16}}
       fi
       if [[ -n $t ]]; then
         IFS=/ read -r st k n <<< "$t"

@@ -14,10 +14,8 @@ reference's.
     python -m benchmarks.probes.probe_block_tree --alt /path/to/block_tree.py
 
 --alt (repeatable) times another version of kernels/block_tree.py beside this one (a branch's, carried to the GPU
-machine as a file): the A/B of a kernel change before it lands, rows labelled by the file's name. Two candidates
-are in benchmarks/probes/: block_tree_fma.py (the logits tile of the kept parents' rows alone, by broadcast
-multiply-adds: a quarter of tl.dot's 16-row tile at K = 4) and block_tree_persistent.py (the whole tree in one
-launch, a grid barrier between levels).
+machine as a file): the A/B of a kernel change before it lands, rows labelled by the file's name. The candidates
+tried so far lost and were deleted (results/block_drafter_h100/probe_block_tree_candidates.md).
 """
 
 from __future__ import annotations

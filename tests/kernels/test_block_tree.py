@@ -10,8 +10,6 @@ reference.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 from kernel_testing import CUDA, DEVICE, gpu_only, needs_kernel
@@ -115,28 +113,3 @@ def test_cuda_graph():
     graph.replay()
     want = grow_tree_ref(base, dep_in, dep_out, roots, 5, 4, d2t)
     assert CUDA and torch.equal(out[1], want[1]) and torch.equal(out[2], want[2])
-
-
-@needs_kernel
-@pytest.mark.parametrize("S, K, block_v", [(1, 1, None), (3, 4, None), (3, 4, 64), (2, MAX_K, None)])
-@pytest.mark.parametrize("d2t", [False, True])
-@pytest.mark.parametrize("candidate", ["block_tree_fma.py", "block_tree_persistent.py"])
-def test_probe_candidate_equals_reference(candidate, S, K, block_v, d2t):
-    """The candidates `probe_block_tree --alt` times beside the kernel hold to the same reference, also at 64-id
-    chunks (more programs): benchmarks/probes/block_tree_fma.py (the kept parents' rows alone, by broadcast
-    multiply-adds) and block_tree_persistent.py (one launch, a grid barrier between levels; its arrival counter is
-    back at 0 after the launch, so the next launch or graph replay starts clean)."""
-    from benchmarks.probes.probe_block_tree import load
-
-    alt = load(str(Path(__file__).resolve().parents[2] / "benchmarks" / "probes" / candidate))
-    base, dep_in, dep_out, roots, d2t_offsets = inputs(2, S, 700, 900, 20, d2t, seed=S * 10 + K)
-    dev = [t.to(DEVICE) if t is not None else None for t in (base, dep_in, dep_out, roots, d2t_offsets)]
-    meta = alt._launch_meta
-    alt._launch_meta = lambda Vd, K_, R: meta(Vd, K_, R, block_v=block_v)
-    want = grow_tree_ref(base, dep_in, dep_out, roots, S, K, d2t_offsets)
-    for _ in range(2):
-        got = [t.cpu() for t in alt.grow_tree(dev[0], dev[1], dev[2], dev[3], S, K, dev[4])]
-        assert torch.equal(got[1], want[1]) and torch.equal(got[2], want[2])
-        torch.testing.assert_close(got[0], want[0], rtol=1e-5, atol=1e-5)
-    for counter in getattr(alt, "_counters", {}).values():
-        assert counter.item() == 0
