@@ -14,7 +14,10 @@ commit, the stream plans, CUDA graphs, batching, sampling and metrics, and meets
   verify (default tree.num_draft_tokens; a drafter that adds nodes to the tree spec's, as n-gram branches do, says
   how many);
 - `update(tokens, feats, accept_index, accept_len, bonus, seq_lens, rows, **state)` -> the next state, after
-  accept (EAGLE's draft-extend, an n-gram drafter's history), also captured.
+  accept (EAGLE's draft-extend, an n-gram drafter's history), also captured;
+- for drafters that wrap another (n-gram branches): `propose_widened(..., spare, **state)` -> the tree and, from the
+  same candidates, the tree of `spare` more nodes (None where the drafter has none), so that slots the wrapper would
+  leave as padding hold the drafter's next candidates instead.
 
 A request's sequence: `seq_lens` tokens cached, then its root (the last emitted token, not yet cached). A tree of
 N nodes has the root at node 0, parents before children, node j at position seq_len + depth(j).
@@ -32,6 +35,7 @@ from typing import NamedTuple
 import torch
 
 from eaglet.engine.drafters import drafter_modules
+from eaglet.kernels.build_tree import build_tree, num_candidates
 
 
 class DraftTree(NamedTuple):
@@ -127,6 +131,12 @@ class Drafter:
         """seq_lens [B] int32, roots [B] int64, rows [B] int64 and the state -> the tree (device only, no sync)."""
         raise NotImplementedError
 
+    def propose_widened(self, seq_lens: torch.Tensor, roots: torch.Tensor, rows: torch.Tensor, spare: int,
+                        **state: torch.Tensor) -> tuple[DraftTree, DraftTree | None]:
+        """`propose`'s tree and the tree of num_nodes + spare nodes from the same candidates (None: this drafter
+        has no wider tree)."""
+        return self.propose(seq_lens, roots, rows, **state), None
+
     def update(self, tokens: torch.Tensor, feats: torch.Tensor, accept_index: torch.Tensor, accept_len: torch.Tensor,
                bonus: torch.Tensor, seq_lens: torch.Tensor, rows: torch.Tensor,
                **state: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -168,6 +178,27 @@ class ModelDrafter(Drafter):
 
     def target_feature(self, hidden, captured):
         return self.head.target_feature(hidden, captured)  # [B, T, F]
+
+    def candidates(self, seq_lens, roots, rows, **state) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The tree's candidates in kernels/build_tree.py's layout: scores, tokens (target ids), parents [B, C]."""
+        raise NotImplementedError
+
+    def _tree(self, cand, roots, seq_lens, N: int) -> DraftTree:
+        S, K = self.tree.steps, self.tree.topk
+        tree = build_tree(*cand, roots, seq_lens, N, K, S)  # the N best candidates
+        return DraftTree(tree.draft_tokens, tree.positions, tree.retrieve_next_token, tree.retrieve_next_sibling,
+                         tree.tree_mask)
+
+    def propose(self, seq_lens, roots, rows, **state) -> DraftTree:
+        return self._tree(self.candidates(seq_lens, roots, rows, **state), roots, seq_lens,
+                          self.tree.num_draft_tokens)
+
+    def propose_widened(self, seq_lens, roots, rows, spare: int, **state) -> tuple[DraftTree, DraftTree | None]:
+        cand = self.candidates(seq_lens, roots, rows, **state)
+        N = self.tree.num_draft_tokens
+        if N + spare > num_candidates(self.tree.topk, self.tree.steps) + 1:  # no more candidates than that
+            return self._tree(cand, roots, seq_lens, N), None
+        return self._tree(cand, roots, seq_lens, N), self._tree(cand, roots, seq_lens, N + spare)
 
     def alloc_request(self, row: int) -> None:
         if self.kv.alloc_request() != row:

@@ -384,9 +384,14 @@ def _launch_meta(N: int, topk: int, steps: int, fmt: MaskFormat) -> dict:
 def compile_cases(hip: bool) -> list[CompileCase]:
     """kernels/_compile_cases.py: every tree in every mask format it allows (BITPACKED: N <= 32); the same on both
     vendors and models (the tree is all the kernel sees)."""
+    from eaglet.kernels.trie_graft import launched_shapes  # (a module that imports this one would cycle)
+
     i64 = Ptr(torch.int64)
     cases = []
-    for t in TREES:
+    # and each tree widened by the n-gram branches grafted onto it (the fallback, engine/drafters/ngram.py)
+    wide = [t._replace(name=f"{t.name} widened", num_draft_tokens=N + extra) for _, t, N, _, extra in
+            launched_shapes(TREES) if N > 1 and N + extra <= num_candidates(t.topk, t.steps) + 1]
+    for t in (*TREES, *wide):
         for fmt in MaskFormat:
             if fmt == MaskFormat.BITPACKED and t.num_draft_tokens > 32:
                 continue

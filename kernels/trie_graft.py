@@ -1,6 +1,6 @@
 """Token paths merged into a draft tree as a trie, in one launch: the n-gram drafter's tree and n-gram branches.
 
-    graft(tree, paths, extra) -> (tokens, positions, next_token, next_sibling, mask) of N + extra nodes
+    graft(tree, paths, extra, fallback=None) -> (tokens, positions, next_token, next_sibling, mask) of N + extra nodes
 
 `tree` is a draft tree in engine/drafter.py's DraftTree field order: tokens [B, N] int64 (node 0 the root),
 positions [B, N] int64, next_token / next_sibling [B, N] int64 (first child / next sibling, -1: none) and mask
@@ -18,7 +18,12 @@ the device). The result, M = N + extra nodes:
     slots N + created .. M-1 are padding (token 0, depth 1, row {root, self});
   * positions = tree positions[:, 0] + depth; links are rebuilt in ascending node order among the real nodes
     (next_token[i] = the smallest real j > 0 whose parent is i, next_sibling[i] = the smallest real j > i with i's
-    parent, for real i > 0): build_tree's order, so a tree's own links come back unchanged.
+    parent, for real i > 0): build_tree's order, so a tree's own links come back unchanged;
+  * with `fallback` (a tree of M nodes, the same five tensors): a request whose paths create no node gets the
+    fallback tree as it is, instead of the tree and `extra` padding slots. The drafters pass their own tree widened
+    to M nodes from the same candidates: n-gram branches find no match at ~60% of MT-bench steps, and there the
+    verify's M slots hold the drafter's best M - 1 candidates, not padding (tau +2.4% on 20 MT-bench turns at the
+    block drafter's 5/4/16 + 15, CPU; results/block_trees_h100/README.md).
 `graft_sequential` is that insertion in plain Python (the spec the tests hold both implementations to); `graft_ref`
 the same in batched torch ops (no host sync), which runs where Triton does not (CPU without TRITON_INTERPRET=1).
 
@@ -58,7 +63,7 @@ MAX_NODES = 64
 BRANCHES = (2,)
 
 
-def _check(tree, paths, extra) -> None:
+def _check(tree, paths, extra, fallback=None) -> None:
     if len(tree) != 5:
         raise ValueError(f"tree must be (tokens, positions, next_token, next_sibling, mask), got {len(tree)} items")
     tokens, positions, next_token, next_sibling, mask = tree
@@ -79,13 +84,23 @@ def _check(tree, paths, extra) -> None:
             raise ValueError(f"{name} is on {t.device}, tokens on {tokens.device}: move it to {tokens.device}")
     if not isinstance(extra, int) or isinstance(extra, bool) or extra < 0:
         raise ValueError(f"extra={extra!r} must be an int >= 0")
+    if fallback is not None:
+        M = N + extra
+        if len(fallback) != 5:
+            raise ValueError(f"fallback must be (tokens, positions, next_token, next_sibling, mask), got "
+                             f"{len(fallback)} items")
+        for name, t, shape, dtype in zip(("tokens", "positions", "next_token", "next_sibling", "mask"), fallback,
+                                         [(B, M)] * 4 + [(B, M, M)], [torch.int64] * 4 + [torch.bool]):
+            if tuple(t.shape) != shape or t.dtype != dtype or t.device != tokens.device:
+                raise ValueError(f"fallback {name} must be {list(shape)} {dtype} on {tokens.device} (N + extra = {M} "
+                                 f"nodes), got shape {tuple(t.shape)} {t.dtype} on {t.device}")
 
 
-def graft_sequential(tree, paths: torch.Tensor, extra: int) -> tuple[torch.Tensor, ...]:
+def graft_sequential(tree, paths: torch.Tensor, extra: int, fallback=None) -> tuple[torch.Tensor, ...]:
     """Plain-Python `graft` (the spec): per request the paths inserted one by one into the trie of the tree's real
-    nodes, at most `extra` nodes created, the rest of the N + extra slots padding. Raises ValueError where a path's
-    -1s are not a suffix (which `graft` and `graft_ref` assume)."""
-    _check(tree, paths, extra)
+    nodes, at most `extra` nodes created, the rest of the N + extra slots padding; the fallback's tree where none was
+    created. Raises ValueError where a path's -1s are not a suffix (which `graft` and `graft_ref` assume)."""
+    _check(tree, paths, extra, fallback)
     tokens, positions, next_token, next_sibling, mask = (t.tolist() for t in tree)
     B, N = len(tokens), len(tokens[0])
     M = N + extra
@@ -123,6 +138,10 @@ def graft_sequential(tree, paths: torch.Tensor, extra: int) -> tuple[torch.Tenso
                     real.add(new)
                     hit = [new]
                 cur = hit[0]
+        if fallback is not None and len(tok) == N:  # no node created: the fallback tree as it is
+            for k, t in enumerate(fallback):
+                out[k].append(t[b].tolist())
+            continue
         for i in range(len(tok), M):  # padding: a leaf under the root
             tok.append(0)
             par.append(0)
@@ -138,12 +157,12 @@ def graft_sequential(tree, paths: torch.Tensor, extra: int) -> tuple[torch.Tenso
     return (*longs, torch.tensor(out[4], dtype=torch.bool, device=dev).reshape(B, M, M))  # [B, M, M]
 
 
-def graft_ref(tree, paths: torch.Tensor, extra: int) -> tuple[torch.Tensor, ...]:
+def graft_ref(tree, paths: torch.Tensor, extra: int, fallback=None) -> tuple[torch.Tensor, ...]:
     """`graft` in batched torch ops (no host sync: CUDA-graph capturable), where Triton does not run. A path walks the
     tree's real nodes by masks over [B, P, N]; past the tree, a new node at (path p, depth d) is shared with the
     first path whose tokens 0..d equal p's; new nodes are ranked path-major by a cumsum and scattered into slots
     N.. (the first `extra` kept); a new node's mask row is its parent's plus itself (S gathers)."""
-    _check(tree, paths, extra)
+    _check(tree, paths, extra, fallback)
     tree_tokens, tree_positions, tree_next, tree_sibling, tree_mask = tree
     B, N = tree_tokens.shape
     P, S = paths.shape[1:]
@@ -196,7 +215,11 @@ def graft_ref(tree, paths: torch.Tensor, extra: int) -> tuple[torch.Tensor, ...]
     for _ in range(S):
         mask = eye | mask.gather(1, parents[:, :, None].expand(B, M, M))  # [B, M, M]
     next_token, next_sibling = links(parents, real)  # [B, M] each
-    return tokens, tree_positions[:, :1] + depths, next_token, next_sibling, mask
+    out = (tokens, tree_positions[:, :1] + depths, next_token, next_sibling, mask)
+    if fallback is None:
+        return out
+    none = ~keep.any(1)  # [B] no node created
+    return tuple(torch.where(none.view(B, *[1] * (a.dim() - 1)), f, a) for a, f in zip(out, fallback))
 
 
 def links(parents: torch.Tensor, real: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -213,8 +236,9 @@ def links(parents: torch.Tensor, real: torch.Tensor) -> tuple[torch.Tensor, torc
 
 
 @triton.jit
-def _graft_kernel(TOK, POS, NEXT, SIB, MASK, PATHS, OUT_TOK, OUT_POS, OUT_NEXT, OUT_SIB, OUT_MASK, N, M,
-                  P: tl.constexpr, S: tl.constexpr, BLOCK_M: tl.constexpr):
+def _graft_kernel(TOK, POS, NEXT, SIB, MASK, PATHS, FB_TOK, FB_POS, FB_NEXT, FB_SIB, FB_MASK, OUT_TOK, OUT_POS,
+                  OUT_NEXT, OUT_SIB, OUT_MASK, N, M, P: tl.constexpr, S: tl.constexpr, BLOCK_M: tl.constexpr,
+                  HAS_FALLBACK: tl.constexpr):
     b = tl.program_id(0).to(tl.int64)
     i = tl.arange(0, BLOCK_M)  # [BLOCK_M] node slots
     old = i < N  # [BLOCK_M] the tree's slots
@@ -271,12 +295,23 @@ def _graft_kernel(TOK, POS, NEXT, SIB, MASK, PATHS, OUT_TOK, OUT_POS, OUT_NEXT, 
     pos0 = tl.load(POS + b * N)
     out = b * M + i  # [BLOCK_M]
     valid = i < M  # [BLOCK_M]
-    tl.store(OUT_TOK + out, tok, mask=valid)
-    tl.store(OUT_POS + out, pos0 + dep.to(tl.int64), mask=valid)
-    tl.store(OUT_NEXT + out, tl.where(first < BLOCK_M, first, -1).to(tl.int64), mask=valid)
-    tl.store(OUT_SIB + out, tl.where(nxt < BLOCK_M, nxt, -1).to(tl.int64), mask=valid)
+    pos = pos0 + dep.to(tl.int64)  # [BLOCK_M]
+    first = tl.where(first < BLOCK_M, first, -1).to(tl.int64)  # [BLOCK_M]
+    nxt = tl.where(nxt < BLOCK_M, nxt, -1).to(tl.int64)  # [BLOCK_M]
     m = ((anc[:, None] >> cols.to(tl.int64)) & 1).to(tl.int8)  # [BLOCK_M, BLOCK_M] the rows unpacked
-    tl.store(OUT_MASK + b * M * M + rows * M + cols, m, mask=valid[:, None] & valid[None, :])
+    tile = b * M * M + rows * M + cols  # [BLOCK_M, BLOCK_M]
+    if HAS_FALLBACK:  # no node created: the fallback tree as it is (a scalar choice, one program a request)
+        fb = count == N
+        tok = tl.where(fb, tl.load(FB_TOK + out, mask=valid, other=0), tok)
+        pos = tl.where(fb, tl.load(FB_POS + out, mask=valid, other=0), pos)
+        first = tl.where(fb, tl.load(FB_NEXT + out, mask=valid, other=-1), first)
+        nxt = tl.where(fb, tl.load(FB_SIB + out, mask=valid, other=-1), nxt)
+        m = tl.where(fb, tl.load(FB_MASK + tile, mask=valid[:, None] & valid[None, :], other=0), m)
+    tl.store(OUT_TOK + out, tok, mask=valid)
+    tl.store(OUT_POS + out, pos, mask=valid)
+    tl.store(OUT_NEXT + out, first, mask=valid)
+    tl.store(OUT_SIB + out, nxt, mask=valid)
+    tl.store(OUT_MASK + tile, m, mask=valid[:, None] & valid[None, :])
 
 
 def _launch_meta(N: int, extra: int, P: int, S: int, hip: bool = False) -> dict:
@@ -293,14 +328,15 @@ def _launch_meta(N: int, extra: int, P: int, S: int, hip: bool = False) -> dict:
     return meta
 
 
-def graft(tree, paths: torch.Tensor, extra: int) -> tuple[torch.Tensor, ...]:
+def graft(tree, paths: torch.Tensor, extra: int, fallback=None) -> tuple[torch.Tensor, ...]:
     """tree (tokens [B, N], positions [B, N], next_token [B, N], next_sibling [B, N] int64, mask [B, N, N] bool: a
     DraftTree) and paths [B, P, S] int64 (-1 past a path's end) -> the merged tree of N + extra nodes, the same five
-    tensors. Module docstring for the exact semantics. Triton on GPU (and on CPU under TRITON_INTERPRET=1) up to
-    MAX_NODES = 64 nodes, else `graft_ref`. No host sync: CUDA-graph capturable."""
-    _check(tree, paths, extra)
+    tensors; fallback (the same five of N + extra nodes, or None): the tree of a request whose paths create no node.
+    Module docstring for the exact semantics. Triton on GPU (and on CPU under TRITON_INTERPRET=1) up to MAX_NODES =
+    64 nodes, else `graft_ref`. No host sync: CUDA-graph capturable."""
+    _check(tree, paths, extra, fallback)
     if not use_triton(*tree, paths) or tree[0].shape[1] + extra > MAX_NODES:
-        return graft_ref(tree, paths, extra)
+        return graft_ref(tree, paths, extra, fallback)
     tokens, positions, next_token, next_sibling, mask = (t.contiguous() for t in tree)
     paths = paths.contiguous()
     (B, N), P, S = tokens.shape, paths.shape[1], paths.shape[2]
@@ -308,9 +344,12 @@ def graft(tree, paths: torch.Tensor, extra: int) -> tuple[torch.Tensor, ...]:
     dev = tokens.device
     out = [torch.empty(B, M, dtype=torch.int64, device=dev) for _ in range(4)]  # [B, M] each
     out_mask = torch.empty(B, M, M, dtype=torch.bool, device=dev)  # [B, M, M]
+    fb = out if fallback is None else [t.contiguous() for t in fallback]  # unread without one
     if B > 0:
-        _graft_kernel[(B,)](tokens, positions, next_token, next_sibling, mask.view(torch.int8), paths, *out,
-                            out_mask.view(torch.int8), N, M, **_launch_meta(N, extra, P, S, is_hip()))
+        _graft_kernel[(B,)](tokens, positions, next_token, next_sibling, mask.view(torch.int8), paths, *fb[:4],
+                            fb[4].view(torch.int8) if fallback is not None else out_mask.view(torch.int8), *out,
+                            out_mask.view(torch.int8), N, M, HAS_FALLBACK=fallback is not None,
+                            **_launch_meta(N, extra, P, S, is_hip()))
     return (*out, out_mask)
 
 
@@ -330,7 +369,10 @@ def launched_shapes(trees) -> list[tuple[str, object, int, int, int]]:
 def compile_cases(hip: bool) -> list[CompileCase]:
     """kernels/_compile_cases.py: every graft of `launched_shapes(TREES)`; the same on both vendors."""
     i64, i8 = Ptr(torch.int64), Ptr(torch.int8)
+    # the n-gram drafter's graft onto the bare root has no fallback; branches on a model drafter's tree have its
+    # widened tree (engine/drafters/ngram.py)
     return [CompileCase.of(_graft_kernel, (label,), TOK=i64, POS=i64, NEXT=i64, SIB=i64, MASK=i8, PATHS=i64,
-                           OUT_TOK=i64, OUT_POS=i64, OUT_NEXT=i64, OUT_SIB=i64, OUT_MASK=i8, N=N, M=N + extra,
+                           FB_TOK=i64, FB_POS=i64, FB_NEXT=i64, FB_SIB=i64, FB_MASK=i8, OUT_TOK=i64, OUT_POS=i64,
+                           OUT_NEXT=i64, OUT_SIB=i64, OUT_MASK=i8, N=N, M=N + extra, HAS_FALLBACK=N > 1,
                            **_launch_meta(N, extra, P, t.steps, hip))
             for label, t, N, P, extra in launched_shapes(TREES)]

@@ -22,9 +22,10 @@ def root_tree(roots: torch.Tensor, seq_lens: torch.Tensor) -> DraftTree:
     return DraftTree(roots[:, None].long(), seq_lens[:, None].long(), none, none, mask)
 
 
-def graft(tree: DraftTree, paths: torch.Tensor, extra: int) -> DraftTree:
+def graft(tree: DraftTree, paths: torch.Tensor, extra: int, fallback: DraftTree | None = None) -> DraftTree:
     """tree (N nodes, at most S deep) and paths [B, P, S] int64 (tokens down from the root, -1 past a path's end)
-    -> the merged tree of N + extra nodes (kernels/trie_graft.py's `graft`).
+    -> the merged tree of N + extra nodes (kernels/trie_graft.py's `graft`); a request whose paths create no node
+    gets `fallback` (N + extra nodes) instead, where given.
 
     A path walks down the tree while its token equals a linked child's and creates nodes only where it departs;
     paths with a common prefix share its new nodes (those of the first such path). So siblings keep distinct tokens
@@ -34,4 +35,4 @@ def graft(tree: DraftTree, paths: torch.Tensor, extra: int) -> DraftTree:
     mask rows; links are rebuilt in ascending node order (build_tree's and the n-gram drafter's order, so a tree's
     own links come back unchanged).
     """
-    return DraftTree(*trie_graft.graft(tree, paths, extra))
+    return DraftTree(*trie_graft.graft(tree, paths, extra, fallback))

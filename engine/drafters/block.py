@@ -4,8 +4,8 @@ forward, DFlash-style, and its dependency term turns that one forward into a tre
   propose  one forward of the block [root, mask, ...] at seq_len .. seq_len + block_size - 1 over the context in the
            head's pool -> base logits of depths 1..S; then, per depth, the K kept candidates' children: top-K of
            log_softmax(base[d] + dependency term of the candidate), EAGLE-2's selection of the K best of K*K by
-           cumulative log-prob (kernels/block_tree.py: S + 1 launches), and `build_tree` -> the N best candidates
-           as the verify's tree.
+           cumulative log-prob (kernels/block_tree.py: S + 1 launches), and `build_tree` (ModelDrafter.propose)
+           -> the N best candidates as the verify's tree.
            With a draft vocabulary (Vd < V, the head's d2t map) the logits and top-k are over draft ids; candidates
            are target ids from the first depth on (dep_in, build_tree and the verify take target ids)
   update   the accepted path's target features (root, a1..am at seq_len ..) written into the pool as context
@@ -20,11 +20,10 @@ from __future__ import annotations
 
 import torch
 
-from eaglet.engine.drafter import DraftTree, ModelDrafter, PrefillBatch, register
+from eaglet.engine.drafter import ModelDrafter, PrefillBatch, register
 from eaglet.engine.drafters.eagle import check_eagle_tree
 from eaglet.engine.drafters.eagle_config import head_dir, no_head
 from eaglet.kernels.block_tree import grow_tree
-from eaglet.kernels.build_tree import build_tree
 from eaglet.kernels.kv_ops import step_slots
 from eaglet.models.kv_cache import ForwardBatch, slots_for
 
@@ -121,19 +120,16 @@ class BlockDrafter(ModelDrafter):
                                 self.kv)
         return {}
 
-    def propose(self, seq_lens, roots, rows) -> DraftTree:
-        S, K, N = self.tree.steps, self.tree.topk, self.tree.num_draft_tokens
+    def candidates(self, seq_lens, roots, rows):
+        S, K = self.tree.steps, self.tree.topk
         Kb = self.head.block_size
         B = seq_lens.shape[0]
         pt, pos, slots = step_slots(self.kv.req_to_page, rows, seq_lens, Kb, self.kv.page_size)  # [B, P], [B, Kb] x2
         batch = ForwardBatch(pt, seq_lens, slots, self._full[:B], self.max_context)
         x = self.head.forward_block(roots, pos, batch, self.kv)  # [B, Kb, H]
         base = self.head.block_logits(x[:, 1:S + 1])  # [B, S, Vd]
-        scores, tokens, parents = grow_tree(base, self.dep_in, self.dep_out, roots.long(), S, K,
-                                            self.head.d2t_offsets)  # [B, C] each, target ids
-        tree = build_tree(scores, tokens, parents, roots, seq_lens, N, K, S)
-        return DraftTree(tree.draft_tokens, tree.positions, tree.retrieve_next_token, tree.retrieve_next_sibling,
-                         tree.tree_mask)
+        return grow_tree(base, self.dep_in, self.dep_out, roots.long(), S, K,
+                         self.head.d2t_offsets)  # scores, tokens (target ids), parents [B, C] each
 
     def update(self, tokens, feats, accept_index, accept_len, bonus, seq_lens, rows):
         """The accepted path's features (root, a1..am) as context at seq_len .. seq_len + accept_len - 1."""

@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import torch
 
-from eaglet.engine.drafter import Drafter, DraftTree, ModelDrafter, PrefillBatch, register
+from eaglet.engine.drafter import Drafter, ModelDrafter, PrefillBatch, register
 from eaglet.engine.drafters.eagle_config import head_dir, no_head
-from eaglet.kernels.build_tree import build_tree, num_candidates
+from eaglet.kernels.build_tree import num_candidates
 from eaglet.kernels.draft_expand import expand_step
 from eaglet.kernels.kv_ops import step_slots
 from eaglet.kernels.topk import topk_logprobs
@@ -127,8 +127,8 @@ class EagleDrafter(ModelDrafter):
         top_lp, top_tok = topk_logprobs(logits_last, self.tree.topk)  # [B, K]
         return {"top_lp": top_lp, "top_tok": self.head.to_target_ids(top_tok), "hidden": h_last}
 
-    def propose(self, seq_lens, roots, rows, top_lp, top_tok, hidden) -> DraftTree:
-        S, K, N = self.tree.steps, self.tree.topk, self.tree.num_draft_tokens
+    def candidates(self, seq_lens, roots, rows, top_lp, top_tok, hidden):
+        S, K = self.tree.steps, self.tree.topk
         B = seq_lens.shape[0]
         dev = seq_lens.device
         # the candidates (kernels/build_tree.py's layout), written in place by each step
@@ -155,9 +155,7 @@ class EagleDrafter(ModelDrafter):
             cur_lp, cur_tok, cur_flat, cur_h, mask = expand_step(
                 cur_lp, lp, tk, cur_flat, mask, h, scores, tokens, parents, K + (i - 1) * K * K,
                 self.head.d2t_offsets, keep_ancestors=self.head.DRAFT_ANCESTORS_CACHED)
-        tree = build_tree(scores, tokens, parents, roots, seq_lens, N, K, S)
-        return DraftTree(tree.draft_tokens, tree.positions, tree.retrieve_next_token, tree.retrieve_next_sibling,
-                         tree.tree_mask)
+        return scores, tokens, parents  # [B, C] each
 
     def update(self, tokens, feats, accept_index, accept_len, bonus, seq_lens, rows, top_lp, top_tok, hidden):
         """The draft-extend: pairs (feature of node a_j, token of a_{j+1}), the last pair's token the bonus."""

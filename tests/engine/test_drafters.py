@@ -277,6 +277,40 @@ def test_deeper_ngram_branches_accept_past_the_heads_depth(target):
     assert len(deep.accept_lens) < len(shallow.accept_lens)  # the same tokens in fewer steps (40 against 44 here)
 
 
+@pytest.mark.parametrize("module", ["eagle+ngram", "block+ngram"])
+def test_ngram_branches_without_a_match_verify_the_drafters_widened_tree(target, module):
+    """Where the branches find no match, the request's N + K*depth slots hold the drafter's own tree widened from the
+    same candidates (its `propose_widened`), not padding; where they match, the drafter's N nodes plus the branches'."""
+    spec = TREES["eagle2"]
+    drafter = FACTORIES[module](target)
+    eng = SpeculativeEngine(target, drafter, spec, max_batch=2, max_context=128, page_size=8)
+    reqs = [Request(p, 8, rid=i) for i, p in enumerate(LOOPY[-2:])]
+    for r in reqs:
+        r.row = eng.kv_t.alloc_request()
+        drafter.alloc_request(r.row)
+    first = [(r.row, len(r.prompt_ids) + 1) for r in reqs]
+    eng.kv_t.reserve_many(first)
+    drafter.reserve([(row, n + eng.lookahead) for row, n in first])
+    roots, seq_lens, state = eng._prefill(reqs)
+    rows = torch.tensor([r.row for r in reqs])
+    # request 0's history made of tokens that occur once (no suffix repeats); request 1's the same but for its root
+    # once before, followed by tokens no tree holds (an oracle drafter's tree already holds the loop's continuation)
+    for b in range(2):
+        n = int(seq_lens[b]) + 1  # the root at seq_len
+        drafter.ngram.history[rows[b], :n] = torch.arange(10**6 * (b + 1), 10**6 * (b + 1) + n)
+    drafter.ngram.history[rows[1], 2] = drafter.ngram.history[rows[1], int(seq_lens[1])] = roots[1]
+    extra = drafter.num_nodes(spec) - spec.num_draft_tokens
+    with torch.inference_mode():
+        got = drafter.propose(seq_lens, roots, rows, **state)
+        tree, wide = drafter.base.propose_widened(seq_lens, roots, rows, extra, **state)
+    assert wide is not None and wide.tokens.shape[1] == drafter.num_nodes(spec)
+    check_tree(got, seq_lens, roots.tolist(), drafter.num_nodes(spec), spec.steps)
+    assert all(torch.equal(g[0], w[0]) for g, w in zip(got, wide))  # no match: the widened tree
+    N = spec.num_draft_tokens  # the drafter's N nodes keep their slots (their links gain the branch's)
+    assert torch.equal(got.tokens[1, :N], tree.tokens[1]) and torch.equal(got.mask[1, :N, :N], tree.mask[1])
+    assert not torch.equal(got.tokens[1], wide.tokens[1])  # and the branch
+
+
 def test_ngram_depth_is_checked():
     with pytest.raises(ValueError, match="draft.ngram_depth=0"):
         NgramBranches(NgramDrafter(), 2, depth=0)

@@ -19,11 +19,12 @@ from eaglet.kernels.build_tree import build_tree, random_candidates
 from eaglet.kernels.trie_graft import MAX_NODES, graft, graft_ref, graft_sequential
 
 
-def check(tree, paths, extra):
+def check(tree, paths, extra, fallback=None):
     """graft == graft_ref == graft_sequential, every output exactly; returns graft's (CPU)."""
-    got = [t.cpu() for t in graft(tuple(t.to(DEVICE) for t in tree), paths.to(DEVICE), extra)]
-    ref = graft_ref(tree, paths, extra)
-    want = graft_sequential(tree, paths, extra)
+    fb = None if fallback is None else tuple(t.to(DEVICE) for t in fallback)
+    got = [t.cpu() for t in graft(tuple(t.to(DEVICE) for t in tree), paths.to(DEVICE), extra, fb)]
+    ref = graft_ref(tree, paths, extra, fallback)
+    want = graft_sequential(tree, paths, extra, fallback)
     B, N = tree[0].shape
     M = N + extra
     for name, g, r, w in zip(("tokens", "positions", "next_token", "next_sibling", "mask"), got, ref, want):
@@ -33,13 +34,17 @@ def check(tree, paths, extra):
     return got
 
 
-def eagle_trees(B: int, K: int, S: int, N: int, vocab: int, g: torch.Generator):
-    """B random EAGLE-2 trees of N nodes (one per row, from build_tree) over `vocab` tokens, as a DraftTree tuple."""
+def eagle_trees(B: int, K: int, S: int, N: int, vocab: int, g: torch.Generator, widen: int | None = None):
+    """B random EAGLE-2 trees of N nodes (one per row, from build_tree) over `vocab` tokens, as a DraftTree tuple;
+    with `widen`, also the trees of N + widen nodes from the same candidates (a drafter's `propose_widened`)."""
     scores, tokens, parents = random_candidates(B, K, S, vocab=vocab, generator=g)
     roots = torch.randint(vocab, (B,), generator=g)  # [B]
     seq_lens = torch.randint(0, 100, (B,), generator=g).int()  # [B]
-    bt = build_tree(scores, tokens, parents, roots, seq_lens, N, K, S)
-    return bt.draft_tokens, bt.positions, bt.retrieve_next_token, bt.retrieve_next_sibling, bt.tree_mask
+    trees = []
+    for n in (N,) if widen is None else (N, N + widen):
+        bt = build_tree(scores, tokens, parents, roots, seq_lens, n, K, S)
+        trees.append((bt.draft_tokens, bt.positions, bt.retrieve_next_token, bt.retrieve_next_sibling, bt.tree_mask))
+    return trees[0] if widen is None else trees
 
 
 def random_paths(tree, P: int, S: int, vocab: int, g: torch.Generator) -> torch.Tensor:
@@ -89,6 +94,28 @@ def test_random_eagle_trees(B, K, S_tree, N, P, S, extras, few):
     for extra in extras:
         got = check(tree, paths, extra)
         assert torch.equal(got[0][:, :N], tree[0]) and torch.equal(got[4][:, :N, :N], tree[4])  # the tree stays
+
+
+@pytest.mark.parametrize("B, K, S_tree, N, P, S", [(4, 4, 5, 16, 1, 15), (3, 4, 5, 8, 2, 5), (2, 4, 7, 24, 2, 7)],
+                         ids=["block-5/4/16+1x15", "eagle2+2x5", "7/4/24+2x7"])
+def test_fallback_where_no_node_is_created(B, K, S_tree, N, P, S):
+    """With the drafter's widened tree as `fallback`: a request whose paths create no node (all -1, or walking the
+    tree only) gets the fallback tree exactly; one that creates some gets the graft as without it."""
+    g = torch.Generator().manual_seed(N * 10 + P)
+    extra = P * S
+    tree, wide = eagle_trees(B, K, S_tree, N, 50, g, widen=extra)
+    paths = random_paths(tree, P, S, 50, g)  # [B, P, S]
+    paths[0] = -1  # request 0: no match at all
+    anc = tree[4][1, N - 1].nonzero()[:, 0].tolist()[1:]  # request 1: along the tree only
+    paths[1] = -1
+    paths[1, 0, :len(anc)] = tree[0][1, anc]
+    paths[2:, 0, 0] = 49 + 1000  # the others: a token no node has, so each creates a node
+    got = check(tree, paths, extra, wide)
+    plain = check(tree, paths, extra)
+    for k in range(5):
+        assert torch.equal(got[k][:2], wide[k][:2]), k
+        assert torch.equal(got[k][2:], plain[k][2:]), k
+    assert not torch.equal(got[0][:2], plain[0][:2])  # padding replaced
 
 
 @pytest.mark.parametrize("P, S, extra", [(1, 5, 5), (4, 5, 7), (8, 6, 31), (4, 8, 15), (8, 8, 63), (4, 6, 2)])
@@ -167,6 +194,15 @@ def test_bad_input(tree, paths, extra, match):
     for fn in (graft, graft_ref, graft_sequential):
         with pytest.raises(ValueError, match=match):
             fn(tree, paths, extra)
+
+
+def test_bad_fallback():
+    """A fallback of the wrong width (N nodes, not N + extra) or not five tensors is refused by all three."""
+    for fb, match in ((TREE, r"fallback tokens must be \[2, 3\] torch.int64"),
+                      (TREE[:4], r"fallback must be \(tokens, positions, next_token, next_sibling, mask\), got 4")):
+        for fn in (graft, graft_ref, graft_sequential):
+            with pytest.raises(ValueError, match=match):
+                fn(TREE, PATHS, 2, fb)
 
 
 def test_minus_ones_must_be_a_suffix():
