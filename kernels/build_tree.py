@@ -30,7 +30,7 @@ import triton
 import triton.language as tl
 
 from eaglet.kernels._compile_cases import TREES, CompileCase, Ptr
-from eaglet.kernels._utils import use_triton
+from eaglet.kernels._utils import is_hip, use_triton
 
 
 class MaskFormat(str, enum.Enum):
@@ -365,25 +365,31 @@ def build_tree(
         cand_scores.contiguous(), cand_tokens.contiguous(), cand_parents.contiguous(),
         root_tokens.contiguous(), seq_lens.contiguous(),
         tokens, parents, positions, next_token, next_sibling, mask_arg,
-        C, **_launch_meta(N, topk, steps, fmt),
+        C, **_launch_meta(N, topk, steps, fmt, is_hip()),
     )
     return DraftTree(tokens, parents, positions, mask, next_token, next_sibling)
 
 
-def _launch_meta(N: int, topk: int, steps: int, fmt: MaskFormat) -> dict:
+def _launch_meta(N: int, topk: int, steps: int, fmt: MaskFormat, hip: bool = False) -> dict:
     """Blocks and warps for a tree of N tokens from topk / steps candidates in mask format fmt."""
     n_pad = max(triton.next_power_of_2(N), 2)
     block_c = max(triton.next_power_of_2(num_candidates(topk, steps)), 16)  # all candidates of a request in registers
     # FULL's prefix rows are stored as [N_PAD, BLOCK_L] tiles of ones: at N_PAD = 64 (6/10/60) a [64, 128] tile
     # spills 24 B a thread on sm_90 (ptxas: 128 registers), a [64, 64] tile takes 80 registers and does not
     block_l = min(128, 4096 // n_pad)
-    return dict(N=N, K=topk, S=steps, FORMAT=_FORMAT_CODE[fmt], N_PAD=n_pad, BLOCK_C=block_c, BLOCK_L=block_l,
+    meta = dict(N=N, K=topk, S=steps, FORMAT=_FORMAT_CODE[fmt], N_PAD=n_pad, BLOCK_C=block_c, BLOCK_L=block_l,
                 num_warps=8 if block_c >= 512 or n_pad >= 64 else 4)
+    if hip and n_pad == 64 and fmt == MaskFormat.FULL:
+        # MI300, one program a request: at 44 nodes (a wide tree widened by n-gram branches) LLVM allocated 101 SGPRs
+        # and reported 6 waves per SIMD where kernels/_aot.py's model gives 7, a mismatch tests/portability fails
+        # on; hinted, LLVM reports the hint (as trie_graft's 64-lane kernel)
+        meta["waves_per_eu"] = 4
+    return meta
 
 
 def compile_cases(hip: bool) -> list[CompileCase]:
     """kernels/_compile_cases.py: every tree in every mask format it allows (BITPACKED: N <= 32); the same on both
-    vendors and models (the tree is all the kernel sees)."""
+    models (the tree is all the kernel sees) and vendors but for MI300's hint at 64-node full masks."""
     from eaglet.kernels.trie_graft import launched_shapes  # (a module that imports this one would cycle)
 
     i64 = Ptr(torch.int64)
@@ -400,5 +406,5 @@ def compile_cases(hip: bool) -> list[CompileCase]:
                 _build_tree_kernel, (f"{t.name} {fmt.value}",), scores_ptr=Ptr(torch.float32), cand_tokens_ptr=i64,
                 cand_parents_ptr=i64, root_ptr=i64, seq_lens_ptr=Ptr(torch.int32), tokens_ptr=i64, parents_ptr=i64,
                 positions_ptr=i64, next_token_ptr=i64, next_sibling_ptr=i64, mask_ptr=mask,
-                C=num_candidates(t.topk, t.steps), **_launch_meta(t.num_draft_tokens, t.topk, t.steps, fmt)))
+                C=num_candidates(t.topk, t.steps), **_launch_meta(t.num_draft_tokens, t.topk, t.steps, fmt, hip)))
     return cases

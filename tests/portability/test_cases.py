@@ -153,6 +153,11 @@ def test_trie_graft_cases_are_its_launches(monkeypatch, case):
     links = torch.full((2, N), -1, dtype=torch.int64)
     tree = (torch.zeros(2, N, dtype=torch.int64), torch.zeros(2, N, dtype=torch.int64), links, links,
             torch.ones(2, N, N, dtype=torch.bool))
+    fallback = None  # n-gram branches on a model drafter's tree carry its widened tree
+    if case.args["HAS_FALLBACK"]:
+        fb_links = torch.full((2, M), -1, dtype=torch.int64)
+        fallback = (torch.zeros(2, M, dtype=torch.int64), torch.zeros(2, M, dtype=torch.int64), fb_links, fb_links,
+                    torch.ones(2, M, M, dtype=torch.bool))
     [(_, args)] = launches(monkeypatch, TG, ("_graft_kernel",),
-                           lambda: TG.graft(tree, torch.full((2, P, S), -1, dtype=torch.int64), M - N))
+                           lambda: TG.graft(tree, torch.full((2, P, S), -1, dtype=torch.int64), M - N, fallback))
     assert_mirrors(case, args)
