@@ -72,14 +72,11 @@ def check_tree(tree: DraftTree, seq_lens: torch.Tensor, roots: torch.Tensor, N: 
         assert len(seen) == len(set(seen))
 
 
-@pytest.mark.parametrize("tree", list(TREES))
-@pytest.mark.parametrize("module", sorted(FACTORIES))
-def test_conformance(target, module, tree):
-    """propose after a real prefill: a valid tree of the spec's N nodes, twice the same."""
-    spec = TREES[tree]
-    drafter = FACTORIES[module](target)
-    eng = SpeculativeEngine(target, drafter, spec, max_batch=3, max_context=128, page_size=8)
-    reqs = [Request(p, 8, rid=i) for i, p in enumerate(LOOPY[-3:])]
+def prefilled(target, drafter, spec, prompts):
+    """An engine's rows taken and prefilled for `prompts`, as its first step finds them -> seq_lens, roots, rows
+    and the drafter's state."""
+    eng = SpeculativeEngine(target, drafter, spec, max_batch=len(prompts), max_context=128, page_size=8)
+    reqs = [Request(p, 8, rid=i) for i, p in enumerate(prompts)]
     for r in reqs:
         r.row = eng.kv_t.alloc_request()
         drafter.alloc_request(r.row)
@@ -87,7 +84,16 @@ def test_conformance(target, module, tree):
     eng.kv_t.reserve_many(first)
     drafter.reserve([(row, n + eng.lookahead) for row, n in first])
     roots, seq_lens, state = eng._prefill(reqs)
-    rows = torch.tensor([r.row for r in reqs])
+    return seq_lens, roots, torch.tensor([r.row for r in reqs]), state
+
+
+@pytest.mark.parametrize("tree", list(TREES))
+@pytest.mark.parametrize("module", sorted(FACTORIES))
+def test_conformance(target, module, tree):
+    """propose after a real prefill: a valid tree of the spec's N nodes, twice the same."""
+    spec = TREES[tree]
+    drafter = FACTORIES[module](target)
+    seq_lens, roots, rows, state = prefilled(target, drafter, spec, LOOPY[-3:])
     with torch.inference_mode():
         a = drafter.propose(seq_lens, roots, rows, **state)
         b = drafter.propose(seq_lens, roots, rows, **state)
@@ -283,16 +289,7 @@ def test_ngram_branches_without_a_match_verify_the_drafters_widened_tree(target,
     same candidates (its `propose_widened`), not padding; where they match, the drafter's N nodes plus the branches'."""
     spec = TREES["eagle2"]
     drafter = FACTORIES[module](target)
-    eng = SpeculativeEngine(target, drafter, spec, max_batch=2, max_context=128, page_size=8)
-    reqs = [Request(p, 8, rid=i) for i, p in enumerate(LOOPY[-2:])]
-    for r in reqs:
-        r.row = eng.kv_t.alloc_request()
-        drafter.alloc_request(r.row)
-    first = [(r.row, len(r.prompt_ids) + 1) for r in reqs]
-    eng.kv_t.reserve_many(first)
-    drafter.reserve([(row, n + eng.lookahead) for row, n in first])
-    roots, seq_lens, state = eng._prefill(reqs)
-    rows = torch.tensor([r.row for r in reqs])
+    seq_lens, roots, rows, state = prefilled(target, drafter, spec, LOOPY[-2:])
     # request 0's history made of tokens that occur once (no suffix repeats); request 1's the same but for its root
     # once before, followed by tokens no tree holds (an oracle drafter's tree already holds the loop's continuation)
     for b in range(2):
