@@ -87,21 +87,11 @@ def _level_kernel(BASE, stride_bb, stride_bs, DEP_IN, DEP_OUT, D2T, ROOTS, PMAX,
                   R: tl.constexpr, K: tl.constexpr, KP: tl.constexpr, HAS_D2T: tl.constexpr, MERGE: tl.constexpr,
                   MERGE_ROOT: tl.constexpr, COMPUTE: tl.constexpr, KD: tl.constexpr, RC: tl.constexpr,
                   BLOCK_V: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_CK: tl.constexpr):
-    """Grid (B, NC): `_level` of request program_id(0), chunk program_id(1)."""
-    _level(tl.program_id(0).to(tl.int64), tl.program_id(1), BASE, stride_bb, stride_bs, DEP_IN, DEP_OUT, D2T, ROOTS,
-           PMAX, PSUM, PKEY, ST_LP, ST_TOK, ST_FLAT, SCORES, TOKENS, PARENTS, level, B, Vd, NC, C, R, K, KP, HAS_D2T,
-           MERGE, MERGE_ROOT, COMPUTE, KD, RC, BLOCK_V, BLOCK_C, BLOCK_CK)
-
-
-@triton.jit
-def _level(b, c, BASE, stride_bb, stride_bs, DEP_IN, DEP_OUT, D2T, ROOTS, PMAX, PSUM, PKEY, ST_LP, ST_TOK, ST_FLAT,
-           SCORES, TOKENS, PARENTS, level, B, Vd, NC, C,
-           R: tl.constexpr, K: tl.constexpr, KP: tl.constexpr, HAS_D2T: tl.constexpr, MERGE: tl.constexpr,
-           MERGE_ROOT: tl.constexpr, COMPUTE: tl.constexpr, KD: tl.constexpr, RC: tl.constexpr,
-           BLOCK_V: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_CK: tl.constexpr):
-    """Request b (int64), chunk c of one level. MERGE: depth `level - 1`'s partials into its candidates and kept nodes
-    (MERGE_ROOT: it is depth 1, the root's children); COMPUTE: depth `level`'s logits and partials after the kept
-    nodes (level 0: the root). Partials PMAX / PSUM [S, B, K, NC], PKEY [S, B, K, NC, K]; kept nodes ST_* [S, B, K]."""
+    """Grid (B, NC). MERGE: depth `level - 1`'s partials into its candidates and kept nodes (MERGE_ROOT: it is depth 1,
+    the root's children); COMPUTE: depth `level`'s logits and partials after the kept nodes (level 0: the root).
+    Partials PMAX / PSUM [S, B, K, NC], PKEY [S, B, K, NC, K]; kept nodes ST_* [S, B, K]."""
+    b = tl.program_id(0).to(tl.int64)
+    c = tl.program_id(1)
     t = tl.arange(0, KP)  # [KP] a kept node, or a child rank
     kept = t < K
     first = (tl.zeros([KP], tl.int32) + c) == 0  # [KP] the program that writes the candidates and kept nodes
@@ -212,36 +202,31 @@ def grow_tree(base, dep_in, dep_out, roots, S: int, K: int, d2t=None):
     need(all(x.device == roots.device for x in tensors), "all inputs must be on one device")
     if K > MAX_K or not use_triton(*tensors):
         return grow_tree_ref(base, dep_in, dep_out, roots, S, K, d2t)
-    meta = _launch_meta(Vd, K, dep_in.shape[1])
-    outs, operands, NC = level_operands(base, dep_in, dep_out, roots, S, K, d2t, meta)
-    for level in range(S + 1) if B else ():
-        _level_kernel[(B, NC if level < S else 1)](
-            *operands, level, B, Vd, NC, num_candidates(K, S), HAS_D2T=d2t is not None, MERGE=level > 0,
-            MERGE_ROOT=level == 1, COMPUTE=level < S, **meta,
-        )  # fmt: skip
-    return outs
-
-
-def level_operands(base, dep_in, dep_out, roots, S: int, K: int, d2t, meta: dict):
-    """What the levels read and write, allocated for one tree: (the outputs (scores, tokens, parents) [B, C] each,
-    `_level`'s arguments BASE .. PARENTS in order, NC chunks). Scratch: the partials PMAX / PSUM [S, B, K, NC] and
-    PKEY [S, B, K, NC, K], the kept nodes ST_LP / ST_TOK / ST_FLAT [S, B, K]."""
-    B, Vd, dev = roots.shape[0], dep_out.shape[1], roots.device
+    dev = roots.device
     C = num_candidates(K, S)
     scores = torch.empty(B, C, dtype=torch.float32, device=dev)  # [B, C]
     tokens = torch.empty(B, C, dtype=torch.int64, device=dev)  # [B, C]
     parents = torch.empty(B, C, dtype=torch.int64, device=dev)  # [B, C]
+    if B == 0:
+        return scores, tokens, parents
     if base.stride(2) != 1:
         base = base.contiguous()
     dep_in, dep_out, roots = dep_in.contiguous(), dep_out.contiguous(), roots.contiguous()
+    meta = _launch_meta(Vd, K, dep_in.shape[1])
     NC = triton.cdiv(Vd, meta["BLOCK_V"])
     stats = torch.empty(2, S, B, K, NC, dtype=torch.float32, device=dev)  # [max, sum] x [S, B, K, NC]
     keys = torch.empty(S, B, K, NC, K, dtype=torch.int64, device=dev)  # [S, B, K, NC, K]
     st_lp = torch.empty(S, B, K, dtype=torch.float32, device=dev)  # [S, B, K] the kept nodes' scores
     state = torch.empty(2, S, B, K, dtype=torch.int64, device=dev)  # (tokens, flat indices) x [S, B, K]
-    operands = (base, base.stride(0), base.stride(1), dep_in, dep_out, d2t if d2t is not None else roots, roots,
-                stats[0], stats[1], keys, st_lp, state[0], state[1], scores, tokens, parents)
-    return (scores, tokens, parents), operands, NC
+    for level in range(S + 1):
+        grid = (B, NC if level < S else 1)
+        _level_kernel[grid](
+            base, base.stride(0), base.stride(1), dep_in, dep_out, d2t if d2t is not None else roots, roots,
+            stats[0], stats[1], keys, st_lp, state[0], state[1], scores, tokens, parents,
+            level, B, Vd, NC, C, HAS_D2T=d2t is not None, MERGE=level > 0, MERGE_ROOT=level == 1,
+            COMPUTE=level < S, **meta,
+        )  # fmt: skip
+    return scores, tokens, parents
 
 
 def _launch_meta(Vd: int, K: int, R: int, block_v: int | None = None, num_warps: int | None = None) -> dict:
