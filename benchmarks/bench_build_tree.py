@@ -13,6 +13,8 @@ FULL with 1k-token prefixes), candidates from `random_candidates` (trees that re
   * HBM floor: the candidates read and the tree written, once / measured device-to-device copy bandwidth
     (`copy_bandwidth`); the kernel is a few µs of launch and dependent latency far above it.
 Correctness per row: every output equals the reference's exactly ("matches").
+A second table: `build_tree_pair` (a tree and its widened fallback, engine/drafter.py, from one launch) against
+`build_tree` twice, both CUDA-graph replays, at the drafters' widened shapes (`trie_graft.launched_shapes`).
 --smoke runs on CPU under TRITON_INTERPRET=1 (the kernel in Triton's interpreter): its times are the
 interpreter's, not a GPU's; it proves that the script and the check run.
 """
@@ -24,7 +26,8 @@ import torch
 from benchmarks._common import SMOKE_HEADER, fmt, graph_us, kernel_bench_args, provenance, report, timed
 from eaglet.kernels._compile_cases import TREES
 from eaglet.kernels._utils import copy_bandwidth
-from eaglet.kernels.build_tree import build_tree, build_tree_ref, num_candidates, random_candidates
+from eaglet.kernels.build_tree import build_tree, build_tree_pair, build_tree_ref, num_candidates, random_candidates
+from eaglet.kernels.trie_graft import launched_shapes
 
 BATCHES = (1, 8, 64)
 PREFIX = (100, 2000)  # seq_lens drawn from [100, 2000)
@@ -56,6 +59,28 @@ def run(B: int, tree, fmt_name: str, dev: str, bw: float | None, smoke: bool) ->
     return r
 
 
+def run_pair(B: int, tree, N2: int, dev: str, smoke: bool) -> dict:
+    S, K, N = tree.steps, tree.topk, tree.num_draft_tokens
+    gen = torch.Generator().manual_seed(B * 1000 + N2)
+    host = (*random_candidates(B, K, S, 4096, gen), torch.randint(0, 4096, (B,), generator=gen),
+            torch.randint(*PREFIX, (B,), generator=gen).int())  # scores, tokens, parents [B, C]; roots, lens [B]
+    inputs = [t.to(dev) for t in host]
+    got = build_tree_pair(*inputs, N, N2, K, S)
+    ok = all(torch.equal(g.cpu(), w) for tree_got, n in zip(got, (N, N2))
+             for g, w in zip(tree_got, build_tree_ref(*host, n, K, S)))
+    return dict(B=B, tree=f"{tree.name} {S}/{K}/{N} + {N2}", ok=ok, err=0.0 if ok else 1.0,
+                pair=graph_us(lambda: build_tree_pair(*inputs, N, N2, K, S), smoke),
+                two=graph_us(lambda: (build_tree(*inputs, N, K, S), build_tree(*inputs, N2, K, S)), smoke))
+
+
+def pair_table(rows: list[dict]) -> str:
+    lines = ["| B | tree S/K/N + widened N | `build_tree_pair` graph µs | `build_tree` x 2 graph µs | matches |",
+             "|---|---|---|---|---|"]
+    lines += [f"| {r['B']} | {r['tree']} | {fmt(r['pair'])} | {fmt(r['two'])} | {'yes' if r['ok'] else 'NO'} |"
+              for r in rows]
+    return "\n".join(lines)
+
+
 def table(rows: list[dict]) -> str:
     head = ("| B | tree S/K/N | mask | C | HBM floor µs | eaglet µs | eaglet graph µs | reference µs (Python, CPU) "
             "| eaglet speedup vs reference | matches |")
@@ -74,10 +99,13 @@ def main() -> None:
     batches = SMOKE["batches"] if args.smoke else BATCHES
     trees = [t for t in TREES if t.name in SMOKE["trees"]] if args.smoke else TREES
     rows = [run(B, t, f, dev, bw, args.smoke) for t in trees for B in batches for f in formats(t.num_draft_tokens)]
+    pairs = [(t, N + extra) for _, t, N, _, extra in launched_shapes(trees)
+             if N > 1 and N + extra <= num_candidates(t.topk, t.steps) + 1]
+    pair_rows = [run_pair(B, t, N2, dev, args.smoke) for t, N2 in pairs for B in batches[:2]]
     header = (SMOKE_HEADER if args.smoke else
               provenance() + f"Measured copy bandwidth {bw / 1e12:.2f} TB/s (read+write); median µs via "
               "triton.testing.do_bench (cold L2), 'graph' = CUDA-graph replay; the reference timed as one host call.\n")
-    report(header, table(rows), args.md, rows)
+    report(header, table(rows) + "\n\n" + pair_table(pair_rows), args.md, rows + pair_rows)
 
 
 if __name__ == "__main__":

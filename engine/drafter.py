@@ -35,7 +35,7 @@ from typing import NamedTuple
 import torch
 
 from eaglet.engine.drafters import drafter_modules
-from eaglet.kernels.build_tree import build_tree, num_candidates
+from eaglet.kernels.build_tree import build_tree, build_tree_pair, num_candidates
 
 
 class DraftTree(NamedTuple):
@@ -145,6 +145,12 @@ class Drafter:
         raise NotImplementedError
 
 
+def _engine_tree(tree) -> DraftTree:
+    """kernels/build_tree.py's tree as the engine's (its parents are not passed on)."""
+    return DraftTree(tree.draft_tokens, tree.positions, tree.retrieve_next_token, tree.retrieve_next_sibling,
+                     tree.tree_mask)
+
+
 class ModelDrafter(Drafter):
     """A drafter with a model (`head`: an EAGLE head, a block drafter) that reads the target's features and keeps
     its own paged KV pool `kv` (made in `setup`) on the target's request rows."""
@@ -183,22 +189,18 @@ class ModelDrafter(Drafter):
         """The tree's candidates in kernels/build_tree.py's layout: scores, tokens (target ids), parents [B, C]."""
         raise NotImplementedError
 
-    def _tree(self, cand, roots, seq_lens, N: int) -> DraftTree:
-        S, K = self.tree.steps, self.tree.topk
-        tree = build_tree(*cand, roots, seq_lens, N, K, S)  # the N best candidates
-        return DraftTree(tree.draft_tokens, tree.positions, tree.retrieve_next_token, tree.retrieve_next_sibling,
-                         tree.tree_mask)
-
     def propose(self, seq_lens, roots, rows, **state) -> DraftTree:
-        return self._tree(self.candidates(seq_lens, roots, rows, **state), roots, seq_lens,
-                          self.tree.num_draft_tokens)
+        S, K, N = self.tree.steps, self.tree.topk, self.tree.num_draft_tokens
+        cand = self.candidates(seq_lens, roots, rows, **state)
+        return _engine_tree(build_tree(*cand, roots, seq_lens, N, K, S))  # the N best candidates
 
     def propose_widened(self, seq_lens, roots, rows, spare: int, **state) -> tuple[DraftTree, DraftTree | None]:
+        S, K, N = self.tree.steps, self.tree.topk, self.tree.num_draft_tokens
         cand = self.candidates(seq_lens, roots, rows, **state)
-        N = self.tree.num_draft_tokens
-        if N + spare > num_candidates(self.tree.topk, self.tree.steps) + 1:  # no more candidates than that
-            return self._tree(cand, roots, seq_lens, N), None
-        return self._tree(cand, roots, seq_lens, N), self._tree(cand, roots, seq_lens, N + spare)
+        if N + spare > num_candidates(K, S) + 1:  # no more candidates than that
+            return _engine_tree(build_tree(*cand, roots, seq_lens, N, K, S)), None
+        tree, wide = build_tree_pair(*cand, roots, seq_lens, N, N + spare, K, S)  # [B, N], [B, N + spare] ...
+        return _engine_tree(tree), _engine_tree(wide)
 
     def alloc_request(self, row: int) -> None:
         if self.kv.alloc_request() != row:

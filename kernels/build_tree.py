@@ -18,6 +18,9 @@ Mask formats (`MaskFormat`):
              ancestor-or-self), requests concatenated; sized by the host int seq_lens_sum.
   QLEN_ONLY  [B, N, N] bool ancestor-or-self (what `tree_attention` consumes).
   BITPACKED  [B, N] int32, bit j of row i set iff node j is an ancestor-or-self of i (N <= 32).
+
+`build_tree_pair` builds two trees of different sizes from the same candidates in the same launch (grid (B, 2), the
+second program of a request writing the second tree).
 """
 
 from __future__ import annotations
@@ -238,14 +241,44 @@ def _score_key(s):
 
 @triton.jit
 def _build_tree_kernel(
-    scores_ptr, cand_tokens_ptr, cand_parents_ptr, root_ptr, seq_lens_ptr,
-    tokens_ptr, parents_ptr, positions_ptr, next_token_ptr, next_sibling_ptr, mask_ptr,
+    scores_ptr, cand_tokens_ptr, cand_parents_ptr, root_ptr, seq_lens_ptr, ints_ptr, mask_ptr, ints2_ptr, mask2_ptr,
+    C,
+    N: tl.constexpr, K: tl.constexpr, S: tl.constexpr, FORMAT: tl.constexpr,
+    N_PAD: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_L: tl.constexpr,
+    N2: tl.constexpr, N2_PAD: tl.constexpr, BLOCK_L2: tl.constexpr,
+):
+    """Grid (B, 1): the tree of N nodes; grid (B, 2) with N2 > 0: program (b, 1) builds request b's tree of N2 nodes
+    from the same candidates into the second outputs, beside program (b, 0) (`build_tree_pair`). A tree's five int64
+    outputs are one [5, B, N] buffer (ints_ptr): one pointer, not five, keeps the pair under MI300's ~104 scalar
+    registers (with ten, 14 spilled at 44 nodes)."""
+    b = tl.program_id(0)
+    if N2 == 0:
+        _build_one(b, scores_ptr, cand_tokens_ptr, cand_parents_ptr, root_ptr, seq_lens_ptr, ints_ptr, mask_ptr, C,
+                   N, K, S, FORMAT, N_PAD, BLOCK_C, BLOCK_L)
+    elif tl.program_id(1) == 0:
+        _build_one(b, scores_ptr, cand_tokens_ptr, cand_parents_ptr, root_ptr, seq_lens_ptr, ints_ptr, mask_ptr, C,
+                   N, K, S, FORMAT, N_PAD, BLOCK_C, BLOCK_L)
+    else:
+        _build_one(b, scores_ptr, cand_tokens_ptr, cand_parents_ptr, root_ptr, seq_lens_ptr, ints2_ptr, mask2_ptr, C,
+                   N2, K, S, FORMAT, N2_PAD, BLOCK_C, BLOCK_L2)
+
+
+@triton.jit
+def _build_one(
+    b, scores_ptr, cand_tokens_ptr, cand_parents_ptr, root_ptr, seq_lens_ptr, ints_ptr, mask_ptr,
     C,
     N: tl.constexpr, K: tl.constexpr, S: tl.constexpr, FORMAT: tl.constexpr,
     N_PAD: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_L: tl.constexpr,
 ):
-    b = tl.program_id(0)
+    """Request b's tree of N nodes (one program) into ints [5, B, N]: tokens, parents, positions, next token, next
+    sibling."""
     row = b.to(tl.int64) * C
+    nodes = tl.num_programs(0).to(tl.int64) * N  # B * N: one output of the five
+    tokens_ptr = ints_ptr
+    parents_ptr = ints_ptr + nodes
+    positions_ptr = ints_ptr + 2 * nodes
+    next_token_ptr = ints_ptr + 3 * nodes
+    next_sibling_ptr = ints_ptr + 4 * nodes
     t = tl.arange(0, N_PAD)  # tree indices
     valid = t < N
     is_node = valid & (t >= 1)
@@ -351,34 +384,72 @@ def build_tree(
     if not use_triton(cand_scores, cand_tokens, cand_parents, root_tokens, seq_lens):
         return build_tree_ref(cand_scores, cand_tokens, cand_parents, root_tokens, seq_lens,
                               num_draft_tokens, topk, steps, fmt, seq_lens_sum)
+    return _launch(cand_scores, cand_tokens, cand_parents, root_tokens, seq_lens, (num_draft_tokens,), topk, steps,
+                   fmt, seq_lens_sum)[0]
+
+
+def build_tree_pair(
+    cand_scores: torch.Tensor,
+    cand_tokens: torch.Tensor,
+    cand_parents: torch.Tensor,
+    root_tokens: torch.Tensor,
+    seq_lens: torch.Tensor,
+    num_draft_tokens: int,
+    num_wide: int,
+    topk: int,
+    steps: int,
+    mask_format: MaskFormat | str = MaskFormat.QLEN_ONLY,
+    seq_lens_sum: int | None = None,
+) -> tuple[DraftTree, DraftTree]:
+    """`build_tree` at num_draft_tokens and at num_wide from the same candidates, in one launch: each request's two
+    trees are built by two programs side by side (the drafters' tree and its widened fallback, engine/drafter.py;
+    two single-program launches took 2 x 6.4 µs of a 155 µs draft graph on an H100, results/widened_h100). Masks
+    QLEN_ONLY or BITPACKED: FULL's two bodies in one kernel spill MI300's scalar registers (12-14 at 44 nodes)."""
+    if _parse_format(mask_format) == MaskFormat.FULL:
+        raise ValueError("build_tree_pair builds QLEN_ONLY or BITPACKED masks; for FULL call build_tree once a size")
+    fmt = _check_args(cand_scores, cand_tokens, cand_parents, root_tokens, seq_lens,
+                      num_draft_tokens, topk, steps, mask_format, seq_lens_sum)
+    _check_args(cand_scores, cand_tokens, cand_parents, root_tokens, seq_lens, num_wide, topk, steps, mask_format,
+                seq_lens_sum)
+    args = (cand_scores, cand_tokens, cand_parents, root_tokens, seq_lens)
+    if not use_triton(*args):
+        return tuple(build_tree_ref(*args, n, topk, steps, fmt, seq_lens_sum) for n in (num_draft_tokens, num_wide))
+    return _launch(*args, (num_draft_tokens, num_wide), topk, steps, fmt, seq_lens_sum)
+
+
+def _launch(cand_scores, cand_tokens, cand_parents, root_tokens, seq_lens, sizes: tuple[int, ...], topk: int,
+            steps: int, fmt: MaskFormat, seq_lens_sum: int | None) -> tuple[DraftTree, ...]:
+    """One launch of `_build_tree_kernel`, grid (B, len(sizes)): a tree of each size (at most two) a request."""
     B, C = cand_scores.shape
-    N = num_draft_tokens
     dev = cand_scores.device
-    tokens, parents, positions, next_token, next_sibling = (
-        torch.empty(B, N, dtype=torch.int64, device=dev) for _ in range(5)  # [B, N] each
-    )
-    mask = _alloc_mask(fmt, B, N, seq_lens_sum, dev)
+    trees, args = [], []
+    for N in sizes:
+        ints = torch.empty(5, B, N, dtype=torch.int64, device=dev)  # [5, B, N]: the kernel's one output buffer
+        tokens, parents, positions, next_token, next_sibling = ints.unbind(0)  # [B, N] each
+        mask = _alloc_mask(fmt, B, N, seq_lens_sum, dev)
+        trees.append(DraftTree(tokens, parents, positions, mask, next_token, next_sibling))
+        args += [ints, mask.view(torch.int8) if mask.dtype == torch.bool else mask]
     if B == 0:
-        return DraftTree(tokens, parents, positions, mask, next_token, next_sibling)
-    mask_arg = mask.view(torch.int8) if mask.dtype == torch.bool else mask
-    _build_tree_kernel[(B,)](
+        return tuple(trees)
+    _build_tree_kernel[(B, len(sizes))](
         cand_scores.contiguous(), cand_tokens.contiguous(), cand_parents.contiguous(),
-        root_tokens.contiguous(), seq_lens.contiguous(),
-        tokens, parents, positions, next_token, next_sibling, mask_arg,
-        C, **_launch_meta(N, topk, steps, fmt, is_hip()),
+        root_tokens.contiguous(), seq_lens.contiguous(), *args[:2], *(args[2:] or args[:2]),  # one tree: unused
+        C, **_launch_meta(sizes[0], topk, steps, fmt, is_hip(), sizes[1] if len(sizes) > 1 else 0),
     )
-    return DraftTree(tokens, parents, positions, mask, next_token, next_sibling)
+    return tuple(trees)
 
 
-def _launch_meta(N: int, topk: int, steps: int, fmt: MaskFormat, hip: bool = False) -> dict:
-    """Blocks and warps for a tree of N tokens from topk / steps candidates in mask format fmt."""
-    n_pad = max(triton.next_power_of_2(N), 2)
+def _launch_meta(N: int, topk: int, steps: int, fmt: MaskFormat, hip: bool = False, N2: int = 0) -> dict:
+    """Blocks and warps for a tree of N tokens (and one of N2 beside it, 0: none) from topk / steps candidates in mask
+    format fmt."""
+    n_pad, n2_pad = (max(triton.next_power_of_2(n), 2) for n in (N, N2))
     block_c = max(triton.next_power_of_2(num_candidates(topk, steps)), 16)  # all candidates of a request in registers
     # FULL's prefix rows are stored as [N_PAD, BLOCK_L] tiles of ones: at N_PAD = 64 (6/10/60) a [64, 128] tile
     # spills 24 B a thread on sm_90 (ptxas: 128 registers), a [64, 64] tile takes 80 registers and does not
-    block_l = min(128, 4096 // n_pad)
+    block_l, block_l2 = (min(128, 4096 // p) for p in (n_pad, n2_pad))
+    widest = max(n_pad, n2_pad if N2 else 0)
     meta = dict(N=N, K=topk, S=steps, FORMAT=_FORMAT_CODE[fmt], N_PAD=n_pad, BLOCK_C=block_c, BLOCK_L=block_l,
-                num_warps=8 if block_c >= 512 or n_pad >= 64 else 4)
+                N2=N2, N2_PAD=n2_pad, BLOCK_L2=block_l2, num_warps=8 if block_c >= 512 or widest >= 64 else 4)
     if hip and n_pad == 64 and fmt == MaskFormat.FULL:
         # MI300, one program a request: at 44 nodes (a wide tree widened by n-gram branches) LLVM allocated 101 SGPRs
         # and reported 6 waves per SIMD where kernels/_aot.py's model gives 7, a mismatch tests/portability fails
@@ -394,17 +465,19 @@ def compile_cases(hip: bool) -> list[CompileCase]:
 
     i64 = Ptr(torch.int64)
     cases = []
-    # and each tree widened by the n-gram branches grafted onto it (the fallback, engine/drafters/ngram.py)
-    wide = [t._replace(name=f"{t.name} widened", num_draft_tokens=N + extra) for _, t, N, _, extra in
-            launched_shapes(TREES) if N > 1 and N + extra <= num_candidates(t.topk, t.steps) + 1]
-    for t in (*TREES, *wide):
+    # each tree alone, and beside itself widened by the n-gram branches grafted onto it (the fallback's pair,
+    # engine/drafter.py)
+    pairs = [(t, 0) for t in TREES]
+    pairs += [(t._replace(name=f"{t.name} + widened"), N + extra) for _, t, N, _, extra in launched_shapes(TREES)
+              if N > 1 and N + extra <= num_candidates(t.topk, t.steps) + 1]
+    for t, N2 in pairs:
         for fmt in MaskFormat:
-            if fmt == MaskFormat.BITPACKED and t.num_draft_tokens > 32:
+            if (fmt == MaskFormat.BITPACKED and max(t.num_draft_tokens, N2) > 32) or (N2 and fmt == MaskFormat.FULL):
                 continue
             mask = Ptr(torch.int32 if fmt == MaskFormat.BITPACKED else torch.int8)
             cases.append(CompileCase.of(
                 _build_tree_kernel, (f"{t.name} {fmt.value}",), scores_ptr=Ptr(torch.float32), cand_tokens_ptr=i64,
-                cand_parents_ptr=i64, root_ptr=i64, seq_lens_ptr=Ptr(torch.int32), tokens_ptr=i64, parents_ptr=i64,
-                positions_ptr=i64, next_token_ptr=i64, next_sibling_ptr=i64, mask_ptr=mask,
-                C=num_candidates(t.topk, t.steps), **_launch_meta(t.num_draft_tokens, t.topk, t.steps, fmt, hip)))
+                cand_parents_ptr=i64, root_ptr=i64, seq_lens_ptr=Ptr(torch.int32), ints_ptr=i64, mask_ptr=mask,
+                ints2_ptr=i64, mask2_ptr=mask, C=num_candidates(t.topk, t.steps),
+                **_launch_meta(t.num_draft_tokens, t.topk, t.steps, fmt, hip, N2)))
     return cases

@@ -103,9 +103,10 @@ class NgramBranches(Drafter):
     against two of 7's 30 (results/block_drafter_h100/cpu_trees.md). The verify sees `num_nodes(tree)` = the
     drafter's N + K*depth nodes. Where the branches create no node (no match: ~60% of MT-bench steps) those slots
     hold the drafter's own tree widened to N + K*depth nodes from the same candidates (`propose_widened`), not
-    padding: decode tokens/s +4.1% at the block drafter's 5/4/16 + 15 (MT-bench, B=1, H100), for one more
-    `build_tree` launch (results/widened_h100/README.md). Where they create some, the slots left over stay padding.
-    The history is the n-gram drafter's own (its prefill and update); everything else is the drafter's."""
+    padding: decode tokens/s +4.1% at the block drafter's 5/4/16 + 15 (MT-bench, B=1, H100; both trees now come
+    from one `build_tree_pair` launch; results/widened_h100/README.md). Where they create some, the slots left
+    over stay padding. The history is the n-gram drafter's own (its prefill and update); everything else is the
+    drafter's."""
 
     def __init__(self, base: Drafter, branches: int, ngram: NgramDrafter | None = None, depth: int | None = None):
         if not 1 <= branches <= MAX_M:

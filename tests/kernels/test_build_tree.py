@@ -14,6 +14,7 @@ from eaglet.kernels.build_tree import (
     DraftTree,
     MaskFormat,
     build_tree,
+    build_tree_pair,
     build_tree_ref,
     num_candidates,
     random_candidates,
@@ -84,6 +85,33 @@ def test_kernel_matches_reference(S, K, N, fmt):
         depth = ref.positions - inputs[-1].cpu()[:, None].long()  # [B, N]
         children = torch.stack([(par == i).sum(1) for i in range(N)], 1)  # [B, N]
         assert (children >= 2).any() and depth.max() >= 2
+
+
+# (S, K, N, the wide tree's N): the drafters' trees beside their widened fallback (engine/drafter.py), a wide tree
+# past a power of two (N_PAD 16 -> 32 -> 64), a narrower second tree and two of one size
+PAIRS = [(5, 4, 16, 31), (5, 4, 8, 18), (6, 10, 60, 61), (4, 3, 13, 5), (3, 5, 7, 7), (2, 2, 1, 7)]
+
+
+@needs_kernel
+@pytest.mark.parametrize("fmt", [MaskFormat.QLEN_ONLY, MaskFormat.BITPACKED], ids=lambda f: f.value)
+@pytest.mark.parametrize("S,K,N,N2", PAIRS)
+def test_pair_matches_reference(S, K, N, N2, fmt):
+    if fmt == MaskFormat.BITPACKED and max(N, N2) > 32:
+        pytest.skip("BITPACKED holds N <= 32")
+    inputs = make_inputs(3, S, K, seed=S * 100 + N2, seq_lens=[0, 7, 129])
+    tree, wide = build_tree_pair(*inputs, N, N2, K, S, fmt)
+    for out, n in ((tree, N), (wide, N2)):
+        assert_same(out, build_tree_ref(*[t.cpu() for t in inputs], n, K, S, fmt))
+
+
+def test_pair_validation():
+    inputs = make_inputs(2, 3, 2, seed=0)  # C = 10
+    with pytest.raises(ValueError, match=r"num_draft_tokens=12.*num_draft_tokens <= 11"):
+        build_tree_pair(*inputs, 8, 12, 2, 3)
+    with pytest.raises(ValueError, match="N <= 32|> 32"):
+        build_tree_pair(*make_inputs(1, 6, 10, seed=0), 8, 40, 10, 6, "bitpacked")
+    with pytest.raises(ValueError, match="FULL"):
+        build_tree_pair(*inputs, 4, 8, 2, 3, "full", int(inputs[-1].sum()))
 
 
 @needs_kernel
