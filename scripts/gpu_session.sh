@@ -40,7 +40,8 @@
 #              also draft.ngram_depth=L (branches of L tokens; `block+ng2x7`: the former default), <draft>@S/K/N its
 #              tree; `block`: the
 #              shipped block drafter or BLOCK_RUN's (a `block` stage's), at BLOCK_TREE (default 5/4/16) unless named;
-#              PROFILE=1: each drafter's per-kernel graph times
+#              PROFILE=1: each drafter's per-kernel graph times; ALT=<dir>: every run also with ALT's files overlaid on a
+#              copy of this tree (runs *_alt, each right after its own: an interleaved A/B on one machine)
 #   block      the block drafter (train/head=block; BLOCK_ARGS: more overrides) trained on every GPU for what is left of
 #              BUDGET_S minus EVAL_S, on the finished chunks of SELFGEN (a synthesize.py out_dir) or else regenerated
 #              ShareGPT, one held-out evaluation at its end, its cosine schedule BLOCK_STEPS long (unset: sized to the
@@ -149,6 +150,14 @@ sweep() {  # log file, sweep dir, overrides...: one Hydra multirun of run_spec.p
   timeout "${SWEEP_S:-36000}" python run_spec.py -m logger=none print_answers=0 \
     hydra.sweep.dir="$dir" "$@" ${EXP_ARGS:-} > "$log" 2>&1 || tail -5 "$log"  # EXP_ARGS: as TRAIN_ARGS
   grep -E "^\[eaglet\] done:|Error" "$log" | sed "s|^|[$(basename "$log" .log)] |"
+}
+alt_setup() {  # ALT's files over a copy of this tree in /tmp/alt/tree, importable as eaglet from /tmp/alt/ns
+  rm -rf /tmp/alt && mkdir -p /tmp/alt/ns/eaglet && cp -a . /tmp/alt/tree && cp -a "$ALT"/. /tmp/alt/tree/
+  for d in kernels models engine runner training data experiments; do ln -sfn /tmp/alt/tree/$d /tmp/alt/ns/eaglet/$d; done
+}
+in_code() {  # here | alt, command...: the command in this tree, or in alt_setup's copy
+  local code=$1; shift
+  if [[ $code == alt ]]; then (cd /tmp/alt/tree && PYTHONPATH=/tmp/alt/ns "$@"); else "$@"; fi
 }
 case $stage in
   tests)
@@ -421,20 +430,11 @@ print(m['num_tokens'] / m['num_sequences'])")
     eag=(tree.steps=5 tree.topk=4 tree.num_draft_tokens=8 draft=eagle3 draft.random_init=true draft.draft_vocab_size=8192
          gen.compare_ar=false)
     codes=(here)
-    if [[ -n ${ALT:-} ]]; then  # another version: ALT's files over a copy of this tree, imported from there
-      rm -rf /tmp/alt && mkdir -p /tmp/alt/ns/eaglet && cp -a . /tmp/alt/tree && cp -a "$ALT"/. /tmp/alt/tree/
-      for d in kernels models engine runner training data experiments; do ln -sfn /tmp/alt/tree/$d /tmp/alt/ns/eaglet/$d; done
-      codes+=(alt)
-    fi
+    [[ -n ${ALT:-} ]] && { alt_setup; codes+=(alt); }  # another version beside this one
     sim() {  # code (here | alt), run name, overrides...
       local code=$1 name=$2; shift 2
-      if [[ $code == alt ]]; then
-        (cd /tmp/alt/tree && PYTHONPATH=/tmp/alt/ns timeout ${RUN_S:-120} python run_spec.py hydra.run.dir=$R/$name \
-          "${rs[@]}" "$@") > $R/$name.log 2>&1 || tail -3 $R/$name.log
-      else
-        timeout ${RUN_S:-120} python run_spec.py hydra.run.dir=$R/$name "${rs[@]}" "$@" > $R/$name.log 2>&1 ||
-          tail -3 $R/$name.log
-      fi
+      in_code $code timeout ${RUN_S:-120} python run_spec.py hydra.run.dir=$R/$name "${rs[@]}" "$@" > $R/$name.log 2>&1 ||
+        tail -3 $R/$name.log
       python - $R/$name <<'PY' | tee -a "$out/smol_sim.md"
 import json, sys
 from pathlib import Path
@@ -469,6 +469,7 @@ PY
     train_setup >/dev/null 2>&1
     R=${DRAFTERS_DIR:-/tmp/drafters}; mkdir -p $R  # DRAFTERS_DIR: another, for a second BLOCK_RUN beside the first
     made=()  # this call's runs (an earlier call on the machine left its own in $R)
+    codes=(here); [[ -n ${ALT:-} ]] && { alt_setup; codes+=(alt); }
     for d in ${DRAFTERS:-eagle3 ngram eagle3+ng2}; do
       spec=${d%@*} tree=()  # <draft>[+ng<K>][@steps/topk/tokens]
       draft=(draft=${spec%+ng*})
@@ -491,14 +492,16 @@ PY
       label=$spec${t:+_${t//\//_}}
       for data in ${DATASETS:-mt_bench humaneval sharegpt}; do
         for b in ${BATCHES:-1 8}; do
-          name=${label}_${data}_b$b path=(); made+=("$R/$name")
-          [[ $data == sharegpt ]] && path=(data.path="$SHAREGPT")  # its held-out split, from the carried subset
-          timeout ${RUN_S:-240} python run_spec.py hydra.run.dir=$R/$name logger=none print_answers=0 \
-            target.path="$smol" "${draft[@]}" "${tree[@]}" data=$data data.max_turns=1 gen.batch_size=$b "${path[@]}" \
-            ${DRAFTER_ARGS:-} \
-            > $R/$name.log 2>&1 || tail -3 $R/$name.log
-          # the table after every run: a call cut at its time limit still returns the rows it finished
-          python scripts/summarize_runs.py "${made[@]}" > "$out/drafters.md"
+          for c in "${codes[@]}"; do
+            name=${label}_${data}_b$b path=(); [[ $c == alt ]] && name+=_alt
+            made+=("$R/$name")
+            [[ $data == sharegpt ]] && path=(data.path="$SHAREGPT")  # its held-out split, from the carried subset
+            in_code $c timeout ${RUN_S:-240} python run_spec.py hydra.run.dir=$R/$name logger=none print_answers=0 \
+              target.path="$smol" "${draft[@]}" "${tree[@]}" data=$data data.max_turns=1 gen.batch_size=$b \
+              "${path[@]}" ${DRAFTER_ARGS:-} > $R/$name.log 2>&1 || tail -3 $R/$name.log
+            # the table after every run: a call cut at its time limit still returns the rows it finished
+            python scripts/summarize_runs.py "${made[@]}" > "$out/drafters.md"
+          done
         done
       done
       # PROFILE=1: where each graph's time goes (4 MT-bench prompts at B=1, 5 profiled steps; graph_trace.py)
