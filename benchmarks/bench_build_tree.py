@@ -99,7 +99,7 @@ def main() -> None:
     batches = SMOKE["batches"] if args.smoke else BATCHES
     trees = [t for t in TREES if t.name in SMOKE["trees"]] if args.smoke else TREES
     rows = [run(B, t, f, dev, bw, args.smoke) for t in trees for B in batches for f in formats(t.num_draft_tokens)]
-    pairs = [(t, N + extra) for _, t, N, _, extra in launched_shapes(trees)
+    pairs = [(t, N + extra) for _, t, N, _, _, extra in launched_shapes(trees)
              if N > 1 and N + extra <= num_candidates(t.topk, t.steps) + 1]
     pair_rows = [run_pair(B, t, N2, dev, args.smoke) for t, N2 in pairs for B in batches[:2]]
     header = (SMOKE_HEADER if args.smoke else

@@ -29,9 +29,9 @@ BATCHES = (1, 8, 64)
 SMOKE = dict(batches=(2,), trees=("chain", "eagle2"))
 
 
-def inputs(B: int, tree, N: int, P: int, gen: torch.Generator):
+def inputs(B: int, tree, N: int, P: int, S: int, gen: torch.Generator):
     """A tree of N nodes a request (the bare root, or a random EAGLE-2 tree) and [B, P, S] paths along it."""
-    S, K = tree.steps, tree.topk
+    K = tree.topk
     vocab = K + 2
     roots = torch.randint(vocab, (B,), generator=gen)  # [B]
     seq_lens = torch.randint(100, 2000, (B,), generator=gen).int()  # [B]
@@ -39,7 +39,7 @@ def inputs(B: int, tree, N: int, P: int, gen: torch.Generator):
         none = torch.full((B, 1), -1, dtype=torch.long)  # [B, 1]
         t = (roots[:, None], seq_lens[:, None].long(), none, none, torch.ones(B, 1, 1, dtype=torch.bool))
     else:
-        bt = build_tree(*random_candidates(B, K, S, vocab, gen), roots, seq_lens, N, K, S)
+        bt = build_tree(*random_candidates(B, K, tree.steps, vocab, gen), roots, seq_lens, N, K, tree.steps)
         t = (bt.draft_tokens, bt.positions, bt.retrieve_next_token, bt.retrieve_next_sibling, bt.tree_mask)
     # a path: the tokens down to a random node, then random ones, cut at a random length
     paths = torch.randint(vocab, (B, P, S), generator=gen)  # [B, P, S]
@@ -53,14 +53,14 @@ def inputs(B: int, tree, N: int, P: int, gen: torch.Generator):
     return t, paths
 
 
-def run(B: int, label: str, tree, N: int, P: int, extra: int, dev: str, smoke: bool) -> dict:
+def run(B: int, label: str, tree, N: int, P: int, S: int, extra: int, dev: str, smoke: bool) -> dict:
     gen = torch.Generator().manual_seed(B * 1000 + N * 10 + P)
-    host, paths_host = inputs(B, tree, N, P, gen)
+    host, paths_host = inputs(B, tree, N, P, S, gen)
     t, paths = tuple(x.to(dev) for x in host), paths_host.to(dev)
     want = graft_sequential(host, paths_host, extra)
     ok = all(torch.equal(a.cpu(), w) for got in (graft(t, paths, extra), graft_ref(t, paths, extra))
              for a, w in zip(got, want))
-    r = dict(B=B, shape=f"{label} {tree.steps}/{tree.topk}/{tree.num_draft_tokens}", P=P, S=tree.steps, M=N + extra,
+    r = dict(B=B, shape=f"{label} {tree.steps}/{tree.topk}/{tree.num_draft_tokens}", P=P, S=S, M=N + extra,
              err=0.0 if ok else 1.0,
              created=int((want[2] >= 0).sum() + (want[3] >= 0).sum()) // B - (N - 1))
     r["eaglet"] = timed(lambda: graft(t, paths, extra), smoke)

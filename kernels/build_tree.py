@@ -249,8 +249,7 @@ def _build_tree_kernel(
 ):
     """Grid (B, 1): the tree of N nodes; grid (B, 2) with N2 > 0: program (b, 1) builds request b's tree of N2 nodes
     from the same candidates into the second outputs, beside program (b, 0) (`build_tree_pair`). A tree's five int64
-    outputs are one [5, B, N] buffer (ints_ptr): one pointer, not five, keeps the pair under MI300's ~104 scalar
-    registers (with ten, 14 spilled at 44 nodes)."""
+    outputs are one [5, B, N] buffer (ints_ptr): one allocation and one argument a tree, not five."""
     b = tl.program_id(0)
     if N2 == 0:
         _build_one(b, scores_ptr, cand_tokens_ptr, cand_parents_ptr, root_ptr, seq_lens_ptr, ints_ptr, mask_ptr, C,
@@ -468,7 +467,7 @@ def compile_cases(hip: bool) -> list[CompileCase]:
     # each tree alone, and beside itself widened by the n-gram branches grafted onto it (the fallback's pair,
     # engine/drafter.py)
     pairs = [(t, 0) for t in TREES]
-    pairs += [(t._replace(name=f"{t.name} + widened"), N + extra) for _, t, N, _, extra in launched_shapes(TREES)
+    pairs += [(t._replace(name=f"{t.name} + widened"), N + extra) for _, t, N, _, _, extra in launched_shapes(TREES)
               if N > 1 and N + extra <= num_candidates(t.topk, t.steps) + 1]
     for t, N2 in pairs:
         for fmt in MaskFormat:

@@ -61,6 +61,9 @@ MAX_NODES = 64
 # n-gram branches on an EAGLE tree that eaglet's configs and runs use (docs/drafters.md, scripts/gpu_session.sh's
 # eagle3+ng2): the compile cases' K.
 BRANCHES = (2,)
+# (K, tokens): the default drafter's n-gram branch on the block drafter's tree, deeper than the tree
+# (conf/draft/block.yaml; tests/test_configs.py holds the two equal)
+BLOCK_BRANCH = (1, 15)
 
 
 def _check(tree, paths, extra, fallback=None) -> None:
@@ -354,16 +357,21 @@ def graft(tree, paths: torch.Tensor, extra: int, fallback=None) -> tuple[torch.T
     return (*out, out_mask)
 
 
-def launched_shapes(trees) -> list[tuple[str, object, int, int, int]]:
-    """(label, tree, N, P, extra) of each graft eaglet launches at these TreeSpecs, where it fits MAX_NODES (else
+def launched_shapes(trees) -> list[tuple[str, object, int, int, int, int]]:
+    """(label, tree, N, P, S, extra) of each graft eaglet launches at these TreeSpecs, where it fits MAX_NODES (else
     `graft_ref` runs): the n-gram drafter's (the bare root, N = 1; P = topk matches of S = steps tokens; extra =
-    num_draft_tokens - 1) and `BRANCHES` n-gram branches on the tree's EAGLE tree (N = num_draft_tokens, P = K,
-    extra = K * steps). The compile cases and benchmarks/bench_trie_graft.py take their shapes from here."""
+    num_draft_tokens - 1), `BRANCHES` n-gram branches of S = steps tokens on the tree's EAGLE tree (N =
+    num_draft_tokens, P = K, extra = K * S) and, on the block tree, `BLOCK_BRANCH`'s. The compile cases and the
+    benchmarks of the graft and of `build_tree_pair` take their shapes from here."""
     out = []
     for t in trees:
-        shapes = [(f"{t.name} ngram", 1, t.topk, t.num_draft_tokens - 1)]
-        shapes += [(f"{t.name} eagle+ngram{k}", t.num_draft_tokens, k, k * t.steps) for k in BRANCHES]
-        out += [(label, t, N, P, extra) for label, N, P, extra in shapes if N + extra <= MAX_NODES]
+        N = t.num_draft_tokens
+        shapes = [(f"{t.name} ngram", 1, t.topk, t.steps, N - 1)]
+        shapes += [(f"{t.name} eagle+ngram{k}", N, k, t.steps, k * t.steps) for k in BRANCHES]
+        if t.name == "block":
+            k, depth = BLOCK_BRANCH
+            shapes.append((f"{t.name} block+ngram{k}x{depth}", N, k, depth, k * depth))
+        out += [(label, t, n, P, S, extra) for label, n, P, S, extra in shapes if n + extra <= MAX_NODES]
     return out
 
 
@@ -375,5 +383,5 @@ def compile_cases(hip: bool) -> list[CompileCase]:
     return [CompileCase.of(_graft_kernel, (label,), TOK=i64, POS=i64, NEXT=i64, SIB=i64, MASK=i8, PATHS=i64,
                            FB_TOK=i64, FB_POS=i64, FB_NEXT=i64, FB_SIB=i64, FB_MASK=i8, OUT_TOK=i64, OUT_POS=i64,
                            OUT_NEXT=i64, OUT_SIB=i64, OUT_MASK=i8, N=N, M=N + extra, HAS_FALLBACK=N > 1,
-                           **_launch_meta(N, extra, P, t.steps, hip))
-            for label, t, N, P, extra in launched_shapes(TREES)]
+                           **_launch_meta(N, extra, P, S, hip))
+            for label, t, N, P, S, extra in launched_shapes(TREES)]

@@ -8,6 +8,9 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
+from eaglet.kernels._compile_cases import TREES
+from eaglet.kernels.trie_graft import BLOCK_BRANCH
+
 CONF = Path(__file__).resolve().parent.parent / "conf"
 # the groups run_spec.yaml's defaults list selects (train_draft.yaml's are composed by tests/training)
 GROUPS = sorted(next(iter(d)) for d in OmegaConf.load(CONF / "run_spec.yaml").defaults if not isinstance(d, str))
@@ -39,6 +42,9 @@ def test_the_default_serves_the_shipped_drafter():
     assert cfg.draft.name == "block" and cfg.draft.path is None and (shipped / "model.safetensors").is_file()
     assert (cfg.tree.steps, cfg.tree.topk, cfg.tree.num_draft_tokens, cfg.draft.ngram_branches,
             cfg.draft.ngram_depth) == (5, 4, 16, 1, 15)
+    # the compile cases and benchmarks graft (and widen) at this branch shape on the block tree
+    assert BLOCK_BRANCH == (cfg.draft.ngram_branches, cfg.draft.ngram_depth)
+    assert (cfg.tree.steps, cfg.tree.topk, cfg.tree.num_draft_tokens) == next(t[1:] for t in TREES if t.name == "block")
 
 
 @pytest.mark.parametrize("overrides, tree", [
