@@ -42,16 +42,18 @@ SMOKE = ModelArgs(family="llama", vocab_size=512, dim=128, n_layers=8, n_heads=2
 
 
 def drafters(target: Transformer, draft_vocab: int, block_vocabs: tuple, block_layers: list[int]):
-    """(label, drafter) of each kind, random weights in the target's dtype, on the invariant path. A random map is
-    the first Vd target ids: the same bytes as a trained one's."""
-    yield "EAGLE-3", EagleDrafter(new_draft_head("eagle3", target, draft_vocab_size=min(draft_vocab,
-                                                                                          target.args.vocab_size)))
+    """(label, drafter) of each kind, random weights in the target's dtype, on the invariant path, norms folded as
+    run_spec's fold_norms=true serves them. A random map is the first Vd target ids: the same bytes as a trained
+    one's."""
+    yield "EAGLE-3", EagleDrafter(new_draft_head("eagle3", target, draft_vocab_size=min(
+        draft_vocab, target.args.vocab_size)).fold_norm_weights())
     for block_vocab in block_vocabs:
         for n in block_layers:
             head = new_draft_head("block", target, num_layers=n, block_size=8, dep_rank=64,
                                   draft_vocab_size=block_vocab)
             with torch.no_grad():
                 head.dep_out.weight.normal_(0, 0.02)
+            head.fold_norm_weights()
             vd = "" if block_vocab is None else f", Vd {block_vocab}"
             yield f"block, {n} layer{'s' if n > 1 else ''}{vd}", BlockDrafter(head)
 

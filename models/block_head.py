@@ -24,6 +24,9 @@ depth (kernels/block_tree.py). `dep_out` starts at zero: an untrained term is no
 
 `forward_dense` is the training forward: the same weights and math, attention computed densely over several
 anchors' blocks at once (training/block_loss.py).
+
+Folded norms (`fold_norm_weights`, serving's fold_norms=true): the invariant projections then apply only each row's
+1/rms (projection.FOLDED), as the target's and the EAGLE heads' do; a folded head is serving-only (`check_unfolded`).
 """
 
 from __future__ import annotations
@@ -82,6 +85,8 @@ class BlockHead(DraftVocab, DraftHead):
         # The target LM head's rows of the draft vocabulary [Vd, H], derived (not a weight, not saved): made on first
         # use and kept, as a plain attribute (head.to() must not cast the target's rows); see `lm_head_rows`.
         self._rows: tuple[tuple, torch.Tensor] | None = None
+        self._folded_rows: tuple[tuple, torch.Tensor] | None = None  # those rows times the final norm's weight
+        self.norms_folded = False  # fold_norm_weights
         self.fc = nn.Linear(len(ids) * t.dim, a.dim, bias=False)
         self.hidden_norm = RMSNorm(a.dim, a.norm_eps)
         self.layers = nn.ModuleList(DraftLayer(a, i, input_norm=True) for i in range(a.n_layers))
@@ -118,6 +123,7 @@ class BlockHead(DraftVocab, DraftHead):
                              f"dropped; set num_layers >= {L}")
         if n == L:
             return self
+        self.check_unfolded("grown")
         with torch.device(self.device):
             twin = type(self)({**self.config, "num_hidden_layers": n}, self.target)
         twin.to(self.dep_out.weight.dtype)
@@ -133,8 +139,39 @@ class BlockHead(DraftVocab, DraftHead):
         return twin.train(self.training)
 
     def fold_norm_weights(self) -> "BlockHead":
-        """Nothing folds: a layer's qkv_proj also projects the context, which its input norm does not scale."""
+        """Fold the norm weights into the projections after them, in place, for serving (fold_norms=true): each
+        layer's input and post-attention norms (`DraftLayer.fold_norm_weights`). A layer's qkv_proj also projects the
+        context, which hidden_norm scales, not the layer's input norm: each layer first keeps its k/v rows times
+        hidden_norm's weight (`context_kv`, a buffer no checkpoint holds) and hidden_norm's weight becomes 1. The
+        final norm keeps its weight (the stock path applies it; a new draft map's rows are folded from it): the
+        invariant LM head reads a kept copy of its rows times it (`logit_rows`). Both paths compute the function of
+        the unfolded head."""
+        if self.norms_folded:
+            return self
+        if self.args.attention_bias:
+            raise ValueError("fold_norm_weights: a block drafter with attention_bias is not supported (the 1/rms row "
+                             "scale applies to the whole projection output); run without folding")
+        with torch.no_grad():
+            g = self.hidden_norm.weight  # [H]
+            for layer in self.layers:
+                attn = layer.self_attn
+                w = attn.qkv_proj.weight[attn.n_heads * attn.head_dim:]  # [2*Hkv*D, H] the k and v rows
+                layer.register_buffer("context_kv", (w * g[None, :]).contiguous(), persistent=False)  # [2*Hkv*D, H]
+                layer.fold_norm_weights()
+            g.fill_(1.0)
+        self.norms_folded = True
         return self
+
+    def check_unfolded(self, what: str) -> None:
+        """A folded head is serving-only: its qkv_proj no longer projects the context (`fold_norm_weights`), so it is
+        neither trained, saved nor copied."""
+        if self.norms_folded:
+            raise ValueError(f"a block drafter with folded norm weights (fold_norm_weights, serving only) is not "
+                             f"{what}: its qkv_proj no longer projects the context; use the head before folding")
+
+    def state_dict(self, *args, **kwargs):
+        self.check_unfolded("saved")  # save_draft_head, training checkpoints, with_draft_vocab's copy
+        return super().state_dict(*args, **kwargs)
 
     # ---- inference (paged pool, the head's kernel path) -----------------------------------------------------
     def store_context(self, feature: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, kv: KVCache) -> None:
@@ -143,22 +180,26 @@ class BlockHead(DraftVocab, DraftHead):
             self._inv_freq = self._inv_freq.to(positions.device)
         x = draft_linear(self.fc, self.invariant, feature.to(self.dtype)).reshape(-1, self.args.dim)  # [B*T, H]
         pos, out = positions.reshape(-1), slots.reshape(-1)  # [B*T] each
-        if path_for(self.invariant) is KernelPath.STOCK:
-            x = self.hidden_norm(x)  # [B*T, H]
+        stock = path_for(self.invariant) is KernelPath.STOCK
+        if stock:
+            x = self.hidden_norm(x)  # [B*T, H]; unit weights when folded (context_kv holds them)
         for layer in self.layers:
             attn = layer.self_attn
             Hkv, D = attn.n_kv_heads, attn.head_dim
             k_cache, v_cache = kv.layer(attn.layer_id)  # [pages, page_size, Hkv, D] each
-            rope_args = (pos, self._inv_freq, k_cache.view(-1, Hkv, D), v_cache.view(-1, Hkv, D), out,
-                         attn.n_heads, Hkv, D)
-            if path_for(self.invariant) is KernelPath.STOCK:
-                rope_store(attn.qkv_proj(x), *rope_args)  # its q is not needed
-            else:  # hidden_norm inside the projection, as the invariant layers' input norms; the k and v rows alone
-                # (the q rows are 2/3 of the weight at Llama-3.1-8B's shape: 33 MB a layer a step not read)
+            cache = (pos, self._inv_freq, k_cache.view(-1, Hkv, D), v_cache.view(-1, Hkv, D), out)
+            # the k and v rows alone (the q rows are 2/3 of the weight at Llama-3.1-8B's shape: 33 MB a layer a step
+            # not read); folded, qkv_proj's columns carry the layer's input norm: the context's own rows instead
+            if self.norms_folded:
+                w, bias, g = layer.context_kv, None, proj.FOLDED  # [2*Hkv*D, H]
+            else:
                 q_rows = attn.n_heads * D
+                w, g = attn.qkv_proj.weight[q_rows:], self.hidden_norm.weight  # [2*Hkv*D, H], [H]
                 bias = None if attn.qkv_proj.bias is None else attn.qkv_proj.bias[q_rows:]
-                proj.proj_rope_store(x, self.hidden_norm.weight, attn.qkv_proj.weight[q_rows:], bias,
-                                     *rope_args[:5], 0, Hkv, D, self.args.norm_eps)
+            if stock:  # rope_store takes >= 1 q head: a zero one before k and v
+                rope_store(F.pad(F.linear(x, w, bias), (D, 0)), *cache, 1, Hkv, D)
+            else:  # hidden_norm (its 1/rms alone when folded) inside the projection, as the layers' input norms
+                proj.proj_rope_store(x, g, w, bias, *cache, 0, Hkv, D, self.args.norm_eps)
 
     def forward_block(self, roots: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch,
                       kv: KVCache) -> torch.Tensor:
@@ -184,16 +225,39 @@ class BlockHead(DraftVocab, DraftHead):
         w = self.target.lm_head.weight
         if self.d2t is None:
             return w
-        key = (w.data_ptr(), w.dtype, w.device)
-        if self._rows is None or self._rows[0] != key:
-            # a normal tensor even when first asked under inference_mode: training may use it after an evaluation
-            with torch.inference_mode(False), torch.no_grad():
-                ids = self.to_target_ids(torch.arange(self.draft_vocab_size, device=self.d2t.device))  # [Vd]
-                self._rows = key, w.detach()[ids.to(w.device)].contiguous()  # [Vd, H]
+        self._rows = self._kept_rows(self._rows, None)
         return self._rows[1]
 
+    def logit_rows(self) -> tuple[torch.Tensor, torch.Tensor | str]:
+        """block_logits' LM-head rows [Vd, H] on the invariant path and the final norm's weight its projection takes:
+        `lm_head_rows()` and the weight; folded (fold_norm_weights), a copy of those rows times the weight (the
+        target's own rows are never scaled), kept and rebuilt as lm_head_rows' are, and projection.FOLDED.
+        BlockDrafter.setup makes them before capture."""
+        if not self.norms_folded:
+            w = self.lm_head_rows()  # [Vd, H]
+            return w, self.norm.weight.to(w.dtype)
+        self._folded_rows = self._kept_rows(self._folded_rows, self.norm.weight)
+        return self._folded_rows[1], proj.FOLDED
+
+    def _kept_rows(self, kept: tuple[tuple, torch.Tensor] | None, g: torch.Tensor | None) -> tuple[tuple, torch.Tensor]:
+        """(key, the target LM head's rows of the draft vocabulary [Vd, H], times g [H] when given): `kept` while its
+        key (the target weight's storage) holds, else made anew."""
+        w = self.target.lm_head.weight
+        key = (w.data_ptr(), w.dtype, w.device)
+        if kept is not None and kept[0] == key:
+            return kept
+        # a normal tensor even when first asked under inference_mode: training may use it after an evaluation
+        with torch.inference_mode(False), torch.no_grad():
+            rows = w.detach()  # [V, H]
+            if self.d2t is not None:
+                ids = self.to_target_ids(torch.arange(self.draft_vocab_size, device=self.d2t.device))  # [Vd]
+                rows = rows[ids.to(w.device)]  # [Vd, H]
+            if g is not None:  # rounded to the weight's dtype, as Transformer.fold_norm_weights rounds its W'
+                rows = rows * g.to(w.dtype)[None, :]  # [Vd, H]
+            return key, rows.contiguous()
+
     def _draft_vocab_changed(self) -> None:
-        self._rows = None
+        self._rows = self._folded_rows = None
 
     def vocab_logits(self, x: torch.Tensor) -> torch.Tensor:
         """x [..., H] final-normed -> fp32 logits [..., Vd] over the draft vocabulary (the training path)."""
@@ -206,10 +270,9 @@ class BlockHead(DraftVocab, DraftHead):
         the draft vocabulary: in the LM head's dtype on the invariant path (grow_tree reads them as fp32: no launch for
         an fp32 copy), fp32 on the stock one."""
         if path_for(self.invariant) is KernelPath.INVARIANT:
-            w = self.lm_head_rows()  # [Vd, H]
+            w, g = self.logit_rows()  # [Vd, H], the final norm's weight or FOLDED
             x2d = x.reshape(-1, x.shape[-1]).to(w.dtype).contiguous()  # [M, H]
-            return proj.linear(x2d, w, norm_weight=self.norm.weight.to(w.dtype), eps=self.args.norm_eps).view(
-                *x.shape[:-1], -1)  # [..., Vd]
+            return proj.linear(x2d, w, norm_weight=g, eps=self.args.norm_eps).view(*x.shape[:-1], -1)  # [..., Vd]
         return self.vocab_logits(self.norm(x))  # [..., Vd]
 
     def dep_bias(self, parents: torch.Tensor) -> torch.Tensor:
@@ -223,6 +286,7 @@ class BlockHead(DraftVocab, DraftHead):
         anchor a reads the context p < a, its root is tokens[a]) -> logits [B, A, K-1, Vd] fp32 of block rows
         1..K-1 (row j predicts tokens[a + j]), the dependency term taken with the true parent tokens[a + j - 1].
         Blocks running past T read the last token as their parents (their rows are out of the loss)."""
+        self.check_unfolded("trained")
         B, T = tokens.shape
         A, K, H = anchors.shape[1], self.block_size, self.args.dim
         dev = tokens.device

@@ -42,7 +42,7 @@ class BlockDrafter(ModelDrafter):
     @classmethod
     def from_config(cls, draft, target_cfg, target, *, invariant: bool, fold_norms: bool) -> "BlockDrafter":
         """draft.path's block drafter; else a random one (draft.random_init); else the one shipped for the target.
-        fold_norms does not apply (BlockHead.fold_norm_weights)."""
+        fold_norms: its norm weights folded into its projections (BlockHead.fold_norm_weights), as the target's."""
         from eaglet.models.head_checkpoint import load_draft_head, new_draft_head
 
         path = head_dir(draft, target_cfg)
@@ -54,6 +54,8 @@ class BlockDrafter(ModelDrafter):
             head = new_draft_head("block", target, num_layers=draft.num_layers, block_size=draft.block_size,
                                   dep_rank=draft.dep_rank, draft_vocab_size=draft.get("draft_vocab_size"),
                                   dtype=target.dtype, device=target.device)
+        if fold_norms:
+            head.fold_norm_weights()
         head.set_invariant(invariant)
         return cls(head)
 
@@ -100,7 +102,9 @@ class BlockDrafter(ModelDrafter):
             h = self.head
             self.dep_in = h.dep_in(h.embed(torch.arange(target.args.vocab_size, device=device))).float()  # [V, r]
             self.dep_out = h.dep_out.weight.t().float().contiguous()  # [r, Vd]
-            h.lm_head_rows()  # the draft vocabulary's LM-head rows, made now: not inside a captured graph
+            # the LM-head rows block_logits reads (folded: a copy times the final norm's weight), made now: not inside
+            # a captured graph
+            h.logit_rows() if h.invariant else h.lm_head_rows()
         # a constant the steps slice rather than build (a launch inside the step's graph): the block's own attention
         # mask, all True (non-causal inside the block)
         Kb = self.head.block_size

@@ -167,10 +167,12 @@ def test_propose_equals_the_python_tree_of_the_heads_logits(target, vocab):
                 assert set(want[1:]) <= set(ids)
 
 
-@pytest.mark.parametrize("tree, batch", [("chain", 1), ("eagle2", 2)])
-def test_greedy_is_lossless_with_a_draft_vocabulary(target, plain, tree, batch):
+@pytest.mark.parametrize("tree, batch, folded", [("chain", 1, False), ("eagle2", 2, False), ("chain", 1, True)])
+def test_greedy_is_lossless_with_a_draft_vocabulary(target, plain, tree, batch, folded):
     """tests/engine/test_drafters.py's lossless check for a block drafter over 160 of the 256 tokens: speculative
-    greedy == plain greedy, and its proposals are taken (chain at B=1 and a tree at B=2: ~1 min each on 2 CPUs)."""
+    greedy == plain greedy, and its proposals are taken (chain at B=1 and a tree at B=2: ~1 min each on 2 CPUs).
+    folded: its norm weights (away from ones) folded into its projections, on the invariant path, as serving's
+    fold_norms=true runs it (tests/models/test_block_head.py checks the function is the unfolded one)."""
     from engine_testing import PROMPTS, TREES
 
     from eaglet.engine.drafters.block import BlockDrafter
@@ -178,13 +180,34 @@ def test_greedy_is_lossless_with_a_draft_vocabulary(target, plain, tree, batch):
     from eaglet.engine.speculative import SpeculativeEngine
 
     want, ids = plain
-    drafter = BlockDrafter(oracle_block_vocab(target, ids))
+    head = oracle_block_vocab(target, ids)
+    if folded:
+        with torch.no_grad():
+            for n in [head.hidden_norm, head.norm] + [la.input_layernorm for la in head.layers]:
+                n.weight.uniform_(0.8, 1.2, generator=torch.Generator().manual_seed(1))
+        head.fold_norm_weights().set_invariant(True)
+    drafter = BlockDrafter(head)
     assert drafter.head.draft_vocab_size == 160
     eng = SpeculativeEngine(target, drafter, TREES[tree], max_batch=batch, max_context=256, page_size=8)
     reqs = [Request(p, 30, rid=i) for i, p in enumerate(PROMPTS)]
     stats = eng.generate(reqs)
     assert [r.output_ids for r in reqs] == want
     assert stats.summary(TREES[tree].steps)["tau"] > 1.0
+
+
+@pytest.mark.parametrize("fold", [False, True])
+def test_from_config_folds_the_norms_as_asked(target, fold):
+    """run_spec's fold_norms reaches the block drafter's head (BlockHead.fold_norm_weights), as the EAGLE heads'."""
+    from omegaconf import OmegaConf
+
+    from eaglet.engine.drafters.block import BlockDrafter
+
+    draft = OmegaConf.create(dict(name="block", path=None, random_init=True, num_layers=1, block_size=5, dep_rank=8,
+                                  draft_vocab_size=None))
+    drafter = BlockDrafter.from_config(draft, OmegaConf.create(dict(name="oracle")), target, invariant=True,
+                                       fold_norms=fold)
+    assert drafter.head.norms_folded == fold and drafter.head.invariant
+    assert all(la.norms_folded == fold and hasattr(la, "context_kv") == fold for la in drafter.head.layers)
 
 
 def test_the_draft_benchmark_runs():

@@ -40,7 +40,7 @@ def block_head(target, vocab=None, **kw):
 
 def paged_logits(head, tokens, feature, anchor, page_size=4):
     """The engine's way: the context before `anchor` stored into the pool, then the block in one forward ->
-    logits [K-1, Vd] of rows 1..K-1 with the true parents' dependency term."""
+    logits [K-1, Vd] of rows 1..K-1 with the true parents' dependency term, and the pool."""
     K = head.block_size
     kv = head.kv_cache(max_reqs=1, max_context=64, page_size=page_size)
     row = kv.alloc_request()
@@ -52,7 +52,7 @@ def paged_logits(head, tokens, feature, anchor, page_size=4):
     batch = ForwardBatch(pt, torch.tensor([anchor], dtype=torch.int32), slots_for(pt, bpos, page_size),
                          torch.ones(1, K, K, dtype=torch.bool), 64)
     x = head.forward_block(tokens[:, anchor], bpos, batch, kv)  # [1, K, H]
-    return (head.block_logits(x[:, 1:]) + head.dep_bias(tokens[:, anchor:anchor + K - 1]))[0]  # [K-1, Vd]
+    return (head.block_logits(x[:, 1:]) + head.dep_bias(tokens[:, anchor:anchor + K - 1]))[0], kv  # [K-1, Vd]
 
 
 @pytest.mark.parametrize("vocab", [None, VD])
@@ -68,8 +68,47 @@ def test_paged_forward_equals_dense(target, invariant, vocab):
     assert dense.shape[-1] == head.draft_vocab_size == (vocab or ARGS.vocab_size)
     for i, a in enumerate(anchors[0].tolist()):
         with torch.inference_mode():
-            paged = paged_logits(head, tokens, feature, a)
+            paged, _ = paged_logits(head, tokens, feature, a)
         torch.testing.assert_close(paged, dense[0, i], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("vocab", [None, VD])
+@pytest.mark.parametrize("invariant", [False, True])
+def test_folded_norms_keep_the_function(target, invariant, vocab):
+    """fold_norm_weights (serving's fold_norms=true): the K/V the pool holds (the context's and the block's) and the
+    block's logits equal the unfolded head's on either path, though the projections' weights differ; the target's LM
+    head is left as it is; a folded head is neither trained nor saved, and one with attention_bias is not folded."""
+    plain, folded = block_head(target, vocab), block_head(target, vocab)
+    for head in (plain, folded):
+        norms = [head.hidden_norm, head.norm] + [n for la in head.layers
+                                                 for n in (la.input_layernorm, la.post_attention_layernorm)]
+        g = torch.Generator().manual_seed(6)
+        with torch.no_grad():  # away from their ones init: folding them changes the weights
+            for n in norms:
+                n.weight.uniform_(0.5, 1.5, generator=g)
+    lm = target.lm_head.weight.clone()
+    folded.fold_norm_weights()
+    for a, b in zip(plain.layers, folded.layers):
+        q_rows = a.self_attn.n_heads * a.self_attn.head_dim
+        w, w_folded = a.self_attn.qkv_proj.weight, b.self_attn.qkv_proj.weight  # [(Hq+2Hkv)*D, H] each
+        assert b.norms_folded and not torch.allclose(w, w_folded)
+        assert not torch.allclose(b.context_kv, w[q_rows:]) and not torch.allclose(b.context_kv, w_folded[q_rows:])
+    g = torch.Generator().manual_seed(2)
+    tokens = torch.randint(0, ARGS.vocab_size, (1, 24), generator=g)  # [1, T]
+    feature = torch.randn(1, 24, plain.feature_size, generator=g)  # [1, T, F]
+    with torch.inference_mode():
+        want, want_kv = paged_logits(plain.set_invariant(invariant), tokens, feature, 11)
+        got, got_kv = paged_logits(folded.set_invariant(invariant), tokens, feature, 11)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert want_kv.kv.abs().sum() > 0
+    torch.testing.assert_close(got_kv.kv, want_kv.kv, rtol=1e-5, atol=1e-5)
+    assert torch.equal(target.lm_head.weight, lm)
+    with pytest.raises(ValueError, match="not trained"):
+        folded.forward_dense(tokens, feature, torch.tensor([[11]]))
+    with pytest.raises(ValueError, match="not saved"):
+        folded.state_dict()
+    with pytest.raises(ValueError, match="attention_bias"):
+        block_head(target, vocab, attention_bias=True).fold_norm_weights()
 
 
 def test_draft_vocab_logits_are_the_full_heads_columns(target):
