@@ -14,11 +14,11 @@ GEMM whose broadcast copies the base row, the two top-k launches, the expansion)
 that was ~10 µs of GPU time a depth, 73 of a 196 µs propose (results/draft_phase_h100.md).
 
 Launch d (grid requests x chunks of BLOCK_V draft ids) computes depth d's logits: each program multiplies its K
-parents' dep_in rows by its columns of dep_out ([K, r] @ [r, BLOCK_V], fp32 tl.dot over chunks of 16 ranks), adds
-the base row and keeps, per parent row, the chunk's max, sum of exp and K best packed keys (kernels/topk.py). Launch
-d + 1's programs each first merge those partials (depth d's log-sum-exp and children, the K best by cumulative score):
-every program repeats the merge, a few hundred keys, which costs less than a launch between them. Its first program
-writes depth d's candidates and kept nodes. The last launch only merges.
+parents' dep_in rows by its columns of dep_out ([K, r] @ [r, BLOCK_V] in fp32: FMAs over the K rows at K = 3-4, else a
+tl.dot over 16; `_launch_meta`), adds the base row and keeps, per parent row, the chunk's max, sum of exp and K best
+packed keys (kernels/topk.py). Launch d + 1's programs each first merge those partials (depth d's log-sum-exp and
+children, the K best by cumulative score): every program repeats the merge, a few hundred keys, which costs less than
+a launch between them. Its first program writes depth d's candidates and kept nodes. The last launch only merges.
 """
 
 from __future__ import annotations
@@ -85,7 +85,8 @@ def _top_keys_rows(key, K: tl.constexpr, KP: tl.constexpr):
 def _level_kernel(BASE, stride_bb, stride_bs, DEP_IN, DEP_OUT, D2T, ROOTS, PMAX, PSUM, PKEY, ST_LP, ST_TOK, ST_FLAT,
                   SCORES, TOKENS, PARENTS, level, B, Vd, NC, C,
                   R: tl.constexpr, K: tl.constexpr, KP: tl.constexpr, HAS_D2T: tl.constexpr, MERGE: tl.constexpr,
-                  MERGE_ROOT: tl.constexpr, COMPUTE: tl.constexpr, KD: tl.constexpr, RC: tl.constexpr,
+                  MERGE_ROOT: tl.constexpr, COMPUTE: tl.constexpr, ROWS: tl.constexpr, DOT: tl.constexpr,
+                  RC: tl.constexpr,
                   BLOCK_V: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_CK: tl.constexpr):
     """Grid (B, NC). MERGE: depth `level - 1`'s partials into its candidates and kept nodes (MERGE_ROOT: it is depth 1,
     the root's children); COMPUTE: depth `level`'s logits and partials after the kept nodes (level 0: the root).
@@ -142,35 +143,39 @@ def _level_kernel(BASE, stride_bb, stride_bs, DEP_IN, DEP_OUT, D2T, ROOTS, PMAX,
         tl.store(ST_TOK + st * K + t, cur_tok, mask=kept & first)
         tl.store(ST_FLAT + st * K + t, cur_flat, mask=kept & first)
     if COMPUTE:
-        # rows of the logits tile: KD >= 16, tl.dot's least M (rows past the live parents are masked out)
-        tk = tl.arange(0, KD)  # [KD]
+        # ROWS rows of the logits tile, the first K (the root alone at level 0) live: KP with the dependency term as
+        # FMAs; 16 with tl.dot (its least M), of which 3/4 are dead at K = 4, in the exp and the top-k too
+        tr = tl.arange(0, ROWS)  # [ROWS]
         if MERGE:
-            live = tk < K  # [KD]
+            live = tr < K  # [ROWS]
             # the kept nodes' target ids, spread from [KP] onto the tile's rows
-            par = tl.sum(tl.where(tk[:, None] == t[None, :], cur_tok[None, :], 0), 1)  # [KD]
+            par = tl.sum(tl.where(tr[:, None] == t[None, :], cur_tok[None, :], 0), 1)  # [ROWS]
         else:
-            live = tk < 1  # [KD] the root alone
-            par = tl.where(live, tl.load(ROOTS + b), 0)  # [KD]
+            live = tr < 1  # [ROWS] the root alone
+            par = tl.where(live, tl.load(ROOTS + b), 0)  # [ROWS]
         v = c * BLOCK_V + tl.arange(0, BLOCK_V)  # [BLOCK_V] draft ids
         vok = v < Vd
-        # [KD, R] @ [R, BLOCK_V] in chunks of RC ranks, unrolled: the chunks' loads do not wait on each other (a loop of
-        # rank-1 updates waited on one load of dep_out a step)
+        # [ROWS, R] @ [R, BLOCK_V] in chunks of RC ranks, unrolled: the chunks' loads do not wait on each other (a loop
+        # of rank-1 updates waited on one load of dep_out a step)
         rr = tl.arange(0, RC)  # [RC]
-        acc = tl.zeros([KD, BLOCK_V], tl.float32)
+        acc = tl.zeros([ROWS, BLOCK_V], tl.float32)
         for r0 in tl.static_range(0, R, RC):
             rok = r0 + rr < R  # [RC]
             z = tl.load(DEP_IN + par[:, None] * R + (r0 + rr)[None, :], mask=live[:, None] & rok[None, :],
-                        other=0.0)  # [KD, RC]
+                        other=0.0)  # [ROWS, RC]
             w = tl.load(DEP_OUT + (r0 + rr)[:, None] * Vd + v[None, :], mask=rok[:, None] & vok[None, :],
                         other=0.0)  # [RC, BLOCK_V]
-            acc = tl.dot(z, w, acc, input_precision="ieee")  # [KD, BLOCK_V]
+            if DOT:
+                acc = tl.dot(z, w, acc, input_precision="ieee")  # [ROWS, BLOCK_V]
+            else:
+                acc += tl.sum(z[:, :, None] * w[None, :, :], 1)  # [ROWS, BLOCK_V]
         x = acc + tl.load(BASE + b * stride_bb + level * stride_bs + v, mask=vok, other=0.0).to(tl.float32)[None, :]
-        x = tl.where(live[:, None] & vok[None, :], x, float("-inf"))  # [KD, BLOCK_V]
-        mx = tl.max(x, 1)  # [KD]
+        x = tl.where(live[:, None] & vok[None, :], x, float("-inf"))  # [ROWS, BLOCK_V]
+        mx = tl.max(x, 1)  # [ROWS]
         mx_safe = tl.where(mx == float("-inf"), 0.0, mx)
-        s = tl.sum(tl.exp(x - mx_safe[:, None]), 1)  # [KD]
-        keys = _top_keys_rows(_keys(x, tl.broadcast_to(v[None, :], (KD, BLOCK_V)), x > float("-inf")), K, KP)
-        cell = (level * B + b) * K + tk  # [KD]
+        s = tl.sum(tl.exp(x - mx_safe[:, None]), 1)  # [ROWS]
+        keys = _top_keys_rows(_keys(x, tl.broadcast_to(v[None, :], (ROWS, BLOCK_V)), x > float("-inf")), K, KP)
+        cell = (level * B + b) * K + tr  # [ROWS]
         tl.store(PMAX + cell * NC + c, mx, mask=live)
         tl.store(PSUM + cell * NC + c, s, mask=live)
         tl.store(PKEY + (cell[:, None] * NC + c) * K + t[None, :], keys, mask=live[:, None] & kept[None, :])
@@ -237,7 +242,6 @@ def _launch_meta(Vd: int, K: int, R: int, block_v: int | None = None, num_warps:
     # at least 2: with one parent row, triton 3.6 turned the merge over 128+ chunks into 542 shared stores and 67
     # barriers (~50 µs a depth on an H100; results/block_tree_k1_sass.md)
     KP = max(2, triton.next_power_of_2(K))
-    KD = max(16, KP)  # rows of the logits tile (tl.dot's least M)
     if block_v is None:
         block_v = max(256, triton.next_power_of_2(triton.cdiv(Vd * K * KP, _MERGE_KEYS)))
         if KP <= 4:  # at most 512 keys a parent to merge: 512-id chunks over SmolLM2's 49,152 ids at K = 4, where
@@ -245,12 +249,17 @@ def _launch_meta(Vd: int, K: int, R: int, block_v: int | None = None, num_warps:
             block_v = max(block_v, triton.next_power_of_2(triton.cdiv(Vd * K, 512)))
     nc = triton.cdiv(Vd, block_v)
     block_ck = triton.next_power_of_2(nc * K)
-    # K <= 4: 2 warps for 16 x 256 tiles, fastest at every timed shape (H100, 7/1 over 49,152 ids 60 -> 44 µs from 8;
-    # results/block_tree_dot_h100.md), 4 for 16 x 512 (69.8 µs a 7/4 tree against 92.7 at 8); K = 8 spills at 2 on
+    # K <= 4: 2 warps for 256-id chunks, fastest at every timed shape (H100, 7/1 over 49,152 ids 60 -> 44 µs from 8;
+    # results/block_tree_dot_h100.md), 4 for 512 (69.8 µs a 7/4 tree against 92.7 at 8); K = 8 spills at 2 on
     # sm_90 and, under triton 3.9, at 4 (tests/portability), so 8 there (175 µs a 7/8 tree over 49,152 ids)
     if num_warps is None:
-        num_warps = 8 if KP > 4 else 2 if KD * block_v <= 4096 else 4 if KD * block_v <= 8192 else 8
-    return dict(R=R, K=K, KP=KP, KD=KD, RC=16, BLOCK_V=block_v, BLOCK_C=triton.next_power_of_2(nc), BLOCK_CK=block_ck,
+        num_warps = 8 if KP > 4 else 2 if block_v <= 256 else 4 if block_v <= 512 else 8
+    # the dependency term as FMAs over the KP parent rows at K = 3-4 (2 ranks a chunk: their unrolled loads stay in
+    # registers at 2 warps); as a tl.dot over 16 rows elsewhere: the FMAs' merge-and-compute level spilled 10-13 of
+    # MI300's VGPRs in a chain (KP = 2) at every chunk and warp count tried, and 72-2,364 B at K = 8 on both vendors
+    fma = KP == 4
+    return dict(R=R, K=K, KP=KP, ROWS=KP if fma else max(16, KP), DOT=not fma, RC=2 if fma else 16, BLOCK_V=block_v,
+                BLOCK_C=triton.next_power_of_2(nc), BLOCK_CK=block_ck,
                 num_warps=num_warps)
 
 

@@ -36,9 +36,11 @@ CASES = (("SmolLM2", 49152, 49152, False), ("Llama-3.1-8B Vd", 128256, 32000, Tr
 TREES = ((1, 1), (7, 1), (1, 4), (5, 4), (7, 4), (1, 8), (7, 8))
 
 
-def variants(K: int) -> list[tuple[str, dict, dict]]:
+def variants(K: int, mod=bt) -> list[tuple[str, dict, dict]]:
     """(label, _launch_meta's keyword arguments, constexprs set after it) of each launch setting timed at K."""
     out = [("as is", {}, {})]
+    if K == 4 and "DOT" in mod._launch_meta(8192, 4, RANK):  # the dependency term as tl.dot over 16 rows, not FMAs
+        out.append(("tl.dot", {}, dict(DOT=True, ROWS=16, RC=16)))
     if K == 1:  # the one parent row _launch_meta had (now at least 2)
         out.append(("KP=1", {}, dict(KP=1)))
     # K = 8 spills at 2 warps on sm_90 (tests/portability); 4 does not under triton 3.6
@@ -83,7 +85,7 @@ def main() -> None:
             want = bt.grow_tree_ref(*x[:4], S, K, x[4])
             for prefix, mod in modules:
                 launch_meta = mod._launch_meta
-                for name, kw, over in variants(K):
+                for name, kw, over in variants(K, mod):
                     name = prefix + name
                     mod._launch_meta = lambda Vd_, K_, R_, f=launch_meta, kw=kw, over=over: {**f(Vd_, K_, R_, **kw),
                                                                                              **over}
