@@ -203,11 +203,14 @@ def readme_results(results: Path = REPO / "results") -> str:
 
     SET_NAMES = {"mt_bench": "MT-bench", "humaneval": "HumanEval", "sharegpt": "held-out ShareGPT"}
     dflt = _runs(results, "default_drafter")
-    calls = sorted({n.split("_", 1)[0] for n in dflt if n.endswith("eagle3_mt_bench_b1")})
+    def call_no(call: str) -> int:  # "call12" -> 12: calls in the order they ran (a string sort puts call10 first)
+        return int(call.removeprefix("call"))
+
+    calls = sorted({n.split("_", 1)[0] for n in dflt if n.endswith("eagle3_mt_bench_b1")}, key=call_no)
     pairs = [(dflt[f"{c}_block_5_4_16_mt_bench_b1"], dflt[f"{c}_eagle3_mt_bench_b1"]) for c in calls]
     more = [(SET_NAMES[st], m) for n, m in dflt.items() for st in ("humaneval", "sharegpt")
             if n.endswith(f"block_5_4_16_{st}_b1")]
-    c8 = max(n.split("_", 1)[0] for n in dflt if n.endswith("eagle3_mt_bench_b8"))  # the last call at B=8
+    c8 = max((n.split("_", 1)[0] for n in dflt if n.endswith("eagle3_mt_bench_b8")), key=call_no)  # the last at B=8
     m8, e8 = dflt[f"{c8}_block_5_4_16_mt_bench_b8"], dflt[f"{c8}_eagle3_mt_bench_b8"]
     met = all(m["speedup_vs_ar"] >= 2.5 and m["decode_tokens_per_s"] >= 1.3 * e["decode_tokens_per_s"]
               for m, e in pairs)
