@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from benchmarks._common import SMOKE_HEADER, fmt, graph_us, kernel_bench_args, provenance, report
-from eaglet.kernels._compile_cases import TREES
+from eaglet.kernels._compile_cases import ROOT_TREES, TREES
 from eaglet.kernels._utils import copy_bandwidth
 from eaglet.kernels.block_tree import MAX_K, grow_tree, grow_tree_ref
 
@@ -38,15 +38,15 @@ def inputs(B: int, S: int, V: int, Vd: int, d2t: bool, dev: str):
 
 def run(B: int, vocab, tree, bw: float | None, dev: str, smoke: bool) -> dict:
     label, V, Vd, has_d2t = vocab
-    S, K = tree.steps, tree.topk
+    S, K, K1 = tree.steps, tree.topk, tree.root_children
     args = inputs(B, S, V, Vd, has_d2t, dev)
-    got, want = grow_tree(*args[:4], S, K, args[4]), grow_tree_ref(*args[:4], S, K, args[4])
+    got, want = grow_tree(*args[:4], S, K, args[4], K1), grow_tree_ref(*args[:4], S, K, args[4], K1)
     ok = torch.equal(got[1], want[1]) and torch.equal(got[2], want[2])
     floor = None if bw is None else S * (RANK + B) * Vd * 4 / bw * 1e6
     return dict(B=B, vocab=f"{label} {Vd}", tree=f"{tree.name} {S}/{K}/{tree.num_draft_tokens}",
                 err=0.0 if ok else 1.0,
-                eaglet=graph_us(lambda: grow_tree(*args[:4], S, K, args[4]), smoke),
-                torch=graph_us(lambda: grow_tree_ref(*args[:4], S, K, args[4]), smoke), floor=floor)
+                eaglet=graph_us(lambda: grow_tree(*args[:4], S, K, args[4], K1), smoke),
+                torch=graph_us(lambda: grow_tree_ref(*args[:4], S, K, args[4], K1), smoke), floor=floor)
 
 
 def table(rows: list[dict]) -> str:
@@ -66,7 +66,7 @@ def main() -> None:
     dev = "cpu" if args.smoke else "cuda"
     vocabs = SMOKE["vocabs"] if args.smoke else VOCABS
     batches = SMOKE["batches"] if args.smoke else BATCHES
-    trees = [t for t in TREES if t.topk <= MAX_K and (not args.smoke or t.name in SMOKE["trees"])]
+    trees = [t for t in TREES + ROOT_TREES if t.topk <= MAX_K and (not args.smoke or t.name in SMOKE["trees"])]
     bw = None if args.smoke else copy_bandwidth()
     rows = [run(B, v, t, bw, dev, args.smoke) for v in vocabs for t in trees for B in batches]
     header = (SMOKE_HEADER if args.smoke else

@@ -24,10 +24,10 @@ from __future__ import annotations
 import torch
 
 from benchmarks._common import SMOKE_HEADER, fmt, graph_us, kernel_bench_args, provenance, report, timed
-from eaglet.kernels._compile_cases import TREES
+from eaglet.kernels._compile_cases import ROOT_TREES, TREES
 from eaglet.kernels._utils import copy_bandwidth
 from eaglet.kernels.build_tree import build_tree, build_tree_pair, build_tree_ref, num_candidates, random_candidates
-from eaglet.kernels.trie_graft import launched_shapes
+from eaglet.kernels.trie_graft import BLOCK_BRANCH, launched_shapes
 
 BATCHES = (1, 8, 64)
 PREFIX = (100, 2000)  # seq_lens drawn from [100, 2000)
@@ -39,38 +39,40 @@ def formats(N: int) -> list[str]:
 
 
 def run(B: int, tree, fmt_name: str, dev: str, bw: float | None, smoke: bool) -> dict:
-    S, K, N = tree.steps, tree.topk, tree.num_draft_tokens
+    S, K, N, K1 = tree.steps, tree.topk, tree.num_draft_tokens, tree.root_children
     gen = torch.Generator().manual_seed(B * 1000 + N)
-    scores, tokens, parents = random_candidates(B, K, S, 4096, gen)  # [B, C] each
+    scores, tokens, parents = random_candidates(B, K, S, 4096, gen, root_children=K1)  # [B, C] each
     roots = torch.randint(0, 4096, (B,), generator=gen)  # [B]
     seq_lens = torch.randint(*PREFIX, (B,), generator=gen).int()  # [B]
-    extra = (int(seq_lens.sum()),) if fmt_name == "full" else ()  # FULL is sized by the host int seq_lens_sum
+    # FULL is sized by the host int seq_lens_sum
+    extra = dict(seq_lens_sum=int(seq_lens.sum())) if fmt_name == "full" else {}
+    extra["root_children"] = K1
     host = (scores, tokens, parents, roots, seq_lens)
     inputs = [t.to(dev) for t in host]
-    got = build_tree(*inputs, N, K, S, fmt_name, *extra)
-    want = build_tree_ref(*host, N, K, S, fmt_name, *extra)
+    got = build_tree(*inputs, N, K, S, fmt_name, **extra)
+    want = build_tree_ref(*host, N, K, S, fmt_name, **extra)
     ok = all(torch.equal(g.cpu(), w) for g, w in zip(got, want))
     moved = sum(t.numel() * t.element_size() for t in (*host, *want))  # bytes read + written
-    r = dict(B=B, tree=f"{tree.name} {S}/{K}/{N}", fmt=fmt_name, C=num_candidates(K, S), err=0.0 if ok else 1.0)
-    r["eaglet"] = timed(lambda: build_tree(*inputs, N, K, S, fmt_name, *extra), smoke)
-    r["graph"] = graph_us(lambda: build_tree(*inputs, N, K, S, fmt_name, *extra), smoke)
-    r["ref"] = timed(lambda: build_tree_ref(*host, N, K, S, fmt_name, *extra), smoke, host=True)
+    r = dict(B=B, tree=f"{tree.name} {S}/{K}/{N}", fmt=fmt_name, C=num_candidates(K, S, K1), err=0.0 if ok else 1.0)
+    r["eaglet"] = timed(lambda: build_tree(*inputs, N, K, S, fmt_name, **extra), smoke)
+    r["graph"] = graph_us(lambda: build_tree(*inputs, N, K, S, fmt_name, **extra), smoke)
+    r["ref"] = timed(lambda: build_tree_ref(*host, N, K, S, fmt_name, **extra), smoke, host=True)
     r["floor"] = "n/a" if bw is None else moved / bw * 1e6
     return r
 
 
 def run_pair(B: int, tree, N2: int, dev: str, smoke: bool) -> dict:
-    S, K, N = tree.steps, tree.topk, tree.num_draft_tokens
+    S, K, N, k1 = tree.steps, tree.topk, tree.num_draft_tokens, dict(root_children=tree.root_children)
     gen = torch.Generator().manual_seed(B * 1000 + N2)
-    host = (*random_candidates(B, K, S, 4096, gen), torch.randint(0, 4096, (B,), generator=gen),
+    host = (*random_candidates(B, K, S, 4096, gen, **k1), torch.randint(0, 4096, (B,), generator=gen),
             torch.randint(*PREFIX, (B,), generator=gen).int())  # scores, tokens, parents [B, C]; roots, lens [B]
     inputs = [t.to(dev) for t in host]
-    got = build_tree_pair(*inputs, N, N2, K, S)
+    got = build_tree_pair(*inputs, N, N2, K, S, **k1)
     ok = all(torch.equal(g.cpu(), w) for tree_got, n in zip(got, (N, N2))
-             for g, w in zip(tree_got, build_tree_ref(*host, n, K, S)))
+             for g, w in zip(tree_got, build_tree_ref(*host, n, K, S, **k1)))
     return dict(B=B, tree=f"{tree.name} {S}/{K}/{N} + {N2}", ok=ok, err=0.0 if ok else 1.0,
-                pair=graph_us(lambda: build_tree_pair(*inputs, N, N2, K, S), smoke),
-                two=graph_us(lambda: (build_tree(*inputs, N, K, S), build_tree(*inputs, N2, K, S)), smoke))
+                pair=graph_us(lambda: build_tree_pair(*inputs, N, N2, K, S, **k1), smoke),
+                two=graph_us(lambda: (build_tree(*inputs, N, K, S, **k1), build_tree(*inputs, N2, K, S, **k1)), smoke))
 
 
 def pair_table(rows: list[dict]) -> str:
@@ -97,10 +99,13 @@ def main() -> None:
     dev = "cpu" if args.smoke else "cuda"
     bw = None if args.smoke else copy_bandwidth()
     batches = SMOKE["batches"] if args.smoke else BATCHES
-    trees = [t for t in TREES if t.name in SMOKE["trees"]] if args.smoke else TREES
+    trees = [t for t in TREES if t.name in SMOKE["trees"]] if args.smoke else TREES + ROOT_TREES
     rows = [run(B, t, f, dev, bw, args.smoke) for t in trees for B in batches for f in formats(t.num_draft_tokens)]
-    pairs = [(t, N + extra) for _, t, N, _, _, extra in launched_shapes(trees)
+    pairs = [(t, N + extra) for _, t, N, _, _, extra in launched_shapes([t for t in trees if not t.root_children])
              if N > 1 and N + extra <= num_candidates(t.topk, t.steps) + 1]
+    # the root-children trees beside their widened fallback (the block branch's nodes), as kernels/build_tree.py's
+    # compile cases
+    pairs += [(t, t.num_draft_tokens + BLOCK_BRANCH[0] * BLOCK_BRANCH[1]) for t in trees if t.root_children]
     pair_rows = [run_pair(B, t, N2, dev, args.smoke) for t, N2 in pairs for B in batches[:2]]
     header = (SMOKE_HEADER if args.smoke else
               provenance() + f"Measured copy bandwidth {bw / 1e12:.2f} TB/s (read+write); median µs via "

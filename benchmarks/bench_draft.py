@@ -3,7 +3,7 @@ update (after accept), random weights at SmolLM2-135M's and Llama-3.1-8B's shape
 the read of the drafter's weights once.
 
     python -m benchmarks.bench_draft --md results/draft_h200.md [--models SmolLM2-135M,Llama-3.1-8B] [--batches 1,8]
-        [--trees 7/1/8,5/4/8] [--block-layers 1,2,3]
+        [--trees 7/1/8,5/4/8] [--block-layers 1,2,3] [--root-children 16]
     TRITON_INTERPRET=1 python -m benchmarks.bench_draft --smoke     # CPU, a tiny target: the script runs
 
 Drafters: the EAGLE-3 head (engine/drafters/eagle.py: S-1 head forwards, then the extend over the accepted path) and a
@@ -148,11 +148,14 @@ def main() -> None:
     ap.add_argument("--batches", default="1,8")
     ap.add_argument("--trees", default="7/1/8,5/4/8", help="steps/topk/tokens, comma-separated")
     ap.add_argument("--block-layers", default="1,2,3")
+    ap.add_argument("--root-children", default="", help="each block drafter also with the root's this many "
+                    "children (draft.root_children), comma-separated; the tree's label gets r<K1>")
     ap.add_argument("--trace", default=None, help="a folder: also each graph's per-kernel times (traces written there)")
     ap.add_argument("--smoke", action="store_true", help="CPU, a tiny target, eager (no GPU numbers)")
     a = ap.parse_args()
     trees = [TreeSpec(*map(int, t.split("/"))) for t in a.trees.split(",")]
     layers = [int(n) for n in a.block_layers.split(",")]
+    root_children = [int(k) for k in a.root_children.split(",") if k]
     bw = None if a.smoke else copy_bandwidth()
     lines = ["| model | drafter | B | tree | propose µs | update µs | draft phase µs | weights read once µs |",
              "|---|---|---|---|---|---|---|---|"]
@@ -165,16 +168,18 @@ def main() -> None:
             target = random_model(name)[1]
         for label, drafter in drafters(target, vocab, block_vocabs, layers):
             for B in map(int, a.batches.split(",")):
-                for tree in trees:
+                for tree, k1 in [(t, k) for t in trees
+                                 for k in [None] + (root_children if isinstance(drafter, BlockDrafter) else [])]:
+                    drafter.root_children = k1
+                    shape = f"{tree.steps}/{tree.topk}/{tree.num_draft_tokens}" + ("" if k1 is None else f" r{k1}")
                     tag = None if a.trace is None else os.path.join(
-                        a.trace, re.sub(r"[^A-Za-z0-9]+", "_", f"{model}_{label}_b{B}_{tree.steps}_{tree.topk}_"
-                                                              f"{tree.num_draft_tokens}"))
+                        a.trace, re.sub(r"[^A-Za-z0-9]+", "_", f"{model}_{label}_b{B}_{shape}"))
                     p, u = measure(target, drafter, tree, B, a.smoke, tag)
                     total = p + u if isinstance(p, float) else p
                     read = weight_bytes(target, drafter)  # after `measure`: the tables are made by setup
                     floor = f"n/a ({read / 2**20:.1f} MiB)" if bw is None else read / bw * 1e6
-                    lines.append(f"| {model} | {label} | {B} | {tree.steps}/{tree.topk}/{tree.num_draft_tokens} | "
-                                 f"{fmt(p)} | {fmt(u)} | {fmt(total)} | {fmt(floor)} |")
+                    lines.append(f"| {model} | {label} | {B} | {shape} | {fmt(p)} | {fmt(u)} | {fmt(total)} | "
+                                 f"{fmt(floor)} |")
                     print(lines[-1], flush=True)
         del target
     md = "\n".join(lines)

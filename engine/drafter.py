@@ -155,6 +155,9 @@ class ModelDrafter(Drafter):
     """A drafter with a model (`head`: an EAGLE head, a block drafter) that reads the target's features and keeps
     its own paged KV pool `kv` (made in `setup`) on the target's request rows."""
 
+    # the root's candidates when more than tree.topk (kernels/build_tree.py's layout): a drafter that proposes them
+    root_children: int | None = None
+
     def __init__(self, head):
         self.head = head
         self.feature_size = head.feature_size
@@ -192,14 +195,16 @@ class ModelDrafter(Drafter):
     def propose(self, seq_lens, roots, rows, **state) -> DraftTree:
         S, K, N = self.tree.steps, self.tree.topk, self.tree.num_draft_tokens
         cand = self.candidates(seq_lens, roots, rows, **state)
-        return _engine_tree(build_tree(*cand, roots, seq_lens, N, K, S))  # the N best candidates
+        return _engine_tree(build_tree(*cand, roots, seq_lens, N, K, S, root_children=self.root_children))  # N best
 
     def propose_widened(self, seq_lens, roots, rows, spare: int, **state) -> tuple[DraftTree, DraftTree | None]:
         S, K, N = self.tree.steps, self.tree.topk, self.tree.num_draft_tokens
         cand = self.candidates(seq_lens, roots, rows, **state)
-        if N + spare > num_candidates(K, S) + 1:  # no more candidates than that
-            return _engine_tree(build_tree(*cand, roots, seq_lens, N, K, S)), None
-        tree, wide = build_tree_pair(*cand, roots, seq_lens, N, N + spare, K, S)  # [B, N], [B, N + spare] ...
+        k1 = self.root_children
+        if N + spare > num_candidates(K, S, k1) + 1:  # no more candidates than that
+            return _engine_tree(build_tree(*cand, roots, seq_lens, N, K, S, root_children=k1)), None
+        tree, wide = build_tree_pair(*cand, roots, seq_lens, N, N + spare, K, S,
+                                     root_children=k1)  # [B, N], [B, N + spare] ...
         return _engine_tree(tree), _engine_tree(wide)
 
     def alloc_request(self, row: int) -> None:

@@ -1,10 +1,11 @@
 """Build the EAGLE-2 draft tree from the drafted candidates: tokens, parents, positions,
 sibling/child links and the tree-attention mask, in one launch for the batch.
 
-Candidate layout (flattened per request), C = K + (S-1)*K*K:
-  * step 0: K children of the root, flat indices 0..K-1 (depth 1);
-  * step i >= 1: K*K candidates at flat indices K+(i-1)*K*K .. (depth i+1), the K children
-    of each of the K nodes step i-1 kept.
+Candidate layout (flattened per request), C = K1 + (S-1)*K*K:
+  * step 0: K1 children of the root, flat indices 0..K1-1 (depth 1); K1 = K (EAGLE-2), or more
+    (`root_children`: the block drafter's root, whose siblings cost one row's top-k);
+  * step i >= 1: K*K candidates at flat indices K1+(i-1)*K*K .. (depth i+1), the K children
+    of each of the K nodes step i-1 kept (step 0 keeps its first K).
 `cand_parents` holds each candidate's parent as a flat candidate index (-1: the root).
 
 Selection: the N-1 best candidates by cumulative log-probability, ties to the lower flat
@@ -32,7 +33,7 @@ import torch
 import triton
 import triton.language as tl
 
-from eaglet.kernels._compile_cases import TREES, CompileCase, Ptr
+from eaglet.kernels._compile_cases import ROOT_TREES, TREES, CompileCase, Ptr
 from eaglet.kernels._utils import is_hip, use_triton
 
 
@@ -54,9 +55,9 @@ class DraftTree(NamedTuple):
     retrieve_next_sibling: torch.Tensor  # [B, N] int64, next sibling or -1
 
 
-def num_candidates(topk: int, steps: int) -> int:
-    """C = K + (S-1)*K*K, the flattened EAGLE-2 candidate count per request."""
-    return topk + (steps - 1) * topk * topk
+def num_candidates(topk: int, steps: int, root_children: int | None = None) -> int:
+    """C = K1 + (S-1)*K*K, the flattened EAGLE-2 candidate count per request (K1: root_children, default K)."""
+    return (root_children or topk) + (steps - 1) * topk * topk
 
 
 def random_candidates(
@@ -66,28 +67,33 @@ def random_candidates(
     vocab: int = 1000,
     generator: torch.Generator | None = None,
     tie_levels: int | None = None,
+    root_children: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Synthetic EAGLE-2 candidates (CPU) for tests and benchmarks: (cand_scores [B, C] float32,
     cand_tokens [B, C] int64 (distinct among siblings), cand_parents [B, C] int64). Each step
     expands the K best nodes of the previous step, as the drafter does. `tie_levels` draws
-    log-probs from {0, -1/q, ..., -(q-1)/q} instead, so that scores tie (child == parent too)."""
+    log-probs from {0, -1/q, ..., -(q-1)/q} instead, so that scores tie (child == parent too).
+    root_children: the root's K1 >= K children (the layout's step 0), of which the K best are expanded."""
     B, K = batch, topk
-    if vocab < K:
-        raise ValueError(f"vocab={vocab} must be >= topk={K} (siblings carry distinct tokens)")
+    K1 = root_children or K
+    if vocab < K1:
+        raise ValueError(f"vocab={vocab} must be >= {K1} (siblings carry distinct tokens)")
 
     def logp(*shape):  # per-edge log-probabilities, <= 0
         if tie_levels:
             return -torch.randint(0, tie_levels, shape, generator=generator).float() / tie_levels
         return torch.rand(shape, generator=generator).clamp_min(1e-6).log()
 
-    def sibling_tokens(parents: int):  # [B, parents*K], top-k of a random distribution: distinct
-        return torch.rand(B, parents, vocab, generator=generator).topk(K, dim=-1).indices.reshape(B, parents * K)
+    def sibling_tokens(parents: int, n: int = K):  # [B, parents*n], top-n of a random distribution: distinct
+        return torch.rand(B, parents, vocab, generator=generator).topk(n, dim=-1).indices.reshape(B, parents * n)
 
-    scores, tokens = [logp(B, K)], [sibling_tokens(1)]  # step 0: children of the root
-    parents = [torch.full((B, K), -1, dtype=torch.int64)]
-    kept, kept_score = torch.arange(K).expand(B, K), scores[0]  # [B, K] flat index / score of kept nodes
+    scores, tokens = [logp(B, K1)], [sibling_tokens(1, K1)]  # step 0: children of the root
+    parents = [torch.full((B, K1), -1, dtype=torch.int64)]
+    # [B, K] the root's children expanded: all of them, or the K best of K1
+    top = torch.arange(K).expand(B, K) if K1 == K else scores[0].topk(K, dim=1).indices
+    kept, kept_score = top, scores[0].gather(1, top)  # [B, K] flat index / score of kept nodes
     for i in range(1, steps):
-        base = K + (i - 1) * K * K
+        base = K1 + (i - 1) * K * K
         s = (kept_score[:, :, None] + logp(B, K, K)).reshape(B, K * K)  # [B, K*K] cumulative
         scores.append(s)
         tokens.append(sibling_tokens(K))
@@ -108,17 +114,20 @@ def _parse_format(mask_format: MaskFormat | str) -> MaskFormat:
 
 def _check_args(
     cand_scores, cand_tokens, cand_parents, root_tokens, seq_lens, num_draft_tokens, topk, steps,
-    mask_format, seq_lens_sum,
+    mask_format, seq_lens_sum, root_children=None,
 ) -> MaskFormat:
     if topk < 1 or steps < 1:
         raise ValueError(f"topk={topk} and steps={steps} must both be >= 1")
+    if root_children is not None and root_children < topk:
+        raise ValueError(f"root_children={root_children} must be >= topk={topk} (depth 1 keeps {topk} of them)")
     if num_draft_tokens < 1:
         raise ValueError(f"num_draft_tokens={num_draft_tokens} must be >= 1 (the root)")
-    C = num_candidates(topk, steps)
+    C = num_candidates(topk, steps, root_children)
     if num_draft_tokens - 1 > C:
         raise ValueError(
             f"num_draft_tokens={num_draft_tokens} needs {num_draft_tokens - 1} candidates but "
-            f"topk={topk}, steps={steps} give only {C}: use num_draft_tokens <= {C + 1}"
+            f"topk={topk}, steps={steps}, root_children={root_children} give only {C}: use num_draft_tokens "
+            f"<= {C + 1}"
         )
     if cand_scores.dim() != 2:
         raise ValueError(f"cand_scores must be [B, C], got shape {tuple(cand_scores.shape)}")
@@ -130,7 +139,7 @@ def _check_args(
     ):
         if tuple(t.shape) != (B, C):
             raise ValueError(
-                f"{name} must be [B, C] = [{B}, {C}] (C = K + (S-1)*K*K), got {tuple(t.shape)}"
+                f"{name} must be [B, C] = [{B}, {C}] (C = K1 + (S-1)*K*K), got {tuple(t.shape)}"
             )
         if t.dtype != dtype:
             raise ValueError(f"{name} must be {dtype}, got {t.dtype}")
@@ -166,8 +175,9 @@ def _alloc_mask(fmt: MaskFormat, B: int, N: int, seq_lens_sum: int | None, devic
     return torch.empty(B, N, dtype=torch.int32, device=device)
 
 
-def _depth(c: int, topk: int) -> int:
-    return 1 if c < topk else 2 + (c - topk) // (topk * topk)
+def _depth(c: int, topk: int, root_children: int | None = None) -> int:
+    k1 = root_children or topk
+    return 1 if c < k1 else 2 + (c - k1) // (topk * topk)
 
 
 def build_tree_ref(
@@ -181,10 +191,11 @@ def build_tree_ref(
     steps: int,
     mask_format: MaskFormat | str = MaskFormat.QLEN_ONLY,
     seq_lens_sum: int | None = None,
+    root_children: int | None = None,
 ) -> DraftTree:
     """Pure-Python reference (the spec). Same arguments and outputs as `build_tree`."""
     fmt = _check_args(cand_scores, cand_tokens, cand_parents, root_tokens, seq_lens,
-                      num_draft_tokens, topk, steps, mask_format, seq_lens_sum)
+                      num_draft_tokens, topk, steps, mask_format, seq_lens_sum, root_children)
     B, C = cand_scores.shape
     N = num_draft_tokens
     scores, toks, cpar = cand_scores.tolist(), cand_tokens.tolist(), cand_parents.tolist()
@@ -205,7 +216,7 @@ def build_tree_ref(
             par.append(tree_of[p] if p >= 0 else 0)
         out["tok"][b] = [roots[b]] + [toks[b][c] for c in sel]
         out["par"][b] = par
-        out["pos"][b] = [lens[b]] + [lens[b] + _depth(c, topk) for c in sel]
+        out["pos"][b] = [lens[b]] + [lens[b] + _depth(c, topk, root_children) for c in sel]
         for i in range(N):
             out["nxt"][b][i] = min((j for j in range(N) if par[j] == i), default=-1)
             out["sib"][b][i] = -1 if i == 0 else min((j for j in range(i + 1, N) if par[j] == par[i]), default=-1)
@@ -243,7 +254,7 @@ def _score_key(s):
 def _build_tree_kernel(
     scores_ptr, cand_tokens_ptr, cand_parents_ptr, root_ptr, seq_lens_ptr, ints_ptr, mask_ptr, ints2_ptr, mask2_ptr,
     C,
-    N: tl.constexpr, K: tl.constexpr, S: tl.constexpr, FORMAT: tl.constexpr,
+    N: tl.constexpr, K: tl.constexpr, K1: tl.constexpr, S: tl.constexpr, FORMAT: tl.constexpr,
     N_PAD: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_L: tl.constexpr,
     N2: tl.constexpr, N2_PAD: tl.constexpr, BLOCK_L2: tl.constexpr,
 ):
@@ -253,20 +264,20 @@ def _build_tree_kernel(
     b = tl.program_id(0)
     if N2 == 0:
         _build_one(b, scores_ptr, cand_tokens_ptr, cand_parents_ptr, root_ptr, seq_lens_ptr, ints_ptr, mask_ptr, C,
-                   N, K, S, FORMAT, N_PAD, BLOCK_C, BLOCK_L)
+                   N, K, K1, S, FORMAT, N_PAD, BLOCK_C, BLOCK_L)
     elif tl.program_id(1) == 0:
         _build_one(b, scores_ptr, cand_tokens_ptr, cand_parents_ptr, root_ptr, seq_lens_ptr, ints_ptr, mask_ptr, C,
-                   N, K, S, FORMAT, N_PAD, BLOCK_C, BLOCK_L)
+                   N, K, K1, S, FORMAT, N_PAD, BLOCK_C, BLOCK_L)
     else:
         _build_one(b, scores_ptr, cand_tokens_ptr, cand_parents_ptr, root_ptr, seq_lens_ptr, ints2_ptr, mask2_ptr, C,
-                   N2, K, S, FORMAT, N2_PAD, BLOCK_C, BLOCK_L2)
+                   N2, K, K1, S, FORMAT, N2_PAD, BLOCK_C, BLOCK_L2)
 
 
 @triton.jit
 def _build_one(
     b, scores_ptr, cand_tokens_ptr, cand_parents_ptr, root_ptr, seq_lens_ptr, ints_ptr, mask_ptr,
     C,
-    N: tl.constexpr, K: tl.constexpr, S: tl.constexpr, FORMAT: tl.constexpr,
+    N: tl.constexpr, K: tl.constexpr, K1: tl.constexpr, S: tl.constexpr, FORMAT: tl.constexpr,
     N_PAD: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_L: tl.constexpr,
 ):
     """Request b's tree of N nodes (one program) into ints [5, B, N]: tokens, parents, positions, next token, next
@@ -318,7 +329,7 @@ def _build_one(
     is_par = is_node[None, :] & (node_cand[None, :] == pcand[:, None])  # [N_PAD, N_PAD]
     par = tl.sum(tl.where(is_par, t[None, :], 0), axis=1)  # [N_PAD]
     par = tl.where(t == 0, -1, par)
-    depth = tl.where(cand < K, 1, 2 + (cand - K) // (K * K))  # [N_PAD]
+    depth = tl.where(cand < K1, 1, 2 + (cand - K1) // (K * K))  # [N_PAD]
     depth = tl.where(t == 0, 0, depth)
     seq_len = tl.load(seq_lens_ptr + b)
 
@@ -372,19 +383,20 @@ def build_tree(
     steps: int,
     mask_format: MaskFormat | str = MaskFormat.QLEN_ONLY,
     seq_lens_sum: int | None = None,
+    root_children: int | None = None,
 ) -> DraftTree:
     """Select the N-1 best candidates per request and emit the draft tree (one launch, no host sync).
 
     cand_scores [B, C] float32, cand_tokens [B, C] int64, cand_parents [B, C] int64,
-    root_tokens [B] int64, seq_lens [B] int32; C = topk + (steps-1)*topk**2.
+    root_tokens [B] int64, seq_lens [B] int32; C = K1 + (steps-1)*topk**2, K1 = root_children or topk.
     """
     fmt = _check_args(cand_scores, cand_tokens, cand_parents, root_tokens, seq_lens,
-                      num_draft_tokens, topk, steps, mask_format, seq_lens_sum)
+                      num_draft_tokens, topk, steps, mask_format, seq_lens_sum, root_children)
     if not use_triton(cand_scores, cand_tokens, cand_parents, root_tokens, seq_lens):
         return build_tree_ref(cand_scores, cand_tokens, cand_parents, root_tokens, seq_lens,
-                              num_draft_tokens, topk, steps, fmt, seq_lens_sum)
+                              num_draft_tokens, topk, steps, fmt, seq_lens_sum, root_children)
     return _launch(cand_scores, cand_tokens, cand_parents, root_tokens, seq_lens, (num_draft_tokens,), topk, steps,
-                   fmt, seq_lens_sum)[0]
+                   fmt, seq_lens_sum, root_children)[0]
 
 
 def build_tree_pair(
@@ -399,6 +411,7 @@ def build_tree_pair(
     steps: int,
     mask_format: MaskFormat | str = MaskFormat.QLEN_ONLY,
     seq_lens_sum: int | None = None,
+    root_children: int | None = None,
 ) -> tuple[DraftTree, DraftTree]:
     """`build_tree` at num_draft_tokens and at num_wide from the same candidates, in one launch: each request's two
     trees are built by two programs side by side (the drafters' tree and its widened fallback, engine/drafter.py;
@@ -407,17 +420,19 @@ def build_tree_pair(
     if _parse_format(mask_format) == MaskFormat.FULL:
         raise ValueError("build_tree_pair builds QLEN_ONLY or BITPACKED masks; for FULL call build_tree once a size")
     fmt = _check_args(cand_scores, cand_tokens, cand_parents, root_tokens, seq_lens,
-                      num_draft_tokens, topk, steps, mask_format, seq_lens_sum)
+                      num_draft_tokens, topk, steps, mask_format, seq_lens_sum, root_children)
     _check_args(cand_scores, cand_tokens, cand_parents, root_tokens, seq_lens, num_wide, topk, steps, mask_format,
-                seq_lens_sum)
+                seq_lens_sum, root_children)
     args = (cand_scores, cand_tokens, cand_parents, root_tokens, seq_lens)
     if not use_triton(*args):
-        return tuple(build_tree_ref(*args, n, topk, steps, fmt, seq_lens_sum) for n in (num_draft_tokens, num_wide))
-    return _launch(*args, (num_draft_tokens, num_wide), topk, steps, fmt, seq_lens_sum)
+        return tuple(build_tree_ref(*args, n, topk, steps, fmt, seq_lens_sum, root_children)
+                     for n in (num_draft_tokens, num_wide))
+    return _launch(*args, (num_draft_tokens, num_wide), topk, steps, fmt, seq_lens_sum, root_children)
 
 
 def _launch(cand_scores, cand_tokens, cand_parents, root_tokens, seq_lens, sizes: tuple[int, ...], topk: int,
-            steps: int, fmt: MaskFormat, seq_lens_sum: int | None) -> tuple[DraftTree, ...]:
+            steps: int, fmt: MaskFormat, seq_lens_sum: int | None,
+            root_children: int | None = None) -> tuple[DraftTree, ...]:
     """One launch of `_build_tree_kernel`, grid (B, len(sizes)): a tree of each size (at most two) a request."""
     B, C = cand_scores.shape
     dev = cand_scores.device
@@ -433,22 +448,26 @@ def _launch(cand_scores, cand_tokens, cand_parents, root_tokens, seq_lens, sizes
     _build_tree_kernel[(B, len(sizes))](
         cand_scores.contiguous(), cand_tokens.contiguous(), cand_parents.contiguous(),
         root_tokens.contiguous(), seq_lens.contiguous(), *args[:2], *(args[2:] or args[:2]),  # one tree: unused
-        C, **_launch_meta(sizes[0], topk, steps, fmt, is_hip(), sizes[1] if len(sizes) > 1 else 0),
+        C, **_launch_meta(sizes[0], topk, steps, fmt, is_hip(), sizes[1] if len(sizes) > 1 else 0,
+                          root_children),
     )
     return tuple(trees)
 
 
-def _launch_meta(N: int, topk: int, steps: int, fmt: MaskFormat, hip: bool = False, N2: int = 0) -> dict:
-    """Blocks and warps for a tree of N tokens (and one of N2 beside it, 0: none) from topk / steps candidates in mask
-    format fmt."""
+def _launch_meta(N: int, topk: int, steps: int, fmt: MaskFormat, hip: bool = False, N2: int = 0,
+                 root_children: int | None = None) -> dict:
+    """Blocks and warps for a tree of N tokens (and one of N2 beside it, 0: none) from topk / steps (/ root_children)
+    candidates in mask format fmt."""
     n_pad, n2_pad = (max(triton.next_power_of_2(n), 2) for n in (N, N2))
-    block_c = max(triton.next_power_of_2(num_candidates(topk, steps)), 16)  # all candidates of a request in registers
+    # all candidates of a request in registers
+    block_c = max(triton.next_power_of_2(num_candidates(topk, steps, root_children)), 16)
     # FULL's prefix rows are stored as [N_PAD, BLOCK_L] tiles of ones: at N_PAD = 64 (6/10/60) a [64, 128] tile
     # spills 24 B a thread on sm_90 (ptxas: 128 registers), a [64, 64] tile takes 80 registers and does not
     block_l, block_l2 = (min(128, 4096 // p) for p in (n_pad, n2_pad))
     widest = max(n_pad, n2_pad if N2 else 0)
-    meta = dict(N=N, K=topk, S=steps, FORMAT=_FORMAT_CODE[fmt], N_PAD=n_pad, BLOCK_C=block_c, BLOCK_L=block_l,
-                N2=N2, N2_PAD=n2_pad, BLOCK_L2=block_l2, num_warps=8 if block_c >= 512 or widest >= 64 else 4)
+    meta = dict(N=N, K=topk, K1=root_children or topk, S=steps, FORMAT=_FORMAT_CODE[fmt], N_PAD=n_pad,
+                BLOCK_C=block_c, BLOCK_L=block_l, N2=N2, N2_PAD=n2_pad, BLOCK_L2=block_l2,
+                num_warps=8 if block_c >= 512 or widest >= 64 else 4)
     if hip and widest == 64 and (fmt == MaskFormat.FULL or N2):
         # MI300, one program a request: at 44 nodes (a wide tree widened by n-gram branches; the pair's wide tree)
         # LLVM allocated 101+ SGPRs and reported 6 waves per SIMD where kernels/_aot.py's model gives 7, a mismatch
@@ -460,7 +479,7 @@ def _launch_meta(N: int, topk: int, steps: int, fmt: MaskFormat, hip: bool = Fal
 def compile_cases(hip: bool) -> list[CompileCase]:
     """kernels/_compile_cases.py: every tree in every mask format it allows (BITPACKED: N <= 32); the same on both
     models (the tree is all the kernel sees) and vendors but for MI300's hint at 64-node full masks."""
-    from eaglet.kernels.trie_graft import launched_shapes  # (a module that imports this one would cycle)
+    from eaglet.kernels.trie_graft import BLOCK_BRANCH, launched_shapes  # (importing it above would cycle)
 
     i64 = Ptr(torch.int64)
     cases = []
@@ -468,7 +487,11 @@ def compile_cases(hip: bool) -> list[CompileCase]:
     # engine/drafter.py)
     pairs = [(t, 0) for t in TREES]
     pairs += [(t._replace(name=f"{t.name} + widened"), N + extra) for _, t, N, _, _, extra in launched_shapes(TREES)
-              if N > 1 and N + extra <= num_candidates(t.topk, t.steps) + 1]
+              if N > 1 and N + extra <= num_candidates(t.topk, t.steps, t.root_children) + 1]
+    # the block tree with more root children, alone and beside its widened fallback (its one n-gram branch's nodes)
+    pairs += [(t, 0) for t in ROOT_TREES]
+    pairs += [(t._replace(name=f"{t.name} + widened"), t.num_draft_tokens + BLOCK_BRANCH[0] * BLOCK_BRANCH[1])
+              for t in ROOT_TREES]
     for t, N2 in pairs:
         for fmt in MaskFormat:
             if (fmt == MaskFormat.BITPACKED and max(t.num_draft_tokens, N2) > 32) or (N2 and fmt == MaskFormat.FULL):
@@ -477,6 +500,6 @@ def compile_cases(hip: bool) -> list[CompileCase]:
             cases.append(CompileCase.of(
                 _build_tree_kernel, (f"{t.name} {fmt.value}",), scores_ptr=Ptr(torch.float32), cand_tokens_ptr=i64,
                 cand_parents_ptr=i64, root_ptr=i64, seq_lens_ptr=Ptr(torch.int32), ints_ptr=i64, mask_ptr=mask,
-                ints2_ptr=i64, mask2_ptr=mask, C=num_candidates(t.topk, t.steps),
-                **_launch_meta(t.num_draft_tokens, t.topk, t.steps, fmt, hip, N2)))
+                ints2_ptr=i64, mask2_ptr=mask, C=num_candidates(t.topk, t.steps, t.root_children),
+                **_launch_meta(t.num_draft_tokens, t.topk, t.steps, fmt, hip, N2, t.root_children)))
     return cases

@@ -38,7 +38,7 @@
 #              (summarize_runs.py); an entry <draft>+ng<K> is draft=<draft> draft.ngram_branches=K (K n-gram branches
 #              added to the head's tree; `block` has its config's, one of 15 tokens, unless `block+ng0`), +ng<K>x<L>
 #              also draft.ngram_depth=L (branches of L tokens; `block+ng2x7`: the former default), <draft>@S/K/N its
-#              tree; `block`: the
+#              tree (block@S/K/N/K1: also draft.root_children=K1); `block`: the
 #              shipped block drafter or BLOCK_RUN's (a `block` stage's), at BLOCK_TREE (default 5/4/16) unless named;
 #              PROFILE=1: each drafter's per-kernel graph times; ALT=<dir>: every run also with ALT's files overlaid on a
 #              copy of this tree (runs *_alt, each right after its own: an interleaved A/B on one machine)
@@ -486,8 +486,8 @@ PY
         t=${t:-${BLOCK_TREE:-5/4/16}}
       fi
       if [[ -n $t ]]; then
-        IFS=/ read -r st k n <<< "$t"
-        tree=(tree.steps=$st tree.topk=$k tree.num_draft_tokens=$n)
+        IFS=/ read -r st k n k1 <<< "$t"  # k1: the block drafter's root children (draft.root_children)
+        tree=(tree.steps=$st tree.topk=$k tree.num_draft_tokens=$n ${k1:+draft.root_children=$k1})
       fi
       label=$spec${t:+_${t//\//_}}
       for data in ${DATASETS:-mt_bench humaneval sharegpt}; do

@@ -31,9 +31,10 @@ from benchmarks._common import fmt, graph_us, provenance
 from benchmarks.bench_block_tree import RANK, inputs
 
 CASES = (("SmolLM2", 49152, 49152, False), ("Llama-3.1-8B Vd", 128256, 32000, True), ("SmolLM2 Vd", 49152, 8192, True))
-# (S, K): the 1-depth tree first, the per-depth cost's base; K = 8 for the 6/8/32 and 7/8/32 trees, whose draft was
-# 0.11 ms longer than 7/4/16's (results/block_drafter_h100)
-TREES = ((1, 1), (7, 1), (1, 4), (5, 4), (7, 4), (1, 8), (7, 8))
+# (S, K, K1): the 1-depth tree first, the per-depth cost's base; K = 8 for the 6/8/32 and 7/8/32 trees, whose draft
+# was 0.11 ms longer than 7/4/16's (results/block_drafter_h100); K1 (None: K) the root's children
+TREES = ((1, 1, None), (7, 1, None), (1, 4, None), (5, 4, None), (7, 4, None), (1, 8, None), (7, 8, None),
+         (1, 4, 16), (5, 4, 16))
 
 
 def variants(K: int, mod=bt) -> list[tuple[str, dict, dict]]:
@@ -70,45 +71,47 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--alt", action="append", default=[],
                     help="another version's kernels/block_tree.py, timed beside this one (repeatable)")
-    ap.add_argument("--trees", default=None, help="S/K pairs to time, e.g. 1/4,7/4 (default: all of TREES)")
+    ap.add_argument("--trees", default=None, help="S/K[/K1] to time, e.g. 1/4,7/4,5/4/16 (K1: the root's children; "
+                    "default: all of TREES)")
     ap.add_argument("--cases", default=None, help="vocabularies to time by label prefix, e.g. 'SmolLM2' (both "
                     "SmolLM2 cases) or 'SmolLM2_Vd,Llama' (spaces as _)")
     args = ap.parse_args()
     modules = [("", bt)] + [(Path(a).stem + " ", load(a)) for a in args.alt]
     rows, times = [], {}  # (vocabulary, S, K, variant) -> µs
-    trees = [tuple(map(int, t.split("/"))) for t in args.trees.split(",")] if args.trees else TREES
+    trees = ([(*map(int, t.split("/")), None)[:3] for t in args.trees.split(",")] if args.trees else TREES)
     cases = [c for c in CASES
              if args.cases is None or any(c[0].replace(" ", "_").startswith(p) for p in args.cases.split(","))]
     for label, V, Vd, has_d2t in cases:
-        for S, K in trees:
+        for S, K, K1 in trees:
             x = inputs(args.batch, S, V, Vd, has_d2t, "cuda")
-            want = bt.grow_tree_ref(*x[:4], S, K, x[4])
+            want = bt.grow_tree_ref(*x[:4], S, K, x[4], K1)
+            k1 = {} if K1 is None else dict(root_children=K1)  # an older version has no root_children
+            tree = f"{S}/{K}" + ("" if K1 is None else f"/{K1}")
             for prefix, mod in modules:
                 launch_meta = mod._launch_meta
                 for name, kw, over in variants(K, mod):
                     name = prefix + name
-                    mod._launch_meta = lambda Vd_, K_, R_, f=launch_meta, kw=kw, over=over: {**f(Vd_, K_, R_, **kw),
-                                                                                             **over}
+                    mod._launch_meta = lambda *a, f=launch_meta, kw=kw, over=over: {**f(*a, **kw), **over}
                     try:
-                        got = mod.grow_tree(*x[:4], S, K, x[4])
+                        got = mod.grow_tree(*x[:4], S, K, x[4], **k1)
                         ok = torch.equal(got[1], want[1]) and torch.equal(got[2], want[2])
-                        us = graph_us(lambda mod=mod: mod.grow_tree(*x[:4], S, K, x[4]), False)
+                        us = graph_us(lambda mod=mod: mod.grow_tree(*x[:4], S, K, x[4], **k1), False)
                     except Exception as e:  # noqa: BLE001 - a variant that raises (a candidate refusing it) is a row too
                         ok, us = None, float("nan")
                         print(f"{name}: {type(e).__name__}: {str(e).splitlines()[0][:100]}", flush=True)
                     finally:
                         mod._launch_meta = launch_meta
                     key = f"{label} {Vd}"
-                    times[key, S, K, name] = us
-                    one = times.get((key, 1, K, name))
+                    times[key, S, K, K1, name] = us
+                    one = times.get((key, 1, K, K1, name))
                     per_depth = "" if S == 1 or one is None else fmt((us - one) / (S - 1))
                     equal = "raised (printed above)" if ok is None else "yes" if ok else "NO"
-                    rows.append(f"| {key} | {S}/{K} | {name} | {fmt(us)} | {per_depth} | {equal} |")
+                    rows.append(f"| {key} | {tree} | {name} | {fmt(us)} | {per_depth} | {equal} |")
                     print(rows[-1], flush=True)
     md = (
         provenance() + f"B={args.batch}, rank {RANK}, CUDA-graph replay µs; a depth's cost is (S-depth tree - "
         "1-depth tree) / (S - 1)" + (f"; alt: {', '.join(args.alt)}" if args.alt else "") + ".\n\n"
-        "| vocabulary | S/K | launch meta | graph µs | µs a depth | equal |\n|---|---|---|---|---|---|\n"
+        "| vocabulary | S/K[/K1] | launch meta | graph µs | µs a depth | equal |\n|---|---|---|---|---|---|\n"
         + "\n".join(rows)
     )
     print(md)

@@ -28,11 +28,16 @@ from eaglet.kernels.kv_ops import step_slots
 from eaglet.models.kv_cache import ForwardBatch, slots_for
 
 
-def check_block_tree(steps: int, topk: int, num_draft_tokens: int, block_size: int, vocab: int) -> None:
-    """An EAGLE-2 tree of `steps` depths from one block of `block_size` rows (the root and block_size - 1 mask rows)."""
+def check_block_tree(steps: int, topk: int, num_draft_tokens: int, block_size: int, vocab: int,
+                     root_children: int | None = None) -> None:
+    """An EAGLE-2 tree of `steps` depths from one block of `block_size` rows (the root and block_size - 1 mask rows),
+    the root with root_children candidates (None: topk), over a draft vocabulary of `vocab` ids."""
     if steps > block_size - 1:
         raise ValueError(f"tree.steps={steps}: a block of {block_size} rows drafts at most {block_size - 1} depths")
-    check_eagle_tree(steps, topk, num_draft_tokens, vocab)
+    if root_children is not None and not topk <= root_children <= vocab:
+        raise ValueError(f"draft.root_children={root_children} must be in [tree.topk={topk}, {vocab}] (depth 1 "
+                         f"keeps tree.topk of the root's children), or null (tree.topk)")
+    check_eagle_tree(steps, topk, num_draft_tokens, vocab, root_children)
 
 
 @register("block")
@@ -57,7 +62,9 @@ class BlockDrafter(ModelDrafter):
         if fold_norms:
             head.fold_norm_weights()
         head.set_invariant(invariant)
-        return cls(head)
+        drafter = cls(head)
+        drafter.root_children = draft.get("root_children")
+        return drafter
 
     @classmethod
     def check_config(cls, c, cfg, target) -> None:
@@ -80,7 +87,8 @@ class BlockDrafter(ModelDrafter):
                 new_draft_head("block", target, num_layers=d.num_layers, block_size=d.block_size,
                                dep_rank=d.dep_rank, draft_vocab_size=vocab, device="meta")
         with c.catching():
-            check_block_tree(t.steps, t.topk, t.num_draft_tokens, block, vocab or target.args.vocab_size)
+            check_block_tree(t.steps, t.topk, t.num_draft_tokens, block, vocab or target.args.vocab_size,
+                             d.get("root_children"))
 
     @classmethod
     def kv_layers(cls, draft) -> int:
@@ -88,7 +96,8 @@ class BlockDrafter(ModelDrafter):
 
     # ---- what the engine asks -------------------------------------------------------------------------------
     def check_tree(self, steps: int, topk: int, num_draft_tokens: int) -> None:
-        check_block_tree(steps, topk, num_draft_tokens, self.head.block_size, self.head.draft_vocab_size)
+        check_block_tree(steps, topk, num_draft_tokens, self.head.block_size, self.head.draft_vocab_size,
+                         self.root_children)
 
     def setup(self, *, target, tree, depth, max_batch, max_context, page_size, num_pages, device) -> None:
         # the whole block is written past the context, however few of its depths the tree uses
@@ -132,8 +141,8 @@ class BlockDrafter(ModelDrafter):
         batch = ForwardBatch(pt, seq_lens, slots, self._full[:B], self.max_context)
         x = self.head.forward_block(roots, pos, batch, self.kv)  # [B, Kb, H]
         base = self.head.block_logits(x[:, 1:S + 1])  # [B, S, Vd]
-        return grow_tree(base, self.dep_in, self.dep_out, roots.long(), S, K,
-                         self.head.d2t_offsets)  # scores, tokens (target ids), parents [B, C] each
+        return grow_tree(base, self.dep_in, self.dep_out, roots.long(), S, K, self.head.d2t_offsets,
+                         self.root_children)  # scores, tokens (target ids), parents [B, C] each
 
     def update(self, tokens, feats, accept_index, accept_len, bonus, seq_lens, rows):
         """The accepted path's features (root, a1..am) as context at seq_len .. seq_len + accept_len - 1."""

@@ -25,11 +25,13 @@ from eaglet.kernels.topk import topk_logprobs
 from eaglet.models.kv_cache import ForwardBatch, slots_for
 
 
-def check_eagle_tree(steps: int, topk: int, num_draft_tokens: int, vocab: int) -> None:
-    """An EAGLE-2 tree of `steps` head steps keeping `topk` candidates each, over a draft vocabulary of `vocab`."""
+def check_eagle_tree(steps: int, topk: int, num_draft_tokens: int, vocab: int,
+                     root_children: int | None = None) -> None:
+    """An EAGLE-2 tree of `steps` head steps keeping `topk` candidates each (the root's root_children, None: topk),
+    over a draft vocabulary of `vocab`."""
     if topk > vocab:
         raise ValueError(f"tree.topk={topk} exceeds the draft vocabulary ({vocab} tokens)")
-    cap = num_candidates(topk, steps) + 1
+    cap = num_candidates(topk, steps, root_children) + 1
     if num_draft_tokens > cap:
         raise ValueError(f"tree.num_draft_tokens={num_draft_tokens} is more than a tree of steps={steps}, "
                          f"topk={topk} can hold ({cap} with the root); lower it or raise tree.steps/topk")

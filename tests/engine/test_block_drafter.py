@@ -16,11 +16,12 @@ from eaglet.kernels.build_tree import build_tree
 
 
 def python_tree(base: list[list[float]], bias: list[list[float]], root: int, K: int, N: int,
-                to_target: list[int] | None = None):
+                to_target: list[int] | None = None, K1: int | None = None):
     """base[d][v]: logits of depth d+1 over draft ids v; bias[p][v]: the dependency term after target token p;
     to_target[v]: the target id of draft id v (None: the same) -> the tree as (target tokens, parent node of each
-    node) with the root at node 0: per depth, each kept candidate's K best children by log-prob, the K best of those
-    by cumulative log-prob kept; then the N-1 best candidates (ties: earlier candidate), in candidate order."""
+    node) with the root at node 0: the root's K1 (None: K) best children, the K best of them kept; per later depth,
+    each kept candidate's K best children by log-prob, the K best of those by cumulative log-prob kept; then the N-1
+    best candidates (ties: earlier candidate), in candidate order."""
     tt = (lambda v: v) if to_target is None else to_target.__getitem__
     def top(logits, k):
         m = max(logits)
@@ -29,11 +30,10 @@ def python_tree(base: list[list[float]], bias: list[list[float]], root: int, K: 
         return sorted(range(len(lp)), key=lambda v: (-lp[v], v))[:k], lp
 
     cands = []  # (score, token, parent candidate index or -1)
-    ids, lp = top([b + c for b, c in zip(base[0], bias[root])], K)
-    kept = []
+    ids, lp = top([b + c for b, c in zip(base[0], bias[root])], K1 or K)
     for t in ids:
-        kept.append(len(cands))
         cands.append((lp[t], tt(t), -1))
+    kept = list(range(K))  # the root's children are in log-prob order
     for d in range(1, len(base)):
         step = []
         for c in kept:
@@ -48,10 +48,11 @@ def python_tree(base: list[list[float]], bias: list[list[float]], root: int, K: 
                                                          for c in chosen]
 
 
-@pytest.mark.parametrize("S, K, N", [(1, 1, 2), (4, 1, 5), (4, 3, 8), (5, 4, 16), (3, 4, 21)])
+@pytest.mark.parametrize("S, K, N, K1", [(1, 1, 2, None), (4, 1, 5, None), (4, 3, 8, None), (5, 4, 16, None),
+                                         (3, 4, 21, None), (5, 4, 16, 16), (3, 2, 12, 7), (1, 2, 9, 12)])
 @pytest.mark.parametrize("seed", [0, 1])
 @pytest.mark.parametrize("Vd", [None, 24])
-def test_tree_equals_python_construction(S, K, N, seed, Vd):
+def test_tree_equals_python_construction(S, K, N, K1, seed, Vd):
     g = torch.Generator().manual_seed(seed)
     B, V = 2, 40
     ids = None if Vd is None else torch.randperm(V, generator=g)[:Vd].sort().values  # [Vd] target id of each draft id
@@ -61,11 +62,11 @@ def test_tree_equals_python_construction(S, K, N, seed, Vd):
     roots = torch.randint(0, V, (B,), generator=g)
     seq_lens = torch.tensor([7, 30], dtype=torch.int32)
     # the term after parent p is bias[p]: dep_in the identity [V, V], dep_out the bias
-    scores, tokens, parents = grow_tree(base, torch.eye(V), bias, roots, S, K, d2t)
-    tree = build_tree(scores, tokens, parents, roots, seq_lens, N, K, S)
+    scores, tokens, parents = grow_tree(base, torch.eye(V), bias, roots, S, K, d2t, K1)
+    tree = build_tree(scores, tokens, parents, roots, seq_lens, N, K, S, root_children=K1)
     for b in range(B):
         want_tok, want_par = python_tree(base[b].tolist(), bias.tolist(), int(roots[b]), K, N,
-                                         None if ids is None else ids.tolist())
+                                         None if ids is None else ids.tolist(), K1)
         assert tree.draft_tokens[b].tolist() == want_tok
         mask = tree.tree_mask[b]  # [N, N] ancestor-or-self
         depth = mask.sum(-1) - 1
@@ -87,10 +88,12 @@ def test_dependency_term_conditions_children():
 
 @pytest.mark.parametrize("args, msg", [((8, 1, 9, 8), r"tree.steps=8: a block of 8 rows"),
                                        ((4, 3, 40, 8), "tree.num_draft_tokens=40"),
-                                       ((2, 50, 3, 8), "tree.topk=50 exceeds the draft vocabulary")])
+                                       ((2, 50, 3, 8), "tree.topk=50 exceeds the draft vocabulary"),
+                                       ((2, 4, 8, 8, 40, 3), r"draft.root_children=3 must be in \[tree.topk=4, 40\]"),
+                                       ((2, 4, 30, 8, 40, 8), "tree.num_draft_tokens=30")])
 def test_tree_checks_name_the_key(args, msg):
     with pytest.raises(ValueError, match=msg):
-        check_block_tree(*args, vocab=40)
+        check_block_tree(*args) if len(args) > 4 else check_block_tree(*args, vocab=40)
 
 
 def oracle_block_vocab(target, ids: list[int], block_size=5):
@@ -167,12 +170,14 @@ def test_propose_equals_the_python_tree_of_the_heads_logits(target, vocab):
                 assert set(want[1:]) <= set(ids)
 
 
-@pytest.mark.parametrize("tree, batch, folded", [("chain", 1, False), ("eagle2", 2, False), ("chain", 1, True)])
-def test_greedy_is_lossless_with_a_draft_vocabulary(target, plain, tree, batch, folded):
+@pytest.mark.parametrize("tree, batch, folded, k1", [("chain", 1, False, None), ("eagle2", 2, False, None),
+                                                    ("chain", 1, True, None), ("eagle2", 2, False, 12)])
+def test_greedy_is_lossless_with_a_draft_vocabulary(target, plain, tree, batch, folded, k1):
     """tests/engine/test_drafters.py's lossless check for a block drafter over 160 of the 256 tokens: speculative
     greedy == plain greedy, and its proposals are taken (chain at B=1 and a tree at B=2: ~1 min each on 2 CPUs).
     folded: its norm weights (away from ones) folded into its projections, on the invariant path, as serving's
-    fold_norms=true runs it (tests/models/test_block_head.py checks the function is the unfolded one)."""
+    fold_norms=true runs it (tests/models/test_block_head.py checks the function is the unfolded one). k1: the root's
+    children (draft.root_children), more than the tree's topk."""
     from engine_testing import PROMPTS, TREES
 
     from eaglet.engine.drafters.block import BlockDrafter
@@ -187,6 +192,7 @@ def test_greedy_is_lossless_with_a_draft_vocabulary(target, plain, tree, batch, 
                 n.weight.uniform_(0.8, 1.2, generator=torch.Generator().manual_seed(1))
         head.fold_norm_weights().set_invariant(True)
     drafter = BlockDrafter(head)
+    drafter.root_children = k1
     assert drafter.head.draft_vocab_size == 160
     eng = SpeculativeEngine(target, drafter, TREES[tree], max_batch=batch, max_context=256, page_size=8)
     reqs = [Request(p, 30, rid=i) for i, p in enumerate(PROMPTS)]
@@ -197,15 +203,17 @@ def test_greedy_is_lossless_with_a_draft_vocabulary(target, plain, tree, batch, 
 
 @pytest.mark.parametrize("fold", [False, True])
 def test_from_config_folds_the_norms_as_asked(target, fold):
-    """run_spec's fold_norms reaches the block drafter's head (BlockHead.fold_norm_weights), as the EAGLE heads'."""
+    """run_spec's fold_norms reaches the block drafter's head (BlockHead.fold_norm_weights), as the EAGLE heads';
+    draft.root_children reaches the drafter."""
     from omegaconf import OmegaConf
 
     from eaglet.engine.drafters.block import BlockDrafter
 
     draft = OmegaConf.create(dict(name="block", path=None, random_init=True, num_layers=1, block_size=5, dep_rank=8,
-                                  draft_vocab_size=None))
+                                  draft_vocab_size=None, root_children=16 if fold else None))
     drafter = BlockDrafter.from_config(draft, OmegaConf.create(dict(name="oracle")), target, invariant=True,
                                        fold_norms=fold)
+    assert drafter.root_children == (16 if fold else None)
     assert drafter.head.norms_folded == fold and drafter.head.invariant
     assert all(la.norms_folded == fold and hasattr(la, "context_kv") == fold for la in drafter.head.layers)
 

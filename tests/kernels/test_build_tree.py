@@ -34,9 +34,9 @@ SHAPES = [
 FORMATS = list(MaskFormat)
 
 
-def make_inputs(B, S, K, seed, seq_lens=None, tie_levels=None, vocab=1000):
+def make_inputs(B, S, K, seed, seq_lens=None, tie_levels=None, vocab=1000, root_children=None):
     gen = torch.Generator().manual_seed(seed)
-    scores, tokens, parents = random_candidates(B, K, S, vocab, gen, tie_levels)
+    scores, tokens, parents = random_candidates(B, K, S, vocab, gen, tie_levels, root_children)
     roots = torch.randint(0, vocab, (B,), generator=gen)  # [B]
     if seq_lens is None:
         seq_lens = torch.randint(0, 300, (B,), generator=gen)
@@ -90,6 +90,45 @@ def test_kernel_matches_reference(S, K, N, fmt):
 # (S, K, N, the wide tree's N): the drafters' trees beside their widened fallback (engine/drafter.py), a wide tree
 # past a power of two (N_PAD 16 -> 32 -> 64), a narrower second tree and two of one size
 PAIRS = [(5, 4, 16, 31), (5, 4, 8, 18), (6, 10, 60, 61), (4, 3, 13, 5), (3, 5, 7, 7), (2, 2, 1, 7)]
+
+
+# (S, K, K1, N, N2 or 0): the root with more children than any later node (the block drafter's root_children):
+# its candidates first, the later depths' after them; the block tree with 16 and with 5 (an odd count), a chain
+# under a wide root, a single depth, and the pair at the widened fallback's size
+ROOT_SHAPES = [(5, 4, 16, 16, 0), (5, 4, 5, 16, 0), (4, 1, 8, 6, 0), (1, 2, 16, 9, 0), (5, 4, 16, 16, 31)]
+
+
+@needs_kernel
+@pytest.mark.parametrize("fmt", [MaskFormat.QLEN_ONLY, MaskFormat.FULL], ids=lambda f: f.value)
+@pytest.mark.parametrize("S,K,K1,N,N2", ROOT_SHAPES)
+def test_root_children_match_reference(S, K, K1, N, N2, fmt):
+    if N2 and fmt == MaskFormat.FULL:
+        pytest.skip("the pair builds QLEN_ONLY or BITPACKED masks")
+    inputs = make_inputs(3, S, K, seed=S * 100 + K1 + N2, seq_lens=[0, 7, 129], root_children=K1)
+    assert inputs[0].shape[1] == num_candidates(K, S, K1) == K1 + (S - 1) * K * K
+    sls = int(inputs[-1].sum())
+    cpu = [t.cpu() for t in inputs]
+    if N2:
+        outs = build_tree_pair(*inputs, N, N2, K, S, fmt, root_children=K1)
+        refs = [build_tree_ref(*cpu, n, K, S, fmt, root_children=K1) for n in (N, N2)]
+    else:
+        outs = [build_tree(*inputs, N, K, S, fmt, sls, root_children=K1)]
+        refs = [build_tree_ref(*cpu, N, K, S, fmt, sls, root_children=K1)]
+    for out, ref in zip(outs, refs):
+        assert_same(out, ref)
+    # the depths come from the layout: every depth-1 node is a root child (parent 0), every deeper one is not
+    ref = refs[0]
+    depth = ref.positions - inputs[-1].cpu()[:, None].long()  # [B, N]
+    assert torch.equal(depth[:, 1:] == 1, ref.parents[:, 1:] == 0)
+    assert S == 1 or depth.max() >= 2
+
+
+def test_root_children_validation():
+    inputs = make_inputs(1, 3, 4, seed=0, root_children=8)  # C = 8 + 2 * 16
+    with pytest.raises(ValueError, match="root_children=2 must be >= topk=4"):
+        build_tree(*inputs, 8, 4, 3, root_children=2)
+    with pytest.raises(ValueError, match=r"cand_scores must be \[B, C\] = \[1, 36\]"):
+        build_tree(*inputs, 8, 4, 3)  # the layout without the root's extra children
 
 
 @needs_kernel
