@@ -44,7 +44,8 @@ def test_the_default_serves_the_shipped_drafter():
             cfg.draft.ngram_depth) == (5, 4, 16, 1, 15)
     # the compile cases and benchmarks graft (and widen) at this branch shape on the block tree
     assert BLOCK_BRANCH == (cfg.draft.ngram_branches, cfg.draft.ngram_depth)
-    assert (cfg.tree.steps, cfg.tree.topk, cfg.tree.num_draft_tokens) == next(t[1:] for t in TREES if t.name == "block")
+    assert (cfg.tree.steps, cfg.tree.topk, cfg.tree.num_draft_tokens, cfg.draft.root_children) == next(
+        t[1:] for t in TREES if t.name == "block")
 
 
 @pytest.mark.parametrize("overrides, tree", [
