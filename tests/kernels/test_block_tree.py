@@ -127,14 +127,15 @@ def test_checks(change, msg):
 
 
 @gpu_only
-def test_cuda_graph():
+@pytest.mark.parametrize("K1", [None, 16])
+def test_cuda_graph(K1):
     base, dep_in, dep_out, roots, d2t = (t.to(DEVICE) for t in inputs(8, 5, 8192, 9000, 64, True, seed=11))
-    grow_tree(base, dep_in, dep_out, roots, 5, 4, d2t)  # compile before capture
+    grow_tree(base, dep_in, dep_out, roots, 5, 4, d2t, K1)  # compile before capture
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        out = grow_tree(base, dep_in, dep_out, roots, 5, 4, d2t)
+        out = grow_tree(base, dep_in, dep_out, roots, 5, 4, d2t, K1)
     base.copy_(torch.randn_like(base))
     roots.random_(0, 9000)
     graph.replay()
-    want = grow_tree_ref(base, dep_in, dep_out, roots, 5, 4, d2t)
+    want = grow_tree_ref(base, dep_in, dep_out, roots, 5, 4, d2t, K1)
     assert CUDA and torch.equal(out[1], want[1]) and torch.equal(out[2], want[2])
