@@ -31,8 +31,8 @@ from benchmarks._common import fmt, graph_us, provenance
 from benchmarks.bench_block_tree import RANK, inputs
 
 CASES = (("SmolLM2", 49152, 49152, False), ("Llama-3.1-8B Vd", 128256, 32000, True), ("SmolLM2 Vd", 49152, 8192, True))
-# (S, K, K1): the 1-depth tree first, the per-depth cost's base; K = 8 for the 6/8/32 and 7/8/32 trees, whose draft
-# was 0.11 ms longer than 7/4/16's (results/block_drafter_h100); K1 (None: K) the root's children
+# (S, K, K1): the 1-depth tree first, the per-depth cost's base; K = 8 as the 6/8/32 and 7/8/32 trees run it; K1
+# (None: K) the root's children (draft.root_children)
 TREES = ((1, 1, None), (7, 1, None), (1, 4, None), (5, 4, None), (7, 4, None), (1, 8, None), (7, 8, None),
          (1, 4, 16), (5, 4, 16))
 
