@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from benchmarks._common import SMOKE_HEADER, fmt, graph_us, kernel_bench_args, provenance, report
-from eaglet.kernels._compile_cases import ROOT_TREES, TREES
+from eaglet.kernels._compile_cases import TREES
 from eaglet.kernels._utils import copy_bandwidth
 from eaglet.kernels.block_tree import MAX_K, grow_tree, grow_tree_ref
 
@@ -66,7 +66,7 @@ def main() -> None:
     dev = "cpu" if args.smoke else "cuda"
     vocabs = SMOKE["vocabs"] if args.smoke else VOCABS
     batches = SMOKE["batches"] if args.smoke else BATCHES
-    trees = [t for t in TREES + ROOT_TREES if t.topk <= MAX_K and (not args.smoke or t.name in SMOKE["trees"])]
+    trees = [t for t in TREES if t.topk <= MAX_K and (not args.smoke or t.name in SMOKE["trees"])]
     bw = None if args.smoke else copy_bandwidth()
     rows = [run(B, v, t, bw, dev, args.smoke) for v in vocabs for t in trees for B in batches]
     header = (SMOKE_HEADER if args.smoke else

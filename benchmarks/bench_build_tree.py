@@ -24,10 +24,10 @@ from __future__ import annotations
 import torch
 
 from benchmarks._common import SMOKE_HEADER, fmt, graph_us, kernel_bench_args, provenance, report, timed
-from eaglet.kernels._compile_cases import ROOT_TREES, TREES
+from eaglet.kernels._compile_cases import TREES
 from eaglet.kernels._utils import copy_bandwidth
 from eaglet.kernels.build_tree import build_tree, build_tree_pair, build_tree_ref, num_candidates, random_candidates
-from eaglet.kernels.trie_graft import BLOCK_BRANCH, launched_shapes
+from eaglet.kernels.trie_graft import launched_shapes
 
 BATCHES = (1, 8, 64)
 PREFIX = (100, 2000)  # seq_lens drawn from [100, 2000)
@@ -99,13 +99,10 @@ def main() -> None:
     dev = "cpu" if args.smoke else "cuda"
     bw = None if args.smoke else copy_bandwidth()
     batches = SMOKE["batches"] if args.smoke else BATCHES
-    trees = [t for t in TREES if t.name in SMOKE["trees"]] if args.smoke else TREES + ROOT_TREES
+    trees = [t for t in TREES if t.name in SMOKE["trees"]] if args.smoke else TREES
     rows = [run(B, t, f, dev, bw, args.smoke) for t in trees for B in batches for f in formats(t.num_draft_tokens)]
-    pairs = [(t, N + extra) for _, t, N, _, _, extra in launched_shapes([t for t in trees if not t.root_children])
-             if N > 1 and N + extra <= num_candidates(t.topk, t.steps) + 1]
-    # the root-children trees beside their widened fallback (the block branch's nodes), as kernels/build_tree.py's
-    # compile cases
-    pairs += [(t, t.num_draft_tokens + BLOCK_BRANCH[0] * BLOCK_BRANCH[1]) for t in trees if t.root_children]
+    pairs = [(t, N + extra) for _, t, N, _, _, extra in launched_shapes(trees)
+             if N > 1 and N + extra <= num_candidates(t.topk, t.steps, t.root_children) + 1]
     pair_rows = [run_pair(B, t, N2, dev, args.smoke) for t, N2 in pairs for B in batches[:2]]
     header = (SMOKE_HEADER if args.smoke else
               provenance() + f"Measured copy bandwidth {bw / 1e12:.2f} TB/s (read+write); median µs via "

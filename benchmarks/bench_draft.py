@@ -19,6 +19,7 @@ head re-reads its layer at every step, so its floor is a lower bound of a lower 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import re
 
@@ -149,7 +150,7 @@ def main() -> None:
     ap.add_argument("--trees", default="7/1/8,5/4/8", help="steps/topk/tokens, comma-separated")
     ap.add_argument("--block-layers", default="1,2,3")
     ap.add_argument("--root-children", default="", help="each block drafter also with the root's this many "
-                    "children (draft.root_children), comma-separated; the tree's label gets r<K1>")
+                    "children (tree.root_children), comma-separated; the tree's label gets r<K1>")
     ap.add_argument("--trace", default=None, help="a folder: also each graph's per-kernel times (traces written there)")
     ap.add_argument("--smoke", action="store_true", help="CPU, a tiny target, eager (no GPU numbers)")
     a = ap.parse_args()
@@ -168,9 +169,9 @@ def main() -> None:
             target = random_model(name)[1]
         for label, drafter in drafters(target, vocab, block_vocabs, layers):
             for B in map(int, a.batches.split(",")):
-                for tree, k1 in [(t, k) for t in trees
-                                 for k in [None] + (root_children if isinstance(drafter, BlockDrafter) else [])]:
-                    drafter.root_children = k1
+                for tree in [dataclasses.replace(t, root_children=k) for t in trees
+                             for k in [None] + (root_children if isinstance(drafter, BlockDrafter) else [])]:
+                    k1 = tree.root_children
                     shape = f"{tree.steps}/{tree.topk}/{tree.num_draft_tokens}" + ("" if k1 is None else f" r{k1}")
                     tag = None if a.trace is None else os.path.join(
                         a.trace, re.sub(r"[^A-Za-z0-9]+", "_", f"{model}_{label}_b{B}_{shape}"))

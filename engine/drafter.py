@@ -61,10 +61,18 @@ class PrefillBatch(NamedTuple):
     roots: torch.Tensor  # [n] int64 the first generated token (the target's, sampled)
 
 
+def check_root_children(root_children: int | None, cls) -> None:
+    """tree.root_children only for a drafter class that proposes more children of the root than tree.topk."""
+    if root_children is not None and not cls.ROOT_CHILDREN:
+        raise ValueError(f"tree.root_children={root_children}: the {cls.name} drafter gives the root tree.topk "
+                         f"children; set tree.root_children=null")
+
+
 class Drafter:
     """Base class of drafting methods (module doc). Subclasses set `name` and implement the methods that raise."""
 
     name: str = ""
+    ROOT_CHILDREN = False  # proposes tree.root_children children of the root (TreeSpec.root_children)
     feature_size: int = 0  # width of `target_feature`'s output; 0: the drafter takes no target features
 
     @classmethod
@@ -90,8 +98,9 @@ class Drafter:
         """hidden [B, T, H] and the captured layers [B, T, H] each -> features [B, T, feature_size] (None: none)."""
         return None
 
-    def check_tree(self, steps: int, topk: int, num_draft_tokens: int) -> None:
-        """Raise ValueError (naming the `tree.*` key) when this drafter cannot fill such a tree."""
+    def check_tree(self, tree) -> None:
+        """Raise ValueError (naming the `tree.*` key) when this drafter cannot fill the TreeSpec `tree`."""
+        check_root_children(tree.root_children, type(self))
 
     def num_nodes(self, tree) -> int:
         """N, the nodes of each tree `propose` returns for the TreeSpec `tree` (the verify's width)."""
@@ -155,9 +164,6 @@ class ModelDrafter(Drafter):
     """A drafter with a model (`head`: an EAGLE head, a block drafter) that reads the target's features and keeps
     its own paged KV pool `kv` (made in `setup`) on the target's request rows."""
 
-    # the root's candidates when more than tree.topk (kernels/build_tree.py's layout): a drafter that proposes them
-    root_children: int | None = None
-
     def __init__(self, head):
         self.head = head
         self.feature_size = head.feature_size
@@ -195,12 +201,12 @@ class ModelDrafter(Drafter):
     def propose(self, seq_lens, roots, rows, **state) -> DraftTree:
         S, K, N = self.tree.steps, self.tree.topk, self.tree.num_draft_tokens
         cand = self.candidates(seq_lens, roots, rows, **state)
-        return _engine_tree(build_tree(*cand, roots, seq_lens, N, K, S, root_children=self.root_children))  # N best
+        return _engine_tree(build_tree(*cand, roots, seq_lens, N, K, S, root_children=self.tree.root_children))
 
     def propose_widened(self, seq_lens, roots, rows, spare: int, **state) -> tuple[DraftTree, DraftTree | None]:
         S, K, N = self.tree.steps, self.tree.topk, self.tree.num_draft_tokens
         cand = self.candidates(seq_lens, roots, rows, **state)
-        k1 = self.root_children
+        k1 = self.tree.root_children
         if N + spare > num_candidates(K, S, k1) + 1:  # no more candidates than that
             return _engine_tree(build_tree(*cand, roots, seq_lens, N, K, S, root_children=k1)), None
         tree, wide = build_tree_pair(*cand, roots, seq_lens, N, N + spare, K, S,

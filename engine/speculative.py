@@ -57,12 +57,18 @@ class TreeSpec:
     steps: int  # S: tree depth (draft tokens on the longest path)
     topk: int  # K: branching; 1 = a chain
     num_draft_tokens: int  # N: tree tokens verified per step, the root included
+    # K1: the root's candidates at depth 1 when more than topk (kernels/build_tree.py's layout), its best topk
+    # expanded; None: topk. Only a drafter with ROOT_CHILDREN proposes them
+    root_children: int | None = None
 
     def validate(self) -> None:
         """What every drafter needs; a drafter checks the rest (`Drafter.check_tree`)."""
         if self.steps < 1 or self.topk < 1 or self.num_draft_tokens < 1:
             raise ValueError(f"tree.steps={self.steps}, tree.topk={self.topk}, tree.num_draft_tokens="
                              f"{self.num_draft_tokens} must all be >= 1")
+        if self.root_children is not None and self.root_children < self.topk:
+            raise ValueError(f"tree.root_children={self.root_children} must be at least tree.topk={self.topk} (depth "
+                             f"1 keeps tree.topk of the root's children), or null (tree.topk)")
 
 
 @dataclass(frozen=True)
@@ -141,7 +147,7 @@ class SpeculativeEngine:
                  simulate: SimulatedAcceptance | None = None, stream_plan: StreamPlan | None = None,
                  min_admit: int | None = None):
         tree.validate()
-        drafter.check_tree(tree.steps, tree.topk, tree.num_draft_tokens)
+        drafter.check_tree(tree)
         self.min_admit = default_min_admit(max_batch) if min_admit is None else min_admit  # see `admit`
         # S, the deepest accepted path: tree.steps, or deeper where branches are (engine/drafters/ngram.py)
         self.depth = drafter.depth(tree)

@@ -12,18 +12,18 @@ by cumulative log-prob, the K best of the K*K kept (ties: lower index). Outputs 
 
 Why K1 > K: the root's siblings are one row's top-k, where another child a node at every depth is K more rows' (CPU
 tau on 20 MT-bench turns, results/block_trees_h100/README.md: 16 root children with K = 4 took 5/4/16 from 3.79 to
-3.90, 16 children a node everywhere to 3.93).
+3.90, 16 children a node everywhere to 3.93; MT-bench on an H100, results/root_children_h100: 3.57 to 3.67).
 
 Why one kernel: in torch with the top-k and expand kernels a depth is five launches (the parents' gather, a batched
 GEMM whose broadcast copies the base row, the two top-k launches, the expansion), ~35 for S = 7; at SmolLM2's size
 that was ~10 µs of GPU time a depth, 73 of a 196 µs propose (results/draft_phase_h100.md).
 
-Launch d (grid requests x chunks of BLOCK_V draft ids) computes depth d's logits: each program multiplies its K
-parents' dep_in rows by its columns of dep_out ([K, r] @ [r, BLOCK_V] in fp32: FMAs over the K rows at K = 3-4, else a
-tl.dot over 16; `_launch_meta`), adds the base row and keeps, per parent row, the chunk's max, sum of exp and K best
-packed keys (kernels/topk.py). Launch d + 1's programs each first merge those partials (depth d's log-sum-exp and
-children, the K best by cumulative score): every program repeats the merge, a few hundred keys, which costs less than
-a launch between them. Its first program writes depth d's candidates and kept nodes. The last launch only merges.
+Launch d (grid requests x chunks of BLOCK_V draft ids) computes depth d's logits: each program multiplies its K parents'
+dep_in rows by its columns of dep_out ([K, r] @ [r, BLOCK_V], an fp32 tl.dot over a 16-row tile, its least M), adds the
+base row and keeps, per parent row, the chunk's max, sum of exp and K best packed keys (kernels/topk.py). Launch d + 1's
+programs each first merge those partials (depth d's log-sum-exp and children, the K best by cumulative score): every
+program repeats the merge, a few hundred keys, which costs less than a launch between them. Its first program writes
+depth d's candidates and kept nodes. The last launch only merges.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ import torch
 import triton
 import triton.language as tl
 
-from eaglet.kernels._compile_cases import ROOT_TREES, TREES, CompileCase, Ptr, model_shapes
+from eaglet.kernels._compile_cases import TREES, CompileCase, Ptr, model_shapes
 from eaglet.kernels._utils import use_triton
 from eaglet.kernels.build_tree import num_candidates
 from eaglet.kernels.draft_expand import expand_step_ref
@@ -43,7 +43,8 @@ from eaglet.kernels.topk import _EMPTY, _decode_keys, _keys, _top_keys, topk_log
 # Above this K the reference runs: a program holds K x K cumulative scores, K rows of a chunk and K x chunks x K
 # keys; at K = 10 over SmolLM2's 49,152 ids they spill (tests/portability). Timed up to K = 4.
 MAX_K = 8
-# The root's children: 16 passes of a row max over each chunk, then over the chunks' 16 best (timed: none yet).
+# The root's children: 16 passes of a row max over each chunk, then over the chunks' 16 best (16 cost ~11 µs a tree
+# over 32,000 ids on an H100: results/root_children_h100).
 MAX_ROOT_CHILDREN = 16
 # Keys one merge holds in registers (parents x chunks x K): BLOCK_V grows with the vocabulary to stay under it.
 _MERGE_KEYS = 8192
@@ -95,7 +96,7 @@ def _level_kernel(BASE, stride_bb, stride_bs, DEP_IN, DEP_OUT, D2T, ROOTS, PMAX,
                   ST_FLAT, SCORES, TOKENS, PARENTS, level, B, Vd, NC, C,
                   R: tl.constexpr, K: tl.constexpr, KP: tl.constexpr, K1: tl.constexpr, K1P: tl.constexpr,
                   HAS_D2T: tl.constexpr, MERGE: tl.constexpr, MERGE_ROOT: tl.constexpr, COMPUTE: tl.constexpr,
-                  ROWS: tl.constexpr, DOT: tl.constexpr, RC: tl.constexpr,
+                  ROWS: tl.constexpr,
                   BLOCK_V: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_CK: tl.constexpr, BLOCK_CK1: tl.constexpr):
     """Grid (B, NC). MERGE: depth `level - 1`'s partials into its candidates and kept nodes (MERGE_ROOT: it is depth 1,
     the root's children); COMPUTE: depth `level`'s logits and partials after the kept nodes (level 0: the root).
@@ -168,8 +169,9 @@ def _level_kernel(BASE, stride_bb, stride_bs, DEP_IN, DEP_OUT, D2T, ROOTS, PMAX,
         tl.store(ST_TOK + st * K + t, cur_tok, mask=kept & first)
         tl.store(ST_FLAT + st * K + t, cur_flat, mask=kept & first)
     if COMPUTE:
-        # ROWS rows of the logits tile, the first K (the root alone at level 0) live: KP with the dependency term as
-        # FMAs; 16 with tl.dot (its least M), of which 3/4 are dead at K = 4, in the exp and the top-k too
+        # ROWS rows of the logits tile (16: tl.dot's least M), the first K live (the root alone at level 0). The dead
+        # rows cost less than FMAs over the K live ones: at K = 4 over 32,000 ids a depth took 10.6 µs as a tl.dot
+        # against 13.8 as FMAs (H100, results/root_children_h100)
         tr = tl.arange(0, ROWS)  # [ROWS]
         if MERGE:
             live = tr < K  # [ROWS]
@@ -180,20 +182,17 @@ def _level_kernel(BASE, stride_bb, stride_bs, DEP_IN, DEP_OUT, D2T, ROOTS, PMAX,
             par = tl.where(live, tl.load(ROOTS + b), 0)  # [ROWS]
         v = c * BLOCK_V + tl.arange(0, BLOCK_V)  # [BLOCK_V] draft ids
         vok = v < Vd
-        # [ROWS, R] @ [R, BLOCK_V] in chunks of RC ranks, unrolled: the chunks' loads do not wait on each other (a loop
+        # [ROWS, R] @ [R, BLOCK_V] in chunks of 16 ranks, unrolled: the chunks' loads do not wait on each other (a loop
         # of rank-1 updates waited on one load of dep_out a step)
-        rr = tl.arange(0, RC)  # [RC]
+        rr = tl.arange(0, 16)  # [16]
         acc = tl.zeros([ROWS, BLOCK_V], tl.float32)
-        for r0 in tl.static_range(0, R, RC):
-            rok = r0 + rr < R  # [RC]
+        for r0 in tl.static_range(0, R, 16):
+            rok = r0 + rr < R  # [16]
             z = tl.load(DEP_IN + par[:, None] * R + (r0 + rr)[None, :], mask=live[:, None] & rok[None, :],
-                        other=0.0)  # [ROWS, RC]
+                        other=0.0)  # [ROWS, 16]
             w = tl.load(DEP_OUT + (r0 + rr)[:, None] * Vd + v[None, :], mask=rok[:, None] & vok[None, :],
-                        other=0.0)  # [RC, BLOCK_V]
-            if DOT:
-                acc = tl.dot(z, w, acc, input_precision="ieee")  # [ROWS, BLOCK_V]
-            else:
-                acc += tl.sum(z[:, :, None] * w[None, :, :], 1)  # [ROWS, BLOCK_V]
+                        other=0.0)  # [16, BLOCK_V]
+            acc = tl.dot(z, w, acc, input_precision="ieee")  # [ROWS, BLOCK_V]
         x = acc + tl.load(BASE + b * stride_bb + level * stride_bs + v, mask=vok, other=0.0).to(tl.float32)[None, :]
         x = tl.where(live[:, None] & vok[None, :], x, float("-inf"))  # [ROWS, BLOCK_V]
         mx = tl.max(x, 1)  # [ROWS]
@@ -251,6 +250,7 @@ def grow_tree(base, dep_in, dep_out, roots, S: int, K: int, d2t=None, root_child
         base = base.contiguous()
     dep_in, dep_out, roots = dep_in.contiguous(), dep_out.contiguous(), roots.contiguous()
     meta = _launch_meta(Vd, K, dep_in.shape[1], K1)
+    warps = (meta.pop("num_warps"), meta.pop("num_warps_root"))  # the other levels', depth 1's
     NC = triton.cdiv(Vd, meta["BLOCK_V"])
     stats = torch.empty(2, S, B, K, NC, dtype=torch.float32, device=dev)  # [max, sum] x [S, B, K, NC]
     keys = torch.empty(S, B, K, NC, K, dtype=torch.int64, device=dev)  # [S, B, K, NC, K] (level 0's slot unused)
@@ -263,7 +263,7 @@ def grow_tree(base, dep_in, dep_out, roots, S: int, K: int, d2t=None, root_child
             base, base.stride(0), base.stride(1), dep_in, dep_out, d2t if d2t is not None else roots, roots,
             stats[0], stats[1], keys, root_keys, st_lp, state[0], state[1], scores, tokens, parents,
             level, B, Vd, NC, C, HAS_D2T=d2t is not None, MERGE=level > 0, MERGE_ROOT=level == 1,
-            COMPUTE=level < S, **meta,
+            COMPUTE=level < S, num_warps=warps[level == 1], **meta,
         )  # fmt: skip
     return scores, tokens, parents
 
@@ -273,7 +273,8 @@ def _launch_meta(Vd: int, K: int, R: int, K1: int | None = None, block_v: int | 
     """Chunk length and blocks for Vd draft ids, K children a node, K1 (None: K) the root's and rank R: chunks of 256
     ids (a SmolLM2 8,192-id vocabulary in 32 programs), longer where the merge's parents x chunks x K keys (or the
     root's chunks x K1) would pass _MERGE_KEYS or, for K <= 4, where a parent's chunks x K keys would pass 512.
-    block_v / num_warps: other settings (benchmarks/probes/probe_block_tree.py times them)."""
+    block_v / num_warps: other settings (benchmarks/probes/probe_block_tree.py times them). num_warps_root: depth 1's
+    level's (grow_tree pops both)."""
     # at least 2: with one parent row, triton 3.6 turned the merge over 128+ chunks into 542 shared stores and 67
     # barriers (~50 µs a depth on an H100; results/block_tree_k1_sass.md)
     KP = max(2, triton.next_power_of_2(K))
@@ -289,15 +290,16 @@ def _launch_meta(Vd: int, K: int, R: int, K1: int | None = None, block_v: int | 
     # K <= 4: 2 warps for 256-id chunks, fastest at every timed shape (H100, 7/1 over 49,152 ids 60 -> 44 µs from 8;
     # results/block_tree_dot_h100.md), 4 for 512 (69.8 µs a 7/4 tree against 92.7 at 8); K = 8 spills at 2 on
     # sm_90 and, under triton 3.9, at 4 (tests/portability), so 8 there (175 µs a 7/8 tree over 49,152 ids)
+    root_warps = num_warps
     if num_warps is None:
         num_warps = 8 if KP > 4 else 2 if block_v <= 256 else 4 if block_v <= 512 else 8
-    # the dependency term as FMAs over the KP parent rows at K = 3-4 (2 ranks a chunk: their unrolled loads stay in
-    # registers at 2 warps); as a tl.dot over 16 rows elsewhere: the FMAs' merge-and-compute level spilled 10-13 of
-    # MI300's VGPRs in a chain (KP = 2) at every chunk and warp count tried, and 72-2,364 B at K = 8 on both vendors
-    fma = KP == 4
-    return dict(R=R, K=K, KP=KP, K1=K1, K1P=K1P, ROWS=KP if fma else max(16, KP), DOT=not fma, RC=2 if fma else 16,
+        # depth 1's level with K1 <= 4 (the root's children merged as one row, then the 16-row tl.dot) took 255
+        # registers and spilled 24-40 B on sm_90 at these warps; at twice them 167-170 and none (tests/portability).
+        # With 16 root children it fits at these (168-180)
+        root_warps = 2 * num_warps if KP == K1P == 4 else num_warps
+    return dict(R=R, K=K, KP=KP, K1=K1, K1P=K1P, ROWS=max(16, KP),
                 BLOCK_V=block_v, BLOCK_C=triton.next_power_of_2(nc), BLOCK_CK=block_ck,
-                BLOCK_CK1=triton.next_power_of_2(nc * K1), num_warps=num_warps)
+                BLOCK_CK1=triton.next_power_of_2(nc * K1), num_warps=num_warps, num_warps_root=root_warps)
 
 
 def _levels(S: int) -> dict[tuple, int]:
@@ -320,11 +322,12 @@ def compile_cases(hip: bool) -> list[CompileCase]:
     shapes = {s.name: s for s in model_shapes()}
     vocabs = [("smollm2_135m", shapes["smollm2_135m"].vocab, False), ("smollm2_135m", 8192, True),
               ("llama3_8b", 32000, True)]
-    for t in TREES + ROOT_TREES:
+    for t in TREES:
         if t.topk > MAX_K:
             continue
         for model, Vd, has_d2t in vocabs:
             meta = _launch_meta(Vd, t.topk, 64, t.root_children)
+            warps = (meta.pop("num_warps"), meta.pop("num_warps_root"))
             NC = triton.cdiv(Vd, meta["BLOCK_V"])
             for ((merge, root, compute), level), (base, name) in itertools.product(
                     _levels(t.steps).items(), ((f32, ""), (bf16, " bf16 logits"))):
@@ -335,5 +338,5 @@ def compile_cases(hip: bool) -> list[CompileCase]:
                     stride_bs=Vd, DEP_IN=f32, DEP_OUT=f32, D2T=i64, ROOTS=i64, PMAX=f32, PSUM=f32, PKEY=i64, RKEY=i64,
                     ST_LP=f32, ST_TOK=i64, ST_FLAT=i64, SCORES=f32, TOKENS=i64, PARENTS=i64, level=level, B=8,
                     Vd=Vd, NC=NC, C=num_candidates(t.topk, t.steps, t.root_children), HAS_D2T=has_d2t, MERGE=merge,
-                    MERGE_ROOT=root, COMPUTE=compute, **meta))
+                    MERGE_ROOT=root, COMPUTE=compute, num_warps=warps[root], **meta))
     return cases

@@ -33,7 +33,7 @@ import torch
 import triton
 import triton.language as tl
 
-from eaglet.kernels._compile_cases import ROOT_TREES, TREES, CompileCase, Ptr
+from eaglet.kernels._compile_cases import TREES, CompileCase, Ptr
 from eaglet.kernels._utils import is_hip, use_triton
 
 
@@ -479,7 +479,7 @@ def _launch_meta(N: int, topk: int, steps: int, fmt: MaskFormat, hip: bool = Fal
 def compile_cases(hip: bool) -> list[CompileCase]:
     """kernels/_compile_cases.py: every tree in every mask format it allows (BITPACKED: N <= 32); the same on both
     models (the tree is all the kernel sees) and vendors but for MI300's hint at 64-node full masks."""
-    from eaglet.kernels.trie_graft import BLOCK_BRANCH, launched_shapes  # (importing it above would cycle)
+    from eaglet.kernels.trie_graft import launched_shapes  # (importing it above would cycle)
 
     i64 = Ptr(torch.int64)
     cases = []
@@ -488,10 +488,6 @@ def compile_cases(hip: bool) -> list[CompileCase]:
     pairs = [(t, 0) for t in TREES]
     pairs += [(t._replace(name=f"{t.name} + widened"), N + extra) for _, t, N, _, _, extra in launched_shapes(TREES)
               if N > 1 and N + extra <= num_candidates(t.topk, t.steps, t.root_children) + 1]
-    # the block tree with more root children, alone and beside its widened fallback (its one n-gram branch's nodes)
-    pairs += [(t, 0) for t in ROOT_TREES]
-    pairs += [(t._replace(name=f"{t.name} + widened"), t.num_draft_tokens + BLOCK_BRANCH[0] * BLOCK_BRANCH[1])
-              for t in ROOT_TREES]
     for t, N2 in pairs:
         for fmt in MaskFormat:
             if (fmt == MaskFormat.BITPACKED and max(t.num_draft_tokens, N2) > 32) or (N2 and fmt == MaskFormat.FULL):

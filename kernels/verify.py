@@ -459,9 +459,12 @@ def _greedy_meta(steps: int) -> dict:
 
 
 def _sampling_meta(steps: int, N: int, V: int) -> dict:
-    """Blocks and warps of the sampling kernel for trees of N tokens and `steps` steps over V target tokens."""
-    return dict(S=steps, R_PAD=max(triton.next_power_of_2(N), 2), BLOCK_V=min(max(triton.next_power_of_2(V), 16), 4096),
-                num_warps=8)
+    """Blocks and warps of the sampling kernel for trees of N tokens and `steps` steps over V target tokens: 2,048-token
+    blocks at 4 warps, 16 tokens a thread. 4,096 at 8 (as many a thread) spilled 20 B on sm_90 at S = 4 (the block
+    tree; tests/portability); 2,048 at 4 took 59 µs at B = 64 over 128,256 tokens where 4,096 at 8 took 64, in
+    earlier versions of the kernel (results/kernel_choices_h200.md)."""
+    return dict(S=steps, R_PAD=max(triton.next_power_of_2(N), 2), BLOCK_V=min(max(triton.next_power_of_2(V), 16), 2048),
+                num_warps=4)
 
 
 def _simulated_meta(steps: int, N: int) -> dict:

@@ -75,6 +75,8 @@ def check_tree(c: Checks) -> None:
     steps = c.integer("tree.steps", lo=1)
     c.integer("tree.topk", lo=1)
     c.integer("tree.num_draft_tokens", lo=1)
+    if c.has("tree.root_children"):  # absent: configs written before the key (tree.topk)
+        c.integer("tree.root_children", lo=1, null=True)  # >= tree.topk: TreeSpec.validate, in layer 3
     sim = c.value("tree.simulate")
     if sim is not None and steps is not None:
         if not isinstance(sim, DictConfig):
@@ -310,19 +312,24 @@ def check_run_spec_device(c: Checks) -> None:
 
         t = cfg.tree
         with c.catching():
-            TreeSpec(t.steps, t.topk, t.num_draft_tokens).validate()
+            TreeSpec(t.steps, t.topk, t.num_draft_tokens, t.get("root_children")).validate()
         if t.get("simulate"):
             with c.catching():
                 SimulatedAcceptance.from_tau(t.simulate.tau, accept_depth(t.steps, cfg.draft))
+        if c.errors:  # the drafter's own tree checks would say it again
+            return
     try:
         args = target_args(cfg.target)
     except (ValueError, OSError) as e:  # CheckpointError is a ValueError; an unknown registry name too
         c.bad(*target_key(cfg.target), str(e).splitlines()[0])
         return
     if cfg.draft.name != "none":
-        from eaglet.engine.drafter import drafter_class
+        from eaglet.engine.drafter import check_root_children, drafter_class
 
-        drafter_class(cfg.draft.drafter).check_config(c, cfg, meta_model(args))
+        cls = drafter_class(cfg.draft.drafter)
+        with c.catching():
+            check_root_children(cfg.tree.get("root_children"), cls)
+        cls.check_config(c, cfg, meta_model(args))
         if c.errors:
             return
     check_memory(c, run_spec_memory(cfg, args, dtype), device, "target", cfg.target.name, "lower gen.batch_size, "

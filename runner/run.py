@@ -173,7 +173,7 @@ def _run(cfg: DictConfig, out_dir: Path, interrupts: Interrupts) -> dict:
                                                                fold_norms=cfg.fold_norms)
         if cfg.draft.get("ngram_branches"):  # K n-gram branches grafted onto any drafter's tree
             drafter = NgramBranches(drafter, cfg.draft.ngram_branches, depth=cfg.draft.get("ngram_depth"))
-        tree = TreeSpec(cfg.tree.steps, cfg.tree.topk, cfg.tree.num_draft_tokens)
+        tree = TreeSpec(cfg.tree.steps, cfg.tree.topk, cfg.tree.num_draft_tokens, cfg.tree.get("root_children"))
         sim = cfg.tree.get("simulate")
         engine = SpeculativeEngine(model, drafter, tree, max_batch=batch_size, max_context=max_context,
                              page_size=cfg.kv.page_size, num_pages=cfg.kv.num_pages, sampling=sampling,

@@ -38,8 +38,9 @@
 #              (summarize_runs.py); an entry <draft>+ng<K> is draft=<draft> draft.ngram_branches=K (K n-gram branches
 #              added to the head's tree; `block` has its config's, one of 15 tokens, unless `block+ng0`), +ng<K>x<L>
 #              also draft.ngram_depth=L (branches of L tokens; `block+ng2x7`: the former default), <draft>@S/K/N its
-#              tree (block@S/K/N/K1: also draft.root_children=K1); `block`: the
-#              shipped block drafter or BLOCK_RUN's (a `block` stage's), at BLOCK_TREE (default 5/4/16) unless named;
+#              tree (block@S/K/N/K1: also tree.root_children=K1; without K1 the block tree keeps its 16); `block`: the
+#              shipped block drafter or BLOCK_RUN's (a `block` stage's), at BLOCK_TREE (default: its config's) unless
+#              named;
 #              PROFILE=1: each drafter's per-kernel graph times; ALT=<dir>: every run also with ALT's files overlaid on a
 #              copy of this tree (runs *_alt, each right after its own: an interleaved A/B on one machine)
 #   block      the block drafter (train/head=block; BLOCK_ARGS: more overrides) trained on every GPU for what is left of
@@ -479,15 +480,15 @@ PY
         [[ $ng == *x* ]] && draft+=(draft.ngram_depth=${ng#*x})
       fi
       # the block drafter: the shipped one, or BLOCK_RUN's export (a `block` stage's), at BLOCK_TREE unless the entry
-      # names a tree (default 5/4/16: its fastest at B=1, results/block_trees_h100)
+      # names a tree (default: conf/tree/block.yaml's, 4/4/16 with 16 root children)
       t=$([[ $d == *@* ]] && echo "${d#*@}")
       if [[ ${spec%+ng*} == block ]]; then
         [[ -n ${BLOCK_RUN:-} ]] && draft+=(draft.path="$BLOCK_RUN/head")  # else the shipped drafter
-        t=${t:-${BLOCK_TREE:-5/4/16}}
+        t=${t:-${BLOCK_TREE:-}}
       fi
       if [[ -n $t ]]; then
-        IFS=/ read -r st k n k1 <<< "$t"  # k1: the block drafter's root children (draft.root_children)
-        tree=(tree.steps=$st tree.topk=$k tree.num_draft_tokens=$n ${k1:+draft.root_children=$k1})
+        IFS=/ read -r st k n k1 <<< "$t"  # k1: the root's children (tree.root_children)
+        tree=(tree.steps=$st tree.topk=$k tree.num_draft_tokens=$n ${k1:+tree.root_children=$k1})
       fi
       label=$spec${t:+_${t//\//_}}
       for data in ${DATASETS:-mt_bench humaneval sharegpt}; do

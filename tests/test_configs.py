@@ -41,23 +41,23 @@ def test_the_default_serves_the_shipped_drafter():
     shipped = CONF.parent / cfg.target.heads[cfg.draft.name]
     assert cfg.draft.name == "block" and cfg.draft.path is None and (shipped / "model.safetensors").is_file()
     assert (cfg.tree.steps, cfg.tree.topk, cfg.tree.num_draft_tokens, cfg.draft.ngram_branches,
-            cfg.draft.ngram_depth) == (5, 4, 16, 1, 15)
+            cfg.draft.ngram_depth) == (4, 4, 16, 1, 15)
     # the compile cases and benchmarks graft (and widen) at this branch shape on the block tree
     assert BLOCK_BRANCH == (cfg.draft.ngram_branches, cfg.draft.ngram_depth)
-    assert (cfg.tree.steps, cfg.tree.topk, cfg.tree.num_draft_tokens, cfg.draft.root_children) == next(
+    assert (cfg.tree.steps, cfg.tree.topk, cfg.tree.num_draft_tokens, cfg.tree.root_children) == next(
         t[1:] for t in TREES if t.name == "block")
 
 
 @pytest.mark.parametrize("overrides, tree", [
-    (["draft=eagle3"], (5, 4, 8)),  # the other drafters keep the default tree
-    (["tree=eagle2"], (5, 4, 8)),  # a tree named on the command line wins over the drafter's
-    (["tree=chain", "draft=block"], (5, 1, 6)),
-    (["tree.steps=7"], (7, 4, 16)),
+    (["draft=eagle3"], (5, 4, 8, None)),  # the other drafters keep the default tree
+    (["tree=eagle2"], (5, 4, 8, None)),  # a tree named on the command line wins over the drafter's
+    (["tree=chain", "draft=block"], (5, 1, 6, None)),  # a chain: the root's children go with the block tree
+    (["tree.steps=7"], (7, 4, 16, 16)),
 ])
 def test_a_drafter_picks_its_tree_unless_told(overrides, tree):
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         cfg = compose("run_spec", overrides=overrides)
-    assert (cfg.tree.steps, cfg.tree.topk, cfg.tree.num_draft_tokens) == tree
+    assert (cfg.tree.steps, cfg.tree.topk, cfg.tree.num_draft_tokens, cfg.tree.root_children) == tree
 
 
 def test_every_group_has_options():

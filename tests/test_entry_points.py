@@ -145,8 +145,9 @@ RUN_SPEC_BAD = [
     (["draft=block", "draft.random_init=true", "tree.steps=8"], "tree.steps"),  # a block of 8 drafts 7 depths
     (["draft=block", "draft.random_init=true", "draft.draft_vocab_size=0"], "draft.draft_vocab_size"),
     (["draft=block", "draft.random_init=true", "draft.draft_vocab_size=50000"], "draft.draft_vocab_size"),  # > 49,152
-    (["draft.root_children=0"], "draft.root_children"),
-    (["draft.root_children=3"], "draft.root_children"),  # fewer than tree.topk's 4 kept at depth 1
+    (["tree.root_children=0"], "tree.root_children"),
+    (["tree.root_children=3"], "tree.root_children"),  # fewer than tree.topk's 4 kept at depth 1
+    (["draft=eagle3", "tree.root_children=8"], "tree.root_children"),  # an EAGLE head gives the root topk children
     (["draft.ngram_branches=-1"], "draft.ngram_branches"),
     (["draft.ngram_branches=17"], "draft.ngram_branches"),  # more matches than the n-gram kernel follows
     (["draft=block", "draft.random_init=true", "draft.ngram_branches=17"], "draft.ngram_branches"),  # any drafter's

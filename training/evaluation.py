@@ -59,7 +59,7 @@ def evaluate_tau(target: Transformer, head: DraftHead, tree_cfg, prompts: list[l
     from eaglet.engine.requests import Request
     from eaglet.engine.speculative import SpeculativeEngine, TreeSpec
 
-    tree = TreeSpec(tree_cfg.steps, tree_cfg.topk, tree_cfg.num_draft_tokens)
+    tree = TreeSpec(tree_cfg.steps, tree_cfg.topk, tree_cfg.num_draft_tokens, tree_cfg.get("root_children"))
     ctx = min(max(len(p) for p in prompts) + max_new_tokens + 1, target.args.max_seq_len)
     draft = copy_head(head, target.dtype)
     block = head.KIND == "block"  # a block drafter (engine/drafters/block.py), else an EAGLE head

@@ -32,7 +32,7 @@ from benchmarks.bench_block_tree import RANK, inputs
 
 CASES = (("SmolLM2", 49152, 49152, False), ("Llama-3.1-8B Vd", 128256, 32000, True), ("SmolLM2 Vd", 49152, 8192, True))
 # (S, K, K1): the 1-depth tree first, the per-depth cost's base; K = 8 as the 6/8/32 and 7/8/32 trees run it; K1
-# (None: K) the root's children (draft.root_children)
+# (None: K) the root's children (tree.root_children)
 TREES = ((1, 1, None), (7, 1, None), (1, 4, None), (5, 4, None), (7, 4, None), (1, 8, None), (7, 8, None),
          (1, 4, 16), (5, 4, 16))
 
@@ -40,8 +40,6 @@ TREES = ((1, 1, None), (7, 1, None), (1, 4, None), (5, 4, None), (7, 4, None), (
 def variants(K: int, mod=bt) -> list[tuple[str, dict, dict]]:
     """(label, _launch_meta's keyword arguments, constexprs set after it) of each launch setting timed at K."""
     out = [("as is", {}, {})]
-    if K == 4 and "DOT" in mod._launch_meta(8192, 4, RANK):  # the dependency term as tl.dot over 16 rows, not FMAs
-        out.append(("tl.dot", {}, dict(DOT=True, ROWS=16, RC=16)))
     if K == 1:  # the one parent row _launch_meta had (now at least 2)
         out.append(("KP=1", {}, dict(KP=1)))
     # K = 8 spills at 2 warps on sm_90 (tests/portability); 4 does not under triton 3.6

@@ -35,7 +35,7 @@ def check_block_tree(steps: int, topk: int, num_draft_tokens: int, block_size: i
     if steps > block_size - 1:
         raise ValueError(f"tree.steps={steps}: a block of {block_size} rows drafts at most {block_size - 1} depths")
     if root_children is not None and not topk <= root_children <= vocab:
-        raise ValueError(f"draft.root_children={root_children} must be in [tree.topk={topk}, {vocab}] (depth 1 "
+        raise ValueError(f"tree.root_children={root_children} must be in [tree.topk={topk}, {vocab}] (depth 1 "
                          f"keeps tree.topk of the root's children), or null (tree.topk)")
     check_eagle_tree(steps, topk, num_draft_tokens, vocab, root_children)
 
@@ -43,6 +43,7 @@ def check_block_tree(steps: int, topk: int, num_draft_tokens: int, block_size: i
 @register("block")
 class BlockDrafter(ModelDrafter):
     name = "block"
+    ROOT_CHILDREN = True
 
     @classmethod
     def from_config(cls, draft, target_cfg, target, *, invariant: bool, fold_norms: bool) -> "BlockDrafter":
@@ -62,9 +63,7 @@ class BlockDrafter(ModelDrafter):
         if fold_norms:
             head.fold_norm_weights()
         head.set_invariant(invariant)
-        drafter = cls(head)
-        drafter.root_children = draft.get("root_children")
-        return drafter
+        return cls(head)
 
     @classmethod
     def check_config(cls, c, cfg, target) -> None:
@@ -88,16 +87,16 @@ class BlockDrafter(ModelDrafter):
                                dep_rank=d.dep_rank, draft_vocab_size=vocab, device="meta")
         with c.catching():
             check_block_tree(t.steps, t.topk, t.num_draft_tokens, block, vocab or target.args.vocab_size,
-                             d.get("root_children"))
+                             t.get("root_children"))
 
     @classmethod
     def kv_layers(cls, draft) -> int:
         return draft.num_layers
 
     # ---- what the engine asks -------------------------------------------------------------------------------
-    def check_tree(self, steps: int, topk: int, num_draft_tokens: int) -> None:
-        check_block_tree(steps, topk, num_draft_tokens, self.head.block_size, self.head.draft_vocab_size,
-                         self.root_children)
+    def check_tree(self, tree) -> None:
+        check_block_tree(tree.steps, tree.topk, tree.num_draft_tokens, self.head.block_size, self.head.draft_vocab_size,
+                         tree.root_children)
 
     def setup(self, *, target, tree, depth, max_batch, max_context, page_size, num_pages, device) -> None:
         # the whole block is written past the context, however few of its depths the tree uses
@@ -142,7 +141,7 @@ class BlockDrafter(ModelDrafter):
         x = self.head.forward_block(roots, pos, batch, self.kv)  # [B, Kb, H]
         base = self.head.block_logits(x[:, 1:S + 1])  # [B, S, Vd]
         return grow_tree(base, self.dep_in, self.dep_out, roots.long(), S, K, self.head.d2t_offsets,
-                         self.root_children)  # scores, tokens (target ids), parents [B, C] each
+                         self.tree.root_children)  # scores, tokens (target ids), parents [B, C] each
 
     def update(self, tokens, feats, accept_index, accept_len, bonus, seq_lens, rows):
         """The accepted path's features (root, a1..am) as context at seq_len .. seq_len + accept_len - 1."""

@@ -11,8 +11,6 @@ def check_values(c) -> None:
     c.integer("draft.num_layers", lo=1)
     c.integer("draft.block_size", lo=2)
     c.integer("draft.dep_rank", lo=1)
-    if c.has("draft.root_children"):  # absent: configs written before the key (tree.topk)
-        c.integer("draft.root_children", lo=1, null=True)  # >= tree.topk: check_config
     if c.has("draft.draft_vocab_size"):  # absent: configs written before the key (the full vocabulary)
         c.integer("draft.draft_vocab_size", lo=1, null=True)  # its upper bound, the target's V: check_config
     check_head_source(c, "block")

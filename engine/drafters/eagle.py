@@ -85,8 +85,9 @@ class EagleDrafter(ModelDrafter):
         return draft.num_layers if draft.name == "multi_layer" else 1
 
     # ---- what the engine asks -------------------------------------------------------------------------------
-    def check_tree(self, steps: int, topk: int, num_draft_tokens: int) -> None:
-        check_eagle_tree(steps, topk, num_draft_tokens, self.head.draft_vocab_size)
+    def check_tree(self, tree) -> None:
+        super().check_tree(tree)
+        check_eagle_tree(tree.steps, tree.topk, tree.num_draft_tokens, self.head.draft_vocab_size)
 
     def setup(self, *, target, tree, depth, max_batch, max_context, page_size, num_pages, device) -> None:
         self.tree, self.max_context = tree, max_context

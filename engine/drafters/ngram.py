@@ -45,8 +45,9 @@ class NgramDrafter(Drafter):
         with c.catching():
             check_ngram_tree(cfg.tree.steps, cfg.tree.topk, cfg.tree.num_draft_tokens)
 
-    def check_tree(self, steps: int, topk: int, num_draft_tokens: int) -> None:
-        check_ngram_tree(steps, topk, num_draft_tokens)
+    def check_tree(self, tree) -> None:
+        super().check_tree(tree)
+        check_ngram_tree(tree.steps, tree.topk, tree.num_draft_tokens)
 
     def setup(self, *, target, tree, depth, max_batch, max_context, page_size, num_pages, device) -> None:
         self.tree = tree
@@ -129,8 +130,8 @@ class NgramBranches(Drafter):
     def target_feature(self, hidden, captured):
         return self.base.target_feature(hidden, captured)
 
-    def check_tree(self, steps: int, topk: int, num_draft_tokens: int) -> None:
-        self.base.check_tree(steps, topk, num_draft_tokens)
+    def check_tree(self, tree) -> None:
+        self.base.check_tree(tree)
 
     def num_nodes(self, tree) -> int:
         return self.base.num_nodes(tree) + self.branches * self._length(tree)

@@ -5,6 +5,7 @@ decoding; the tree checks name the key to change."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -89,7 +90,7 @@ def test_dependency_term_conditions_children():
 @pytest.mark.parametrize("args, msg", [((8, 1, 9, 8), r"tree.steps=8: a block of 8 rows"),
                                        ((4, 3, 40, 8), "tree.num_draft_tokens=40"),
                                        ((2, 50, 3, 8), "tree.topk=50 exceeds the draft vocabulary"),
-                                       ((2, 4, 8, 8, 40, 3), r"draft.root_children=3 must be in \[tree.topk=4, 40\]"),
+                                       ((2, 4, 8, 8, 40, 3), r"tree.root_children=3 must be in \[tree.topk=4, 40\]"),
                                        ((2, 4, 30, 8, 40, 8), "tree.num_draft_tokens=30")])
 def test_tree_checks_name_the_key(args, msg):
     with pytest.raises(ValueError, match=msg):
@@ -177,7 +178,7 @@ def test_greedy_is_lossless_with_a_draft_vocabulary(target, plain, tree, batch, 
     greedy == plain greedy, and its proposals are taken (chain at B=1 and a tree at B=2: ~1 min each on 2 CPUs).
     folded: its norm weights (away from ones) folded into its projections, on the invariant path, as serving's
     fold_norms=true runs it (tests/models/test_block_head.py checks the function is the unfolded one). k1: the root's
-    children (draft.root_children), more than the tree's topk."""
+    children (tree.root_children), more than the tree's topk."""
     from engine_testing import PROMPTS, TREES
 
     from eaglet.engine.drafters.block import BlockDrafter
@@ -192,9 +193,9 @@ def test_greedy_is_lossless_with_a_draft_vocabulary(target, plain, tree, batch, 
                 n.weight.uniform_(0.8, 1.2, generator=torch.Generator().manual_seed(1))
         head.fold_norm_weights().set_invariant(True)
     drafter = BlockDrafter(head)
-    drafter.root_children = k1
     assert drafter.head.draft_vocab_size == 160
-    eng = SpeculativeEngine(target, drafter, TREES[tree], max_batch=batch, max_context=256, page_size=8)
+    spec = dataclasses.replace(TREES[tree], root_children=k1)
+    eng = SpeculativeEngine(target, drafter, spec, max_batch=batch, max_context=256, page_size=8)
     reqs = [Request(p, 30, rid=i) for i, p in enumerate(PROMPTS)]
     stats = eng.generate(reqs)
     assert [r.output_ids for r in reqs] == want
@@ -203,17 +204,15 @@ def test_greedy_is_lossless_with_a_draft_vocabulary(target, plain, tree, batch, 
 
 @pytest.mark.parametrize("fold", [False, True])
 def test_from_config_folds_the_norms_as_asked(target, fold):
-    """run_spec's fold_norms reaches the block drafter's head (BlockHead.fold_norm_weights), as the EAGLE heads';
-    draft.root_children reaches the drafter."""
+    """run_spec's fold_norms reaches the block drafter's head (BlockHead.fold_norm_weights), as the EAGLE heads'."""
     from omegaconf import OmegaConf
 
     from eaglet.engine.drafters.block import BlockDrafter
 
     draft = OmegaConf.create(dict(name="block", path=None, random_init=True, num_layers=1, block_size=5, dep_rank=8,
-                                  draft_vocab_size=None, root_children=16 if fold else None))
+                                  draft_vocab_size=None))
     drafter = BlockDrafter.from_config(draft, OmegaConf.create(dict(name="oracle")), target, invariant=True,
                                        fold_norms=fold)
-    assert drafter.root_children == (16 if fold else None)
     assert drafter.head.norms_folded == fold and drafter.head.invariant
     assert all(la.norms_folded == fold and hasattr(la, "context_kv") == fold for la in drafter.head.layers)
 

@@ -66,6 +66,11 @@ def test_bad_trees_are_refused(target):
         SpeculativeEngine(target, EagleDrafter(head), TreeSpec(2, 3, 30), max_batch=1, max_context=64)
     with pytest.raises(ValueError, match="tree.topk=300"):
         SpeculativeEngine(target, EagleDrafter(head), TreeSpec(2, 300, 8), max_batch=1, max_context=64)
+    # more children of the root: the block drafter's alone (an EAGLE head grows tree.topk a node, the root's too)
+    with pytest.raises(ValueError, match="tree.root_children=8: the eagle drafter"):
+        SpeculativeEngine(target, EagleDrafter(head), TreeSpec(2, 3, 5, root_children=8), max_batch=1, max_context=64)
+    with pytest.raises(ValueError, match="tree.root_children=2 must be at least tree.topk=3"):
+        SpeculativeEngine(target, EagleDrafter(head), TreeSpec(2, 3, 5, root_children=2), max_batch=1, max_context=64)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA/ROCm GPU")

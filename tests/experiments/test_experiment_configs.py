@@ -38,7 +38,7 @@ def test_every_sweep_point_composes(name):
         cfg = compose_run([f"+experiment={name}", *point])
         if cfg.draft.name != "none":  # the trees the engine would build are valid, for EAGLE heads too
             t = cfg.tree
-            TreeSpec(t.steps, t.topk, t.num_draft_tokens).validate()
+            TreeSpec(t.steps, t.topk, t.num_draft_tokens, t.get("root_children")).validate()
             if cfg.draft.drafter == "eagle":
                 check_eagle_tree(t.steps, t.topk, t.num_draft_tokens, vocab=8192)
 
