@@ -71,14 +71,15 @@ def main() -> None:
                     help="another version's kernels/block_tree.py, timed beside this one (repeatable)")
     ap.add_argument("--trees", default=None, help="S/K[/K1] to time, e.g. 1/4,7/4,5/4/16 (K1: the root's children; "
                     "default: all of TREES)")
-    ap.add_argument("--cases", default=None, help="vocabularies to time by label prefix, e.g. 'SmolLM2' (both "
-                    "SmolLM2 cases) or 'SmolLM2_Vd,Llama' (spaces as _)")
+    ap.add_argument("--cases", default=None, help="vocabularies to time by label prefix, in this order, e.g. "
+                    "'SmolLM2' (both SmolLM2 cases) or 'SmolLM2_Vd,Llama' (spaces as _)")
     args = ap.parse_args()
     modules = [("", bt)] + [(Path(a).stem + " ", load(a)) for a in args.alt]
     rows, times = [], {}  # (vocabulary, S, K, variant) -> µs
     trees = ([(*map(int, t.split("/")), None)[:3] for t in args.trees.split(",")] if args.trees else TREES)
-    cases = [c for c in CASES
-             if args.cases is None or any(c[0].replace(" ", "_").startswith(p) for p in args.cases.split(","))]
+    # in the order asked: the 300 s of the block_l8b stage may end before the last case
+    cases = CASES if args.cases is None else list(dict.fromkeys(
+        c for p in args.cases.split(",") for c in CASES if c[0].replace(" ", "_").startswith(p)))
     for label, V, Vd, has_d2t in cases:
         for S, K, K1 in trees:
             x = inputs(args.batch, S, V, Vd, has_d2t, "cuda")
