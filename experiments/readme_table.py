@@ -47,9 +47,9 @@ SOURCES = {
     "drafters": "drafters_h100/runs",
     # the shipped block drafter (its 8,192-id restriction) beside the whole-vocabulary one it came from (one H100)
     "block_vocab": "block_drafter_h100/vocab8192",
-    # the default drafter (the block drafter, tree 5/4/16, one n-gram branch of 15, its widened tree where the branch
-    # creates no node) beside the EAGLE-3 head (one H100, runs call<N>_...: two calls of MT-bench at B=1, one at B=8,
-    # one on HumanEval and ShareGPT); its draft phase at Llama-3.1-8B's shape (bench_draft, tree=simulate: no branch)
+    # the default drafter (the block drafter, tree 4/4/16 with 16 root children, one n-gram branch of 15, its widened
+    # tree where the branch creates no node) beside the EAGLE-3 head (one H100, runs call<N>_...: MT-bench at B=1 and
+    # 8, HumanEval and ShareGPT); its draft phase at Llama-3.1-8B's shape (bench_draft, tree=simulate: no branch)
     "default_drafter": "root_children_h100/runs",
     "block_draft": "block_trees_h100/draft_phase.md",
     "block_l8b": "block_trees_h100/l8b_simulate.md",

@@ -55,12 +55,13 @@
 #              OUT/probe_block_tree.log as they come, so a probe cut by its 300 s still returns them; PROBE_ARGS: e.g.
 #              --cases SmolLM2_Vd,Llama --trees 7/4), benchmarks/bench_draft.py (the draft phase of EAGLE-3 and block
 #              drafters at SmolLM2's and Llama-3.1-8B's shapes, B 1 and 8), then random Llama-3.1-8B weights,
-#              tree=simulate, B=1: a random block drafter (L8B_LAYERS layers, default 2, at L8B_TREE, default
-#              5/4/16; no n-gram branches: the random prompts match nothing and the simulated acceptance follows the
+#              tree=simulate, B=1: a random block drafter (L8B_LAYERS layers, default 2, at L8B_TREE, S/K/N[/K1],
+#              default 4/4/16/16, the block tree; no n-gram branches: the random prompts match nothing and the simulated acceptance follows the
 #              drafter's tree, so they would only widen the verify) beside the EAGLE-3 head, both over a draft
 #              vocabulary of 32,000 tokens (the public 8B EAGLE-3 heads'), step and draft times against the weight floors
 #   smol_sim   random SmolLM2-135M weights, tree=simulate (mean accepted SIM_TAU, default 3.3), B=1, no model file: the
-#              block drafter (2 layers, 8,192 draft ids, tree 5/4/16, its n-gram branch of 15) and EAGLE-3 (5/4/8, 8,192
+#              block drafter (2 layers, 8,192 draft ids, tree 4/4/16 with 16 root children, its n-gram branch of 15) and
+#              EAGLE-3 (5/4/8, 8,192
 #              ids), REPS (default 2) runs each: step, draft and extend times; then the block drafter's per-kernel graph
 #              times. ALT=<dir>: its files overlaid on a copy of this tree run the same beside (an A/B on one machine);
 #              TAUS (default "3.75 4.2"): the block runs again at those simulated taus; accept 0: inside the verify;
@@ -414,9 +415,10 @@ print(m['num_tokens'] / m['num_sequences'])")
       # 32,000 LM-head rows (0.26 GB) per draft, not all 128,256 (1.05 GB, ~0.3 ms of the 0.6 ms draft budget)
       extra=(draft=$d draft.random_init=true draft.draft_vocab_size=32000)
       # the block drafter at its own tree (tree=simulate alone would give it 7/1/8, a chain)
-      IFS=/ read -r st k n <<< "${L8B_TREE:-5/4/16}"
+      IFS=/ read -r st k n k1 <<< "${L8B_TREE:-4/4/16/16}"
+      # ++: also where ALT's older tree configs have no root_children key
       [[ $d == block ]] && extra+=(draft.num_layers=${L8B_LAYERS:-2} tree.steps=$st tree.topk=$k tree.num_draft_tokens=$n
-                                   draft.ngram_branches=0)
+                                   ${k1:+++tree.root_children=$k1} draft.ngram_branches=0)
       timeout ${RUN_S:-240} python run_spec.py hydra.run.dir=$R/l8b_${d}_sim "${r8[@]}" "${extra[@]}" \
         > $R/l8b_$d.log 2>&1 || tail -3 $R/l8b_$d.log
     done
@@ -426,8 +428,8 @@ print(m['num_tokens'] / m['num_sequences'])")
     rs=(target=random_llama3_8b target.random=smollm2_135m target.name=random_smollm2 data=synthetic data.limit=4
         tree=simulate tree.simulate.tau=${SIM_TAU:-3.3} gen.max_new_tokens=256 logger=none print_answers=0)
     # the block runs also time plain decoding (AR tok/s: the same shapes as the real SmolLM2)
-    blk=(tree.steps=5 tree.topk=4 tree.num_draft_tokens=16 draft=block draft.random_init=true
-         draft.draft_vocab_size=8192 gen.compare_ar=true)
+    blk=(tree.steps=4 tree.topk=4 tree.num_draft_tokens=16 ++tree.root_children=16 draft=block draft.random_init=true
+         draft.draft_vocab_size=8192 gen.compare_ar=true)  # ++: also where ALT's tree configs have no such key
     eag=(tree.steps=5 tree.topk=4 tree.num_draft_tokens=8 draft=eagle3 draft.random_init=true draft.draft_vocab_size=8192
          gen.compare_ar=false)
     codes=(here)
