@@ -31,12 +31,12 @@ from eaglet.models.kv_cache import ForwardBatch, slots_for
 def check_block_tree(steps: int, topk: int, num_draft_tokens: int, block_size: int, vocab: int,
                      root_children: int | None = None) -> None:
     """An EAGLE-2 tree of `steps` depths from one block of `block_size` rows (the root and block_size - 1 mask rows),
-    the root with root_children candidates (None: topk), over a draft vocabulary of `vocab` ids."""
+    the root with root_children candidates (None: topk; >= topk: TreeSpec.validate), over a draft vocabulary of
+    `vocab` ids."""
     if steps > block_size - 1:
         raise ValueError(f"tree.steps={steps}: a block of {block_size} rows drafts at most {block_size - 1} depths")
-    if root_children is not None and not topk <= root_children <= vocab:
-        raise ValueError(f"tree.root_children={root_children} must be in [tree.topk={topk}, {vocab}] (depth 1 "
-                         f"keeps tree.topk of the root's children), or null (tree.topk)")
+    if root_children is not None and root_children > vocab:
+        raise ValueError(f"tree.root_children={root_children} exceeds the draft vocabulary ({vocab} tokens)")
     check_eagle_tree(steps, topk, num_draft_tokens, vocab, root_children)
 
 
