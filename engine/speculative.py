@@ -47,6 +47,7 @@ from eaglet.engine.requests import (
 from eaglet.engine.sampling import SamplingParams, probs_from_logits, sample
 from eaglet.engine.stream_plan import ResolvedPlan, StreamPlan
 from eaglet.kernels.kv_ops import commit_kv, step_slots
+from eaglet.kernels.topk import argmax
 from eaglet.kernels.verify import VerifyResult, emitted_record, verify_greedy, verify_sampling, verify_simulated
 from eaglet.models.kv_cache import ForwardBatch, KVCache, slots_for, to_device
 from eaglet.models.llama import Transformer
@@ -108,6 +109,7 @@ class StepStats:
     phase_ms: dict[str, float] = field(default_factory=lambda: {p: 0.0 for p in PHASES})
     step_periods_ms: list[float] = field(default_factory=list)  # draft start to the next draft start (device)
     steps: int = 0
+    timed_steps: int = 0  # the steps phase_ms covers (engine/phase_timer.py: one in TIMED_EVERY)
     new_tokens: int = 0
     prefill_s: float = 0.0
     total_s: float = 0.0
@@ -124,8 +126,9 @@ class StepStats:
         # the plan's device time: the part that ran beside the draft plus the part main waited for
         wait = self.phase_ms["plan_wait"]
         plan = self.phase_ms["plan_beside"] + wait
+        timed = self.timed_steps
         return {
-            "plan_ms": plan / self.steps if self.steps else 0.0,
+            "plan_ms": plan / timed if timed else 0.0,
             # share of the plan's device time that did not delay the verify (0 when serial)
             "plan_hidden_fraction": max(0.0, 1.0 - wait / plan) if plan else 0.0,
             "tau": sum(self.accept_lens) / n if n else 0.0,
@@ -136,7 +139,7 @@ class StepStats:
             # the typical step: one stall of ~0.4 s in a 143-step SmolLM2 run (cause not found) moved its mean step
             # 2.3x on an H200; the median of the steps does not see it
             "step_median_ms": statistics.median(self.step_periods_ms) if self.step_periods_ms else 0.0,
-            **{f"{p}_ms": self.phase_ms[p] / self.steps if self.steps else 0.0 for p in PHASES},
+            **{f"{p}_ms": self.phase_ms[p] / timed if timed else 0.0 for p in PHASES},
         }
 
 
@@ -230,9 +233,9 @@ class SpeculativeEngine:
         logits = self.target.logits(hidden, float32=not greedy)  # [B, N, V]: fp32 to sample from, else the model's
         S = self.depth
         if self.simulate is not None:
-            res = self._simulated_accept(logits.argmax(-1), mask)
+            res = self._simulated_accept(argmax(logits), mask)
         elif greedy:
-            res = verify_greedy(tokens, logits.argmax(-1), next_tok, next_sib, S)
+            res = verify_greedy(tokens, argmax(logits), next_tok, next_sib, S)
         else:
             B, N = tokens.shape
             u = torch.rand(B, N, device=tokens.device)  # [B, N]
@@ -281,7 +284,7 @@ class SpeculativeEngine:
         plan, timer = self.stream_plan, self.timer
         seq_lens = state["seq_lens"]
         plan.before_draft()
-        t_draft = timer.mark()
+        t_draft = timer.begin_step()
         B = self._draft.stage(seq_lens=seq_lens, roots=state["roots"], rows=rows,
                               **{k: state[k] for k in self.state_names})
         tokens, positions, next_tok, next_sib, mask = self._draft.replay(B)
@@ -337,7 +340,8 @@ class SpeculativeEngine:
             stats.new_tokens = sum(len(r.output_ids) for r in requests)
             for p, ms in self.timer.totals().items():
                 stats.phase_ms[p] += ms
-            stats.step_periods_ms = self.timer.periods("draft")
+            stats.timed_steps += self.timer.timed_steps
+            stats.step_periods_ms = self.timer.periods()
         return stats
 
     def _loop(self, requests: list[Request], stats: StepStats, sync, on_token, on_step) -> None:

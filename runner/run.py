@@ -346,6 +346,7 @@ def combine_spec_stats(runs, steps: int) -> dict:
     for r in runs:
         total.accept_lens += r.accept_lens
         total.steps += r.steps
+        total.timed_steps += r.timed_steps
         total.total_s += r.total_s
         total.prefill_s += r.prefill_s
         for k, v in r.phase_ms.items():
