@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 import torch
 
+from eaglet.kernels.topk import argmax
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -39,7 +41,7 @@ def probs_from_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Ten
 def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None = None) -> torch.Tensor:
     """logits [B, V] -> tokens [B] int64; argmax(p / Exp(1)) draws from p without a host sync."""
     if params.greedy:
-        return logits.argmax(dim=-1)
+        return argmax(logits)
     probs = probs_from_logits(logits, params)  # [B, V]
     q = torch.empty_like(probs).exponential_(1, generator=generator)  # [B, V]
-    return (probs / q).argmax(dim=-1)
+    return argmax(probs / q)

@@ -179,6 +179,16 @@ def topk_logprobs(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Ten
     return lp, ids
 
 
+def argmax(x: torch.Tensor) -> torch.Tensor:
+    """x [..., V] (fp32/bf16/fp16) -> [...] int64: the id of each row's largest value, ties to the lower id (torch's
+    argmax, its first maximum): the greedy pick of the verify and of plain decoding. `topk_logprobs` at k = 1, two
+    launches over chunks of the row; torch's argmax reduces a row in one block (12.9 µs for a SmolLM2 verify's 31 rows
+    of 49,152 ids on an H100, results/widened_h100/profile_block_5_4_16.txt). Without Triton, torch's argmax."""
+    if not use_triton(x):
+        return x.argmax(dim=-1)
+    return topk_logprobs(x, 1)[1][..., 0]  # [...]
+
+
 def _launch_meta(V: int, k: int) -> tuple[dict, dict | None]:
     """The chunk kernel's meta-parameters for rows of V ids and the top k, and the rows kernel's (None: a row is one
     chunk, the chunk kernel finishes it)."""
@@ -208,4 +218,10 @@ def compile_cases(hip: bool) -> list[CompileCase]:
                 if rows_meta is not None:
                     cases.append(CompileCase.of(_rows_kernel, used, MAXS=f32, SUMS=f32, KEYS=i64, LP=f32, IDS=i64,
                                                 C=triton.cdiv(V, chunk_meta["BLOCK_V"]), **rows_meta))
+        # argmax: the target's logits in the model's dtype (greedy verify, plain decoding)
+        for dt in (torch.bfloat16, torch.float16):
+            chunk_meta, rows_meta = _launch_meta(s.vocab, 1)
+            used = (f"{s.name} argmax {dt}",)
+            cases.append(CompileCase.of(_chunk_kernel, used, X=Ptr(dt), stride_x=s.vocab, V=s.vocab, MAXS=f32,
+                                        SUMS=f32, KEYS=i64, LP=f32, IDS=i64, **chunk_meta))
     return cases

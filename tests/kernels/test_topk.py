@@ -131,3 +131,17 @@ def test_cuda_graph():
     rlp, rids = topk_logprobs_ref(x, 4)
     assert CUDA and torch.equal(ids, rids)
     torch.testing.assert_close(lp, rlp, rtol=1e-6, atol=2e-6)
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape", [(31, 49152), (1, 49152), (2, 3, 1000), (4, 5000)], ids=str)
+def test_argmax_is_torch_argmax(shape, dtype):
+    """The greedy pick: torch's argmax exactly, its first maximum on ties (bf16 logits tie often): values on a grid
+    0.25 apart, and every row's maximum copied to its last id, so that each row holds its maximum at least twice."""
+    x = (make(shape, seed=1, scale=1.0, dtype=torch.float32) * 4).round().div(4).to(dtype)  # [..., V]
+    x[..., -1] = x.amax(-1)  # a tie at the last id
+    got = tk.argmax(x)
+    assert got.dtype == torch.int64 and got.shape == shape[:-1]
+    assert torch.equal(got, x.argmax(-1))
+    assert (x == x.amax(-1, keepdim=True)).sum(-1).gt(1).all() and not got.eq(shape[-1] - 1).any()
