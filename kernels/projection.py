@@ -120,12 +120,20 @@ def linear_ref(x, weight, bias=None, norm_weight=None, eps=0.0) -> torch.Tensor:
 
 
 def proj_rope_store_ref(x, norm_weight, weight, bias, positions, inv_freq, k_cache, v_cache, out_slots, n_heads,
-                        n_kv_heads, head_dim, eps, x2=None, norm_weight2=None) -> torch.Tensor:
-    """`proj_ref` (+ bias), then `rope_store_ref`: writes the caches, returns q [M, Hq, D]."""
-    qkv = proj_ref(x, weight, norm_weight, eps, x2, norm_weight2)  # [M, (Hq+2Hkv)*D]
+                        n_kv_heads, head_dim, eps, x2=None, norm_weight2=None, layers: int = 1,
+                        layer_stride: int = 0) -> torch.Tensor:
+    """`proj_ref` (+ bias), then `rope_store_ref` (each layer's rows into its caches): writes the caches, returns q
+    [M, Hq, D]."""
+    qkv = proj_ref(x, weight, norm_weight, eps, x2, norm_weight2)  # [M, layers * (Hq+2Hkv)*D]
     if bias is not None:
         qkv = (qkv.float() + bias.float()).to(x.dtype)
-    return rope_store_ref(qkv, positions, inv_freq, k_cache, v_cache, out_slots, n_heads, n_kv_heads, head_dim)
+    n = qkv.shape[1] // layers
+    for layer in range(layers):
+        k_l, v_l = (c.as_strided(c.shape, c.stride(), c.storage_offset() + layer * layer_stride)
+                    for c in (k_cache, v_cache))  # layer's caches
+        q = rope_store_ref(qkv[:, layer * n:(layer + 1) * n], positions, inv_freq, k_l, v_l, out_slots, n_heads,
+                           n_kv_heads, head_dim)
+    return q
 
 
 def gate_up_silu_ref(x, norm_weight, weight, eps) -> torch.Tensor:
@@ -247,7 +255,7 @@ def _partial_sum(ws_ptr, base, s_lo, s_hi, BLOCK_M: tl.constexpr, BLOCK_N: tl.co
 def _proj_kernel(
     x_ptr, x2_ptr, g_ptr, g2_ptr, w_ptr, b_ptr, res_ptr, out_ptr, ws_ptr, cnt_ptr,
     pos_ptr, freq_ptr, slots_ptr, k_ptr, v_ptr,
-    M, N, K, K2, stride_xm, stride_x2m, stride_wn, stride_rm, stride_om, eps,
+    M, N, K, K2, stride_xm, stride_x2m, stride_wn, stride_rm, stride_om, eps, layer_stride,
     EPI: tl.constexpr, NORM: tl.constexpr, NORM2: tl.constexpr, TWO_INPUTS: tl.constexpr, HAS_BIAS: tl.constexpr,
     HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, PRECISE_TRIG: tl.constexpr,
     SPLITS: tl.constexpr, SPLIT_K, SPLITS2: tl.constexpr, SPLIT_K2, IN_PROGRAM: tl.constexpr,
@@ -255,7 +263,9 @@ def _proj_kernel(
 ):
     """Grid: split-K (IN_PROGRAM false) n_tiles * (SPLITS + SPLITS2) * m_tiles programs, m fastest; prefill
     (IN_PROGRAM) n_tiles * m_tiles, m fastest. ws / cnt: the split-K partials and per-tile arrival counters; in
-    prefill ws holds the inputs' sums of squares (`_sumsq_kernel`) and cnt is unused."""
+    prefill ws holds the inputs' sums of squares (`_sumsq_kernel`) and cnt is unused. EPI 3 with HQ 0 (a context
+    store, k and v rows alone): the weight holds one or more layers' [N, K] k/v rows one after another, layer l's
+    caches layer_stride elements past k_ptr / v_ptr; n_tiles covers them all, a tile within one layer."""
     pid = tl.program_id(0)
     m_tiles = tl.cdiv(M, BLOCK_M)
     n_splits: tl.constexpr = SPLITS + SPLITS2
@@ -269,6 +279,13 @@ def _proj_kernel(
     HALF: tl.constexpr = BLOCK_N // 2
     r = tl.arange(0, BLOCK_N)  # [BN] the tile's accumulator rows
     n0 = pid_n * BLOCK_N
+    if EPI == 3 and HQ == 0:  # the tile's layer: its weight rows and caches, n0 its first row in that layer's N
+        layer = n0 // N
+        n0 -= layer * N
+        w_ptr += layer.to(tl.int64) * N * stride_wn
+        b_ptr += layer.to(tl.int64) * N  # read only with HAS_BIAS
+        k_ptr += layer.to(tl.int64) * layer_stride
+        v_ptr += layer.to(tl.int64) * layer_stride
     pair = False  # rows interleaved in pairs (even r: first of the pair)
     if EPI == 2:  # gate j, up j; N = 2I
         j = pid_n * HALF + r // 2  # [BN] the output column of the pair
@@ -483,9 +500,10 @@ def _row_sumsq(x: torch.Tensor, out: torch.Tensor, splits: int, split_k: int, bl
 
 def _launch(epi: int, x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, *, norm_weight=None, eps: float = 0.0,
             x2=None, norm_weight2=None, bias=None, res=None, rope: tuple = (), heads: tuple = (1, 1, 1),
-            cfg: dict | None = None) -> None:
-    """Run `_proj_kernel`; res: the residual the add epilogue reads (out itself when None: in place). cfg: a launch
-    config instead of the table's (benchmarks)."""
+            layers: int = 1, layer_stride: int = 0, cfg: dict | None = None) -> None:
+    """Run `_proj_kernel`; res: the residual the add epilogue reads (out itself when None: in place). layers: the
+    weight holds that many layers' k/v rows (`proj_rope_store`), each with its own caches layer_stride apart, each
+    layer's the plan and tiles of its own weight. cfg: a launch config instead of the table's (benchmarks)."""
     two = x2 is not None
     x = _rows(x)
     x2 = _rows(x2) if two else x
@@ -493,7 +511,7 @@ def _launch(epi: int, x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, 
     positions, inv_freq, out_slots, k_cache, v_cache = rope or (x, x, x, x, x)  # dummies without RoPE
     hq, hkv, d = heads
     M, K = x.shape
-    N = weight.shape[0]
+    N = weight.shape[0] // layers  # a layer's rows
     K2 = x2.shape[1] if two else 0
     norm, norm2 = _norm_mode(norm_weight), _norm_mode(norm_weight2) if two else 0
     if cfg is None:
@@ -507,7 +525,9 @@ def _launch(epi: int, x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, 
     block_m, block_n = cfg["BLOCK_M"], cfg["BLOCK_N"]
     in_program = cfg.pop("IN_PROGRAM", M > projection_config.MAX_SPLIT_M)  # the table's; a hand-made cfg: by rows
     sumsq_k = cfg.pop("SUMSQ_K", cfg["BLOCK_K"])  # the plan's BLOCK_K: the pre-pass's lanes (the order)
-    m_tiles, n_tiles = triton.cdiv(M, block_m), triton.cdiv(N, block_n)
+    if layers > 1 and N % block_n:
+        raise ValueError(f"{layers} layers' k/v rows of {N} each: a tile of {block_n} rows would span two layers")
+    m_tiles, n_tiles = triton.cdiv(M, block_m), layers * triton.cdiv(N, block_n)
     n_splits = splits + splits2
     ws = cnt = out
     if not in_program and n_splits > 1:
@@ -526,7 +546,7 @@ def _launch(epi: int, x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, 
         weight,
         weight if bias is None else bias, res, out, ws, cnt, positions, inv_freq, out_slots, k_cache, v_cache,
         M, N, K, K2, x.stride(0), x2.stride(0), weight.stride(0), res.stride(0), out.stride(0), float(eps),
-        EPI=epi, NORM=norm, NORM2=norm2, TWO_INPUTS=two,
+        layer_stride, EPI=epi, NORM=norm, NORM2=norm2, TWO_INPUTS=two,
         HAS_BIAS=bias is not None, HQ=hq, HKV=hkv, D=d, PRECISE_TRIG=not is_interpret(),
         SPLITS=splits, SPLIT_K=split_k, SPLITS2=splits2, SPLIT_K2=split_k2, IN_PROGRAM=in_program, **cfg,
     )
@@ -546,17 +566,22 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
 
 def proj_rope_store(x, norm_weight, weight, bias, positions, inv_freq, k_cache, v_cache, out_slots, n_heads: int,
-                    n_kv_heads: int, head_dim: int, eps: float, x2=None, norm_weight2=None,
-                    cfg: dict | None = None) -> torch.Tensor:
+                    n_kv_heads: int, head_dim: int, eps: float, x2=None, norm_weight2=None, layers: int = 1,
+                    layer_stride: int = 0, cfg: dict | None = None) -> torch.Tensor:
     """The qkv projection of rmsnorm(x) (x [M, H], norm_weight [H]; None: of x itself), weight
     [(Hq + 2 Hkv) D, H], bias or None, then RoPE on q and k (positions [M], inv_freq [D/2] fp32), k and v stored at
     out_slots [M] of k_cache / v_cache ([slots, Hkv, D] or paged); returns q [M, Hq, D]. With x2 [M, H2] (and
     norm_weight2): the projection of cat(rmsnorm(x), rmsnorm(x2)), weight [(Hq + 2 Hkv) D, H + H2], an EAGLE-3
     midlayer's. n_heads 0: k and v alone, weight [2 Hkv D, H] (the qkv weight's last rows: a block drafter's context
-    store, which needs no q), q [M, 0, D]. head_dim a multiple of 64 (a 64-row tile holds 32 rotary pairs of one
-    head)."""
+    store, which needs no q), q [M, 0, D]; with layers L > 1 too, weight [L * 2 Hkv D, H] (and bias) is L layers' k
+    and v rows one after another, layer l's stored into the caches l * layer_stride elements past k_cache / v_cache
+    (layers of one pool tensor: one launch for a drafter's every layer). head_dim a multiple of 64 (a 64-row tile
+    holds 32 rotary pairs of one head)."""
     _check_proj(x, weight, bias, norm_weight, x2, norm_weight2)
-    qkv_like = x[:, :1].expand(x.shape[0], weight.shape[0])  # [M, (Hq+2Hkv)*D]: rope's checks, no data
+    if layers > 1 and (n_heads or x2 is not None or weight.shape[0] % layers):
+        raise ValueError(f"layers={layers}: k and v rows alone (n_heads 0, one input), {layers} equal blocks of "
+                         f"weight rows, got n_heads={n_heads}, {weight.shape[0]} rows")
+    qkv_like = x[:, :1].expand(x.shape[0], weight.shape[0] // layers)  # [M, (Hq+2Hkv)*D]: rope's checks, no data
     _rope._check_args(qkv_like, positions, inv_freq, k_cache, v_cache, out_slots, n_heads, n_kv_heads, head_dim,
                       None, None, min_heads=0)
     if head_dim % 64:
@@ -564,13 +589,13 @@ def proj_rope_store(x, norm_weight, weight, bias, positions, inv_freq, k_cache, 
     tensors = _tensors(bias, norm_weight, x2, norm_weight2)
     if not use_triton(x, weight, positions, inv_freq, k_cache, v_cache, out_slots, *tensors):
         return proj_rope_store_ref(x, norm_weight, weight, bias, positions, inv_freq, k_cache, v_cache, out_slots,
-                                   n_heads, n_kv_heads, head_dim, eps, x2, norm_weight2)
+                                   n_heads, n_kv_heads, head_dim, eps, x2, norm_weight2, layers, layer_stride)
     # one head's room at n_heads 0: the kernel is passed a real buffer, never written (no q rows)
     q = torch.empty(x.shape[0], max(n_heads, 1), head_dim, dtype=x.dtype, device=x.device)  # [M, Hq, D]
     if x.shape[0]:
         _launch(_ROPE, x, weight, q, norm_weight=norm_weight, eps=eps, x2=x2, norm_weight2=norm_weight2, bias=bias,
                 rope=(positions.contiguous(), inv_freq.contiguous(), out_slots.contiguous(), k_cache, v_cache),
-                heads=(n_heads, n_kv_heads, head_dim), cfg=cfg)
+                heads=(n_heads, n_kv_heads, head_dim), layers=layers, layer_stride=layer_stride, cfg=cfg)
     return q[:, :n_heads]
 
 
@@ -641,7 +666,8 @@ def _case(epi: int, M: int, N: int, K: int, K2: int, norm: int, norm2: int, bias
           hip: bool, used_by: str) -> list[CompileCase]:
     """The launches of one bf16 call on a GPU of `sms` SMs (AMD's when `hip`), contiguous rows: `_proj_kernel` with
     its arguments as `_launch` passes them (where a tensor is absent, the dummy it passes: x, or the output for ws /
-    cnt), then a prefill's `_sumsq_kernel` per input with a norm (`_sumsq_cases`)."""
+    cnt), then a prefill's `_sumsq_kernel` per input with a norm (`_sumsq_cases`). A context store (heads (0, Hkv,
+    D)): N is one layer's rows, the layers' count only the grid's (`proj_rope_store`)."""
     bf16, f32, i32, i64 = Ptr(torch.bfloat16), Ptr(torch.float32), Ptr(torch.int32), Ptr(torch.int64)
     hq, hkv, d = heads
     cfg = _table(N, K, M, epi, torch.bfloat16, sms, hip, d, K2 > 0, max(norm, norm2))
@@ -661,8 +687,9 @@ def _case(epi: int, M: int, N: int, K: int, K2: int, norm: int, norm2: int, bias
         res_ptr=bf16, out_ptr=bf16, ws_ptr=f32 if partials or sumsq else bf16, cnt_ptr=i32 if partials else bf16,
         pos_ptr=i64 if rope else bf16, freq_ptr=f32 if rope else bf16, slots_ptr=i64 if rope else bf16,
         k_ptr=bf16, v_ptr=bf16, M=M, N=N, K=K, K2=K2, stride_xm=K, stride_x2m=K2 or K, stride_wn=K + K2,
-        stride_rm=out_stride, stride_om=out_stride, eps=1e-5, EPI=epi, NORM=norm, NORM2=norm2,
-        TWO_INPUTS=K2 > 0, HAS_BIAS=bias, HQ=hq, HKV=hkv, D=d, PRECISE_TRIG=True, SPLITS=splits, SPLIT_K=split_k,
+        stride_rm=out_stride, stride_om=out_stride, eps=1e-5, layer_stride=2 ** 20 if rope and hq == 0 else 0,
+        EPI=epi, NORM=norm, NORM2=norm2, TWO_INPUTS=K2 > 0, HAS_BIAS=bias, HQ=hq, HKV=hkv, D=d, PRECISE_TRIG=True,
+        SPLITS=splits, SPLIT_K=split_k,
         SPLITS2=splits2, SPLIT_K2=split_k2, IN_PROGRAM=in_program, **cfg)
     return [proj, *_sumsq_cases(proj, sumsq_k)]
 
@@ -697,6 +724,7 @@ def compile_cases(hip: bool) -> list[CompileCase]:
             ("qkv folded", _ROPE, qkv, s.hidden, 0, 1, 0, False), ("qkv", _ROPE, qkv, s.hidden, 0, 2, 0, False),
             ("qkv bias", _ROPE, qkv, s.hidden, 0, 2, 0, True),
             ("kv", _ROPE, 2 * s.n_kv_heads * s.head_dim, s.hidden, 0, 2, 0, False),  # a block drafter's context
+            ("kv folded", _ROPE, 2 * s.n_kv_heads * s.head_dim, s.hidden, 0, 1, 0, False),  # (serving)
             ("eagle3 qkv", _ROPE, qkv, s.hidden, s.hidden, 1, 1, False),
             ("o", _ADD, s.hidden, attn, 0, 0, 0, False), ("down", _ADD, s.hidden, s.ffn, 0, 0, 0, False),
             ("gate_up folded", _SILU, 2 * s.ffn, s.hidden, 0, 1, 0, False),
@@ -706,7 +734,7 @@ def compile_cases(hip: bool) -> list[CompileCase]:
         )
         for M in _CASE_ROWS:
             for name, epi, N, K, K2, norm, norm2, bias in launches:
-                h = (0, *heads[1:]) if name == "kv" else heads if epi == _ROPE else (1, 1, 1)
+                h = (0, *heads[1:]) if name.startswith("kv") else heads if epi == _ROPE else (1, 1, 1)
                 cases += _case(epi, M, N, K, K2, norm, norm2, bias, h,
                                TARGET_SMS[hip], hip, f"{s.name} {name} M={M}")
     return cases

@@ -141,8 +141,9 @@ class BlockHead(DraftVocab, DraftHead):
     def fold_norm_weights(self) -> "BlockHead":
         """Fold the norm weights into the projections after them, in place, for serving (fold_norms=true): each
         layer's input and post-attention norms (`DraftLayer.fold_norm_weights`). A layer's qkv_proj also projects the
-        context, which hidden_norm scales, not the layer's input norm: each layer first keeps its k/v rows times
-        hidden_norm's weight (`context_kv`, a buffer no checkpoint holds) and hidden_norm's weight becomes 1. The
+        context, which hidden_norm scales, not the layer's input norm: the head first keeps every layer's k/v rows
+        times hidden_norm's weight, one after another (`context_kv` [L*2*Hkv*D, H], a buffer no checkpoint holds; one
+        projection stores them all, `store_context`) and hidden_norm's weight becomes 1. The
         final norm keeps its weight (the stock path applies it; a new draft map's rows are folded from it): the
         invariant LM head reads a kept copy of its rows times it (`logit_rows`). Both paths compute the function of
         the unfolded head."""
@@ -153,10 +154,9 @@ class BlockHead(DraftVocab, DraftHead):
                              "scale applies to the whole projection output); run without folding")
         with torch.no_grad():
             g = self.hidden_norm.weight  # [H]
+            rows = [self._context_kv(layer)[0] * g[None, :] for layer in self.layers]  # [2*Hkv*D, H] each
+            self.register_buffer("context_kv", torch.cat(rows).contiguous(), persistent=False)  # [L*2*Hkv*D, H]
             for layer in self.layers:
-                attn = layer.self_attn
-                w = attn.qkv_proj.weight[attn.n_heads * attn.head_dim:]  # [2*Hkv*D, H] the k and v rows
-                layer.register_buffer("context_kv", (w * g[None, :]).contiguous(), persistent=False)  # [2*Hkv*D, H]
                 layer.fold_norm_weights()
             g.fill_(1.0)
         self.norms_folded = True
@@ -180,26 +180,40 @@ class BlockHead(DraftVocab, DraftHead):
             self._inv_freq = self._inv_freq.to(positions.device)
         x = draft_linear(self.fc, self.invariant, feature.to(self.dtype)).reshape(-1, self.args.dim)  # [B*T, H]
         pos, out = positions.reshape(-1), slots.reshape(-1)  # [B*T] each
-        stock = path_for(self.invariant) is KernelPath.STOCK
-        if stock:
+        attn = self.layers[0].self_attn
+        Hkv, D = attn.n_kv_heads, attn.head_dim
+        if path_for(self.invariant) is KernelPath.STOCK:  # rope_store takes >= 1 q head: a zero one before k and v
             x = self.hidden_norm(x)  # [B*T, H]; unit weights when folded (context_kv holds them)
-        for layer in self.layers:
-            attn = layer.self_attn
-            Hkv, D = attn.n_kv_heads, attn.head_dim
-            k_cache, v_cache = kv.layer(attn.layer_id)  # [pages, page_size, Hkv, D] each
-            cache = (pos, self._inv_freq, k_cache.view(-1, Hkv, D), v_cache.view(-1, Hkv, D), out)
-            # the k and v rows alone (the q rows are 2/3 of the weight at Llama-3.1-8B's shape: 33 MB a layer a step
-            # not read); folded, qkv_proj's columns carry the layer's input norm: the context's own rows instead
-            if self.norms_folded:
-                w, bias, g = layer.context_kv, None, proj.FOLDED  # [2*Hkv*D, H]
-            else:
-                q_rows = attn.n_heads * D
-                w, g = attn.qkv_proj.weight[q_rows:], self.hidden_norm.weight  # [2*Hkv*D, H], [H]
-                bias = None if attn.qkv_proj.bias is None else attn.qkv_proj.bias[q_rows:]
-            if stock:  # rope_store takes >= 1 q head: a zero one before k and v
-                rope_store(F.pad(F.linear(x, w, bias), (D, 0)), *cache, 1, Hkv, D)
-            else:  # hidden_norm (its 1/rms alone when folded) inside the projection, as the layers' input norms
-                proj.proj_rope_store(x, g, w, bias, *cache, 0, Hkv, D, self.args.norm_eps)
+            for layer in self.layers:
+                w, bias = self._context_kv(layer)  # [2*Hkv*D, H], [2*Hkv*D] or None
+                k_cache, v_cache = kv.layer(layer.self_attn.layer_id)  # [pages, page_size, Hkv, D] each
+                rope_store(F.pad(F.linear(x, w, bias), (D, 0)), pos, self._inv_freq, k_cache.view(-1, Hkv, D),
+                           v_cache.view(-1, Hkv, D), out, 1, Hkv, D)
+            return
+        # every layer in one launch (a launch a layer took ~7 µs of a 30 µs SmolLM2 extend graph on an H100,
+        # results/widened_h100/profile_block_5_4_16.txt), hidden_norm inside the projection (its 1/rms alone when
+        # folded), each layer's plan that of its own k/v rows
+        if self.norms_folded:
+            w, bias, g = self.context_kv, None, proj.FOLDED  # [L*2*Hkv*D, H]
+        else:
+            parts = [self._context_kv(layer) for layer in self.layers]
+            w, g = torch.cat([w for w, _ in parts]), self.hidden_norm.weight  # [L*2*Hkv*D, H], [H]
+            bias = None if parts[0][1] is None else torch.cat([b for _, b in parts])  # [L*2*Hkv*D]
+        k_cache, v_cache = kv.layer(attn.layer_id)  # layer 0's [pages, page_size, Hkv, D]; layer l's kv.kv[l]
+        proj.proj_rope_store(x, g, w, bias, pos, self._inv_freq, k_cache.view(-1, Hkv, D), v_cache.view(-1, Hkv, D),
+                             out, 0, Hkv, D, self.args.norm_eps, layers=len(self.layers),
+                             layer_stride=kv.kv.stride(0))
+
+    def _context_kv(self, layer: DraftLayer) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The layer's k and v rows of qkv_proj [2*Hkv*D, H] and their bias (or None): what projects the context. Folded
+        (fold_norm_weights), those rows times hidden_norm's weight: the head's `context_kv` rows of the layer."""
+        attn = layer.self_attn
+        q_rows, n = attn.n_heads * attn.head_dim, 2 * attn.n_kv_heads * attn.head_dim
+        if self.norms_folded:
+            i = attn.layer_id
+            return self.context_kv[i * n:(i + 1) * n], None
+        bias = None if attn.qkv_proj.bias is None else attn.qkv_proj.bias[q_rows:]
+        return attn.qkv_proj.weight[q_rows:], bias
 
     def forward_block(self, roots: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch,
                       kv: KVCache) -> torch.Tensor:

@@ -159,6 +159,37 @@ def test_kv_alone_writes_the_caches_of_the_whole_qkv(M):
 
 
 @needs_kernel
+@pytest.mark.parametrize("M, splits, bias", [(8, 1, False), (16, 2, True), (266, 2, False)])  # split-K, prefill
+def test_kv_of_several_layers_in_one_launch(M, splits, bias):
+    """layers=3 (a block drafter's context store): each layer's k/v rows into its own caches, one pool tensor's layers
+    apart, the same bits as a launch per layer; the pool's other layers and slots untouched."""
+    gen = torch.Generator().manual_seed(M + splits)
+    H, Hkv, D, L, dt = 192, 1, 64, 3, torch.float32
+    N = 2 * Hkv * D  # a layer's rows
+    x, g, w = rows(M, H, gen, dt), vec(H, gen, dt), mat(L * N, H, gen, dt)
+    b = vec(L * N, gen, dt, -0.5) if bias else None
+    ra = rope_args(M, 0, Hkv, D, gen, dt)
+    S = ra["k_cache"].shape[0]
+    pool = torch.randn(L + 1, 2, S, Hkv, D, generator=gen).to(DEVICE, dt)  # [L+1, 2, S, Hkv, D]: a spare layer last
+    got = pool.clone()
+    P.proj_rope_store(x, g, w, b, ra["positions"], ra["inv_freq"], got[0, 0], got[0, 1], ra["out_slots"], 0, Hkv, D,
+                      EPS, layers=L, layer_stride=got.stride(0), cfg=cfg(N, H, M, splits))
+    want = pool.clone()
+    for i in range(L):
+        P.proj_rope_store(x, g, w[i * N:(i + 1) * N], None if b is None else b[i * N:(i + 1) * N], ra["positions"],
+                          ra["inv_freq"], want[i, 0], want[i, 1], ra["out_slots"], 0, Hkv, D, EPS,
+                          cfg=cfg(N, H, M, splits))
+    assert torch.equal(got, want) and torch.equal(got[L], pool[L])
+    ref = pool.clone()
+    P.proj_rope_store_ref(x, g, w, b, ra["positions"], ra["inv_freq"], ref[0, 0], ref[0, 1], ra["out_slots"], 0, Hkv,
+                          D, EPS, layers=L, layer_stride=ref.stride(0))
+    assert rel_err(got, ref) < 1e-5 and not torch.equal(got[:L], pool[:L])
+    with pytest.raises(ValueError, match="layers=3"):
+        P.proj_rope_store(x, g, w[:-1], None, ra["positions"], ra["inv_freq"], got[0, 0], got[0, 1], ra["out_slots"],
+                          0, Hkv, D, EPS, layers=L, layer_stride=got.stride(0))
+
+
+@needs_kernel
 @pytest.mark.parametrize("splits", [1, 3])
 def test_rows_are_bit_identical_across_m(splits):
     """Every function's row m is the same bits whatever M is (the split grid up to MAX_SPLIT_M rows, the wide prefill

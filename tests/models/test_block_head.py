@@ -92,7 +92,8 @@ def test_folded_norms_keep_the_function(target, invariant, vocab):
         q_rows = a.self_attn.n_heads * a.self_attn.head_dim
         w, w_folded = a.self_attn.qkv_proj.weight, b.self_attn.qkv_proj.weight  # [(Hq+2Hkv)*D, H] each
         assert b.norms_folded and not torch.allclose(w, w_folded)
-        assert not torch.allclose(b.context_kv, w[q_rows:]) and not torch.allclose(b.context_kv, w_folded[q_rows:])
+        ctx = folded._context_kv(b)[0]  # [2*Hkv*D, H] this layer's rows of the head's context_kv
+        assert not torch.allclose(ctx, w[q_rows:]) and not torch.allclose(ctx, w_folded[q_rows:])
     g = torch.Generator().manual_seed(2)
     tokens = torch.randint(0, ARGS.vocab_size, (1, 24), generator=g)  # [1, T]
     feature = torch.randn(1, 24, plain.feature_size, generator=g)  # [1, T, F]
