@@ -9,7 +9,7 @@ only (no host sync), replayed as a CUDA graph on GPU:
           greedy or tree speculative sampling -> accepted path, `commit_kv` compacting its KV
   extend  the drafter's `update` with the accepted path (EAGLE: the draft-extend), and the new seq_lens
 
-Three graphs a step, and between them only the inputs' copies and the plan (6 launches at B=1): the accept has no
+Three graphs a step, and between them only the inputs' copies and the plan (4 launches at B=1): the accept has no
 graph of its own, and no phase's outputs are cloned. Each graph's outputs stay valid until its next replay, and every
 reader of them (the next step's staging, the plan, the host's copy of the emitted tokens) is enqueued before that.
 
@@ -293,16 +293,19 @@ class SpeculativeEngine:
         plan.after_draft()
         plan.read_on_plan_stream(seq_lens, rows, tokens, positions, mask, next_tok, next_sib)
         with plan.context():
-            # the verify's static inputs: first what needs only the previous step, then, after overlap_split's
-            # wait, the draft's tree. Only the planning that runs beside the draft is timed on the plan stream
-            # (engine/phase_timer.py: no timing event between the draft's end and the verify's start).
-            beside = plan.draft_edge != "plan"
+            # the verify's static inputs in one copy launch; overlap_split stages what needs only the previous step
+            # before its wait, the draft's tree after. Only the planning that runs beside the draft is timed on the
+            # plan stream (engine/phase_timer.py: no timing event between the draft's end and the verify's start).
+            beside, split = plan.draft_edge != "plan", plan.draft_edge == "dependent"
             t_plan = timer.mark() if beside else None
             out_slots, pt_t = self._plan(seq_lens, rows)  # [B, N], [B, P]
-            B = self._verify.stage(out_slots=out_slots, seq_lens=seq_lens, page_table=pt_t)
-            t_beside = timer.mark() if plan.draft_edge == "dependent" else None
+            independent = dict(out_slots=out_slots, seq_lens=seq_lens, page_table=pt_t)
+            if split:
+                self._verify.stage(**independent)
+            t_beside = timer.mark() if split else None
             plan.wait_for_draft()
-            self._verify.stage(tokens=tokens, positions=positions, mask=mask, next_tok=next_tok, next_sib=next_sib)
+            B = self._verify.stage(**({} if split else independent), tokens=tokens, positions=positions, mask=mask,
+                                   next_tok=next_tok, next_sib=next_sib)
             if beside:
                 timer.span("plan_beside", t_plan, (t_beside if t_beside is not None else timer.mark(), t_drafted))
         plan.before_verify(out_slots, pt_t)

@@ -257,10 +257,10 @@ def test_answers_are_seen_as_they_finish_and_an_interrupt_keeps_the_numbers(targ
 
 def test_between_its_graphs_a_step_runs_its_copies_and_the_plan_only(target, monkeypatch):
     """What a step runs eagerly between its three graphs (engine/speculative.py's module doc): the draft's, the
-    verify's (in two parts: what needs only the previous step, then the tree) and the extend's input copies, one
-    multi-tensor copy each, and the plan's `step_slots`; no clone, argmax or concatenation (each a launch of a few
-    µs on a GPU). Counted on the CPU, where the graphs' functions run eagerly: their ops, `step_slots`' own (one
-    kernel on a GPU) and the runners' CPU-only buffers are left out."""
+    verify's (in one part; overlap_split's in two: what needs only the previous step, then the tree) and the
+    extend's input copies, one multi-tensor copy each, and the plan's `step_slots`; no clone, argmax or concatenation
+    (each a launch of a few µs on a GPU). Counted on the CPU, where the graphs' functions run eagerly: their ops,
+    `step_slots`' own (one kernel on a GPU) and the runners' CPU-only buffers are left out."""
     import eaglet.engine.speculative as speculative
     from eaglet.engine.cuda_graph import GraphRunner
 
@@ -284,4 +284,4 @@ def test_between_its_graphs_a_step_runs_its_copies_and_the_plan_only(target, mon
     steps = count.windows[1:]
     assert len(steps) > 2
     copy = "_foreach_copy_"
-    assert all(o == [copy, "step_slots", copy, copy, copy] for o in steps), steps
+    assert all(o == [copy, "step_slots", copy, copy] for o in steps), steps
