@@ -190,9 +190,9 @@ class BlockHead(DraftVocab, DraftHead):
                 rope_store(F.pad(F.linear(x, w, bias), (D, 0)), pos, self._inv_freq, k_cache.view(-1, Hkv, D),
                            v_cache.view(-1, Hkv, D), out, 1, Hkv, D)
             return
-        # every layer in one launch (a launch a layer took ~7 µs of a 30 µs SmolLM2 extend graph on an H100,
+        # every layer in one launch (a launch a layer took 5-7 µs of a ~30 µs SmolLM2 extend graph on an H100,
         # results/widened_h100/profile_block_5_4_16.txt), hidden_norm inside the projection (its 1/rms alone when
-        # folded), each layer's plan that of its own k/v rows
+        # folded), each layer's plan that of its own k/v rows. Unfolded, the rows are gathered a call (a copy)
         if self.norms_folded:
             w, bias, g = self.context_kv, None, proj.FOLDED  # [L*2*Hkv*D, H]
         else:
@@ -205,7 +205,8 @@ class BlockHead(DraftVocab, DraftHead):
                              layer_stride=kv.kv.stride(0))
 
     def _context_kv(self, layer: DraftLayer) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The layer's k and v rows of qkv_proj [2*Hkv*D, H] and their bias (or None): what projects the context. Folded
+        """The layer's k and v rows of qkv_proj [2*Hkv*D, H] and their bias (or None): what projects the context, which
+        needs no q (the q rows are 2/3 of the weight at Llama-3.1-8B's shape: 33 MB a layer a step not read). Folded
         (fold_norm_weights), those rows times hidden_norm's weight: the head's `context_kv` rows of the layer."""
         attn = layer.self_attn
         q_rows, n = attn.n_heads * attn.head_dim, 2 * attn.n_kv_heads * attn.head_dim
